@@ -1,0 +1,68 @@
+"""The reference CoC implementation, as the conformance suite sees it.
+
+A thin facade: configuration comes from :mod:`coc_impl.config`, the fused ops
+from :mod:`coc_impl.fused`, the Megatron patch from
+:mod:`coc_impl.megatron_patch`.  Other implementations may subclass it and
+override single ops (the suite's own fault-injection tests do exactly that).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
+from typing import Any
+
+from coc_impl.config import CoCConfig, resolve_config
+
+
+class ReferenceCoC:
+    """Scripted and fused CoC on gloo, nccl or hccl (``backend`` picks the fused backend)."""
+
+    name = "reference"
+
+    def __init__(self, backend: str = "portable") -> None:
+        self.backend = backend
+
+    def configure(
+        self,
+        argv: Sequence[str] | None,
+        env: Mapping[str, str] | None,
+        *,
+        tp_size: int,
+        num_experts: int | None = None,
+        use_ascend_mc2: bool = False,
+        tp_2d: bool = False,
+        transformer_impl: str = "local",
+        coc_cfgs: Mapping[str, Any] | str | os.PathLike[str] | None = None,
+    ) -> CoCConfig:
+        return resolve_config(
+            argv, env, tp_size=tp_size, coc_cfgs=coc_cfgs,
+            num_experts=num_experts, use_ascend_mc2=use_ascend_mc2, tp_2d=tp_2d,
+            transformer_impl=transformer_impl,
+        )
+
+    def matmul_all_reduce(self, x: Any, w: Any, bias: Any = None, **kwargs: Any) -> Any:
+        from coc_impl import fused
+
+        return fused.matmul_all_reduce(x, w, bias, backend=self.backend, **kwargs)
+
+    def matmul_reduce_scatter(self, x: Any, w: Any, bias: Any = None, **kwargs: Any) -> Any:
+        from coc_impl import fused
+
+        return fused.matmul_reduce_scatter(x, w, bias, backend=self.backend, **kwargs)
+
+    def all_gather_matmul(self, x: Any, w: Any, bias: Any = None, **kwargs: Any) -> Any:
+        from coc_impl import fused
+
+        return fused.all_gather_matmul(x, w, bias, backend=self.backend, **kwargs)
+
+    def all_gather_matmul_v2(self, x: Any, w: Any, bias: Any = None, **kwargs: Any) -> Any:
+        from coc_impl import fused
+
+        return fused.all_gather_matmul_v2(x, w, bias, backend=self.backend, **kwargs)
+
+    def patch_megatron(self, config: CoCConfig) -> AbstractContextManager[Any]:
+        from coc_impl.megatron_patch import patch_megatron
+
+        return patch_megatron(config)

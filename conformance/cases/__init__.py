@@ -1,0 +1,1 @@
+"""Case functions: what runs on each rank.  Checks live in ``conformance.suite``."""
