@@ -1,0 +1,1 @@
+"""Unit tests of coc_impl, conformance and golden."""

@@ -1,0 +1,73 @@
+"""Case functions the harness tests run on ranks (importable by rank processes)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from conformance.case import CaseContext
+
+
+def rank_sum(ctx: CaseContext, n: int = 4) -> list[float]:
+    import torch
+    import torch.distributed as dist
+
+    t = torch.full((n,), float(ctx.rank))
+    dist.all_reduce(t, group=ctx.group)
+    return t.tolist()
+
+
+def whoami(ctx: CaseContext) -> tuple[int, int, str]:
+    return ctx.rank, ctx.world_size, ctx.launcher
+
+
+def rank0_raises_others_wait(ctx: CaseContext) -> None:
+    import torch
+    import torch.distributed as dist
+
+    if ctx.rank == 0:
+        raise ValueError("only rank 0 saw bad input")
+    dist.all_reduce(torch.ones(1), group=ctx.group)
+
+
+def sleep_forever(ctx: CaseContext) -> None:
+    while True:
+        time.sleep(0.05)
+
+
+def rank1_dies(ctx: CaseContext) -> None:
+    if ctx.rank == 1:
+        print("rank 1 about to exit", flush=True)
+        os._exit(7)
+    time.sleep(60)
+
+
+def every_rank_raises(ctx: CaseContext) -> None:
+    raise KeyError(f"rank {ctx.rank}")
+
+
+def logs_and_prints(ctx: CaseContext) -> str:
+    import logging
+
+    logging.getLogger("coc.test").warning("rank %d logged", ctx.rank)
+    return "ok"
+
+
+def unpicklable_result(ctx: CaseContext) -> object:
+    return lambda: None
+
+
+def count_collectives(ctx: CaseContext, chunks: int, use_async: bool) -> list[tuple[str, bool, bool]]:
+    import torch
+    import torch.distributed as dist
+
+    from conformance.probes import record_collectives
+
+    with record_collectives() as log:
+        works = [dist.all_reduce(torch.ones(2), group=ctx.group, async_op=use_async) for _ in range(chunks)]
+        for work in works:
+            if work is not None:
+                work.wait()
+        out = torch.empty(2 * ctx.world_size)
+        dist.all_gather_into_tensor(out, torch.ones(2), group=ctx.group)
+    return [(c.kind, c.async_op is True, c.overlappable) for c in log.calls]
