@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import sys
 import threading
 import traceback
 from collections.abc import Callable, Iterator
@@ -119,6 +120,17 @@ def run_on_rank(
     return RankOutcome(rank=ctx.rank, value=value, error=error, log=buffer.getvalue())
 
 
+class _Tee(io.TextIOBase):
+    def __init__(self, *streams: Any) -> None:
+        self._streams = streams
+
+    def write(self, text: str) -> int:
+        for stream in self._streams:
+            stream.write(text)
+            stream.flush()
+        return len(text)
+
+
 @contextlib.contextmanager
 def _capture_output(buffer: io.StringIO, capture_stdio: bool) -> Iterator[None]:
     handler = logging.StreamHandler(buffer)
@@ -129,7 +141,9 @@ def _capture_output(buffer: io.StringIO, capture_stdio: bool) -> Iterator[None]:
     root.addHandler(handler)
     try:
         if capture_stdio:
-            with contextlib.redirect_stdout(buffer), contextlib.redirect_stderr(buffer):
+            # Tee, so that what a rank printed survives in its process output if it dies.
+            with contextlib.redirect_stdout(_Tee(buffer, sys.stdout)), \
+                    contextlib.redirect_stderr(_Tee(buffer, sys.stderr)):
                 yield
         else:
             yield

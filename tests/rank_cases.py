@@ -71,3 +71,7 @@ def count_collectives(ctx: CaseContext, chunks: int, use_async: bool) -> list[tu
         out = torch.empty(2 * ctx.world_size)
         dist.all_gather_into_tensor(out, torch.ones(2), group=ctx.group)
     return [(c.kind, c.async_op is True, c.overlappable) for c in log.calls]
+
+
+def pid(ctx: CaseContext) -> int:
+    return os.getpid()

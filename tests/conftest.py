@@ -1,0 +1,48 @@
+"""Fixtures for the unit tests: running the conformance suite against a given implementation."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+pytest_plugins = ["pytester"]
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class SuiteRun:
+    """Outcome of one conformance-suite run in a subprocess."""
+
+    failed: set[str]
+    passed: int
+    output: str
+
+    def failed_matching(self, pattern: str) -> set[str]:
+        return {test for test in self.failed if re.search(pattern, test)}
+
+
+@pytest.fixture
+def run_suite(pytester: pytest.Pytester) -> Callable[..., SuiteRun]:
+    """Run ``conformance.suite.<module>`` against ``impl`` (``module:attr``) in a subprocess."""
+
+    def run(module: str, impl: str, *args: str, timeout: float = 600) -> SuiteRun:
+        pytester.chdir()
+        env_path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+        pytester._monkeypatch.setenv("PYTHONPATH", env_path)
+        result = pytester.runpytest_subprocess(
+            "-p", "no:cacheprovider", "-p", "conformance.plugin", "-q", "-rf", "--pyargs", f"conformance.suite.{module}",
+            "--coc-impl", impl, "--rootdir", str(ROOT), "-c", str(ROOT / "pyproject.toml"),
+            *args, timeout=timeout,
+        )
+        output = result.stdout.str()
+        failed = set(re.findall(r"^FAILED (\S+)", output, re.MULTILINE))
+        passed = result.parseoutcomes().get("passed", 0)
+        return SuiteRun(failed, passed, output)
+
+    return run

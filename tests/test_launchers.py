@@ -1,0 +1,109 @@
+"""The launchers: results, rank errors, hangs and crashes, recovery."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from conformance.case import Case
+from conformance.errors import CaseTimeout, RankCrashed, RankRaised
+from conformance.launchers.devices import cpu
+from conformance.launchers.process_pool import ProcessLauncher
+from conformance.launchers.threaded import ThreadedLauncher
+from conformance.ranks import RankRunner
+from tests import rank_cases
+
+IMPL = "coc_impl.reference:ReferenceCoC"
+
+
+@pytest.fixture(scope="module")
+def pool() -> Iterator[ProcessLauncher]:
+    launcher = ProcessLauncher(cpu(8), max_live_ranks=8)
+    yield launcher
+    launcher.close()
+
+
+@pytest.fixture(params=["process", "threaded"])
+def launcher(request: pytest.FixtureRequest, pool: ProcessLauncher) -> ProcessLauncher | ThreadedLauncher:
+    return pool if request.param == "process" else ThreadedLauncher()
+
+
+def test_collective_results_per_rank(launcher: ProcessLauncher | ThreadedLauncher) -> None:
+    outcomes = launcher.run(Case(rank_cases.rank_sum, 4, {"n": 3}), (), IMPL)
+    assert [o.rank for o in outcomes] == [0, 1, 2, 3]
+    assert all(o.value == [6.0, 6.0, 6.0] for o in outcomes)
+
+
+def test_context_names_rank_world_and_launcher(launcher: ProcessLauncher | ThreadedLauncher) -> None:
+    outcomes = launcher.run(Case(rank_cases.whoami, 2), (), IMPL)
+    assert [o.value for o in outcomes] == [(0, 2, launcher.name), (1, 2, launcher.name)]
+
+
+def test_rank_errors_come_back_with_tracebacks(launcher: ProcessLauncher | ThreadedLauncher) -> None:
+    runner = RankRunner(launcher, None, IMPL)
+    with pytest.raises(RankRaised) as info:
+        runner.run(rank_cases.every_rank_raises, 2)
+    errors = [o.error for o in info.value.outcomes]
+    assert [e.type_name for e in errors if e] == ["builtins.KeyError"] * 2
+    assert "every_rank_raises" in errors[1].traceback
+    assert isinstance(errors[0].exception, KeyError)
+
+
+def test_rank_logs_are_captured_per_rank(launcher: ProcessLauncher | ThreadedLauncher) -> None:
+    outcomes = launcher.run(Case(rank_cases.logs_and_prints, 2), (), IMPL)
+    assert "rank 0 logged" in outcomes[0].log and "rank 1" not in outcomes[0].log
+    assert "rank 1 logged" in outcomes[1].log
+
+
+def test_rank_left_waiting_is_a_hang_and_next_case_passes(
+    launcher: ProcessLauncher | ThreadedLauncher,
+) -> None:
+    start = time.monotonic()
+    with pytest.raises(CaseTimeout) as info:
+        launcher.run(Case(rank_cases.rank0_raises_others_wait, 4, timeout=3.0), (), IMPL)
+    assert time.monotonic() - start < 3.0 + 5.0
+    text = str(info.value)
+    assert "only rank 0 saw bad input" in text  # the rank that raised is named with its error
+    if launcher.name == "process":
+        # Every still-running rank's Python stack shows where it waits.
+        assert {1, 2, 3} <= set(info.value.stacks)
+        assert all("all_reduce" in info.value.stacks[r] for r in (1, 2, 3))
+    outcomes = launcher.run(Case(rank_cases.rank_sum, 4), (), IMPL)
+    assert outcomes[0].value == [6.0] * 4
+
+
+def test_hung_case_fails_within_timeout_with_stacks(launcher: ProcessLauncher | ThreadedLauncher) -> None:
+    start = time.monotonic()
+    with pytest.raises(CaseTimeout) as info:
+        launcher.run(Case(rank_cases.sleep_forever, 2, timeout=1.5), (), IMPL)
+    assert 1.5 <= time.monotonic() - start < 1.5 + 5.0
+    assert all("sleep_forever" in info.value.stacks[r] for r in (0, 1))
+    if launcher.name == "process":
+        assert launcher.run(Case(rank_cases.rank_sum, 2), (), IMPL)[1].value == [1.0] * 4
+
+
+def test_dead_rank_fails_the_case_and_pool_is_rebuilt(pool: ProcessLauncher) -> None:
+    start = time.monotonic()
+    with pytest.raises(RankCrashed) as info:
+        pool.run(Case(rank_cases.rank1_dies, 2, timeout=30.0), (), IMPL)
+    assert time.monotonic() - start < 10.0, "a dead rank must not wait for the case timeout"
+    assert "exit code 7" in str(info.value)
+    assert "rank 1 about to exit" in info.value.stacks[1]
+    assert "rank1_dies" in info.value.stacks[0]  # the survivor's stack
+    assert pool.run(Case(rank_cases.rank_sum, 2), (), IMPL)[0].value == [1.0] * 4
+
+
+def test_unpicklable_result_is_that_ranks_error(pool: ProcessLauncher) -> None:
+    outcomes = pool.run(Case(rank_cases.unpicklable_result, 2), (), IMPL)
+    assert all(o.error is not None and "pickle" in o.error.message for o in outcomes)
+    assert pool.run(Case(rank_cases.whoami, 2), (), IMPL)[0].value == (0, 2, "process")
+
+
+def test_pools_are_warm_and_bounded(pool: ProcessLauncher) -> None:
+    pids = [o.value for o in pool.run(Case(rank_cases.pid, 2), (), IMPL)]
+    assert [o.value for o in pool.run(Case(rank_cases.pid, 2), (), IMPL)] == pids, "pool not reused"
+    pool.run(Case(rank_cases.whoami, 8), (), IMPL)  # 2 + 8 > max_live_ranks=8: evicts size 2
+    assert sum(key.world_size for key in pool._pools) <= 8
+    assert [o.value for o in pool.run(Case(rank_cases.pid, 2), (), IMPL)] != pids
