@@ -1,10 +1,12 @@
 """Observe the collectives an implementation issues on this rank.
 
 Two views are combined.  A torch dispatch mode sees every c10d and functional
-collective op however the implementation called it (the count and shapes are
-ground truth).  Wrappers around the ``torch.distributed`` Python functions add
-whether each call asked for ``async_op`` (the dispatcher does not carry it).
-Both are per thread, so ranks running as threads do not see each other.
+collective op however the implementation called it.  Wrappers around the
+``torch.distributed`` Python functions add whether each call asked for
+``async_op`` (the dispatcher does not carry it), and record calls that never
+reach the dispatcher (process groups written in Python, such as torch's
+threaded one).  Both are per thread, so ranks running as threads do not see
+each other.
 """
 
 from __future__ import annotations
@@ -87,14 +89,18 @@ def _install_api_wrappers() -> None:
 def _api_wrapper(name: str, original: Any) -> Any:
     @functools.wraps(original)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        stack = getattr(_local, "api_stack", None)
-        if stack is None:
+        log: CollectiveLog | None = getattr(_local, "log", None)
+        if log is None:
             return original(*args, **kwargs)
-        stack.append((name, bool(kwargs.get("async_op", False))))
+        async_op = bool(kwargs.get("async_op", False))
+        seen = len(log.calls)
+        _local.api_stack.append((name, async_op))
         try:
             return original(*args, **kwargs)
         finally:
-            stack.pop()
+            _local.api_stack.pop()
+            if len(log.calls) == seen:  # the dispatcher never saw it
+                log.calls.append(CollectiveCall(f"api.{name}", _shapes(args), name, async_op))
 
     return wrapper
 
@@ -119,13 +125,13 @@ def record_collectives() -> Iterator[CollectiveLog]:
                 ))
             return func(*args, **(kwargs or {}))
 
-    previous = getattr(_local, "api_stack", None)
-    _local.api_stack = []
+    previous = getattr(_local, "log", None), getattr(_local, "api_stack", None)
+    _local.log, _local.api_stack = log, []
     try:
         with _Mode():
             yield log
     finally:
-        _local.api_stack = previous
+        _local.log, _local.api_stack = previous
 
 
 def _shapes(args: Any) -> list[tuple[int, ...]]:

@@ -107,3 +107,13 @@ def test_pools_are_warm_and_bounded(pool: ProcessLauncher) -> None:
     pool.run(Case(rank_cases.whoami, 8), (), IMPL)  # 2 + 8 > max_live_ranks=8: evicts size 2
     assert sum(key.world_size for key in pool._pools) <= 8
     assert [o.value for o in pool.run(Case(rank_cases.pid, 2), (), IMPL)] != pids
+
+
+@pytest.mark.parametrize("use_async", [True, False])
+def test_probe_sees_collectives_on_every_launcher(
+    launcher: ProcessLauncher | ThreadedLauncher, use_async: bool,
+) -> None:
+    outcomes = launcher.run(
+        Case(rank_cases.count_collectives, 2, {"chunks": 3, "use_async": use_async}), (), IMPL)
+    for outcome in outcomes:
+        assert outcome.value == [("all_reduce", use_async, use_async)] * 3 + [("all_gather", False, False)]

@@ -1,0 +1,5 @@
+"""Benchmarks that print figures (``python -m conformance.bench {overhead,coc}``).
+
+Speed targets live here, not in timed unit tests: each benchmark prints a
+human-readable table and, as its last line, one JSON object with every figure.
+"""

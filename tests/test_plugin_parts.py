@@ -1,0 +1,75 @@
+"""Implementation loading, collective probes and the plugin's options."""
+
+from __future__ import annotations
+
+import pytest
+
+from coc_impl.reference import ReferenceCoC
+from conformance.impl_loader import ImplementationLoadError, load_implementation, missing_capability
+from conformance.protocol import CoCImplementation
+
+INSTANCE = ReferenceCoC()
+
+
+def make_impl() -> ReferenceCoC:
+    return ReferenceCoC()
+
+
+class ConfigOnly:
+    name = "config-only"
+
+    def configure(self, argv, env, **kwargs):
+        raise NotImplementedError
+
+
+def test_impl_spec_forms() -> None:
+    assert isinstance(load_implementation("coc_impl.reference:ReferenceCoC"), ReferenceCoC)
+    assert load_implementation("tests.test_plugin_parts:INSTANCE") is INSTANCE
+    assert isinstance(load_implementation("tests.test_plugin_parts:make_impl"), ReferenceCoC)
+    assert isinstance(load_implementation("coc_impl.reference:ReferenceCoC"), CoCImplementation)
+
+
+@pytest.mark.parametrize("spec, match", [
+    ("coc_impl.reference", "expected 'module:attr'"),
+    ("no_such_module_xyz:Impl", "cannot import"),
+    ("coc_impl.reference:Nope", "has no 'Nope'"),
+    ("tests.test_plugin_parts:pytest", "lacks 'name' and 'configure'"),
+])
+def test_bad_impl_specs(spec: str, match: str) -> None:
+    with pytest.raises(ImplementationLoadError, match=match):
+        load_implementation(spec)
+
+
+def test_missing_capability_is_named() -> None:
+    impl = ConfigOnly()
+    assert missing_capability(impl, "matmul_all_reduce") == "config-only does not implement matmul_all_reduce"
+    assert missing_capability(INSTANCE, "matmul_all_reduce") is None
+
+
+def test_coc_tp_option_deselects_other_sizes(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_sizes="""
+        import pytest
+        @pytest.mark.parametrize("tp", [2, 4, 8])
+        def test_tp(tp):
+            pass
+        @pytest.mark.parametrize("world_size", [2, 8])
+        def test_ws(world_size):
+            pass
+        def test_plain():
+            pass
+    """)
+    result = pytester.runpytest("-p", "conformance.plugin", "--coc-tp", "2,4", "-q")
+    result.assert_outcomes(passed=4, deselected=2)
+
+
+def test_coc_requires_skips_with_reason(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_req="""
+        import pytest
+        @pytest.mark.coc_requires("matmul_all_reduce")
+        def test_op():
+            pass
+    """)
+    result = pytester.runpytest("-p", "conformance.plugin", "--coc-impl",
+                                "tests.test_plugin_parts:ConfigOnly", "-rs", "-q")
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(["*config-only does not implement matmul_all_reduce*"])
