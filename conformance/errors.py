@@ -47,3 +47,33 @@ class RankCrashed(CaseError):
 
 class RankRaised(CaseError):
     """At least one rank raised; see :attr:`outcomes` for each rank's error."""
+
+
+class CheckFailure(AssertionError):
+    """A conformance check found the implementation wrong (category in the report)."""
+
+    category = "failure"
+
+
+class NumericMismatch(CheckFailure):
+    """A result outside the principled error bound of :mod:`conformance.numerics`."""
+
+    category = "numeric mismatch"
+
+
+class DeterminismViolation(CheckFailure):
+    """Results that should be bitwise reproducible were not."""
+
+    category = "determinism violation"
+
+
+class WrongError(CheckFailure):
+    """An expected error was not raised, was of the wrong type, or not on every rank."""
+
+    category = "missing or wrong error"
+
+
+class PerfRegression(CheckFailure):
+    """A performance gate of a matching hardware profile was missed."""
+
+    category = "perf regression"

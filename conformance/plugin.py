@@ -68,6 +68,10 @@ def pytest_configure(config: pytest.Config) -> None:
                             "implementation under test provides these ops")
     config.addinivalue_line("markers", "perf: performance gate (exclusive device lease)")
     config.addinivalue_line("markers", "large: large shapes, not in the default CPU run")
+    if config.getoption("allure_report_dir", None):  # allure-pytest writes results: describe the cases
+        from conformance.allure_hooks import AllureHooks
+
+        config.pluginmanager.register(AllureHooks(config), "coc-allure-hooks")
 
 
 def impl_spec(config: pytest.Config) -> str:

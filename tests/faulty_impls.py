@@ -87,3 +87,106 @@ class AgreesBeforeValidating(ReferenceCoC):
         if dist.is_initialized():
             dist.barrier()
         return super().configure(argv, env, **kw)
+
+
+# --- fused-op faults (SPEC §4) -------------------------------------------------------------
+
+
+class ArrivalOrderReduction(ReferenceCoC):
+    """Claims ``deterministic=True`` but sums the ranks' partials in the order they arrive."""
+
+    name = "fault-arrival-order"
+
+    def matmul_all_reduce(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
+        if not kw.pop("deterministic", False):
+            return super().matmul_all_reduce(x, w, bias, **kw)
+        import random
+
+        import torch
+        import torch.distributed as dist
+
+        kw.pop("blocks", None)
+        group = kw["group"]
+        tp = dist.get_world_size(group)
+        wk = w.T if kw.get("transpose_weight") else w
+        partial = x.float() @ wk.float()
+        gathered = torch.empty((tp * partial.shape[0], partial.shape[1]))
+        dist.all_gather_into_tensor(gathered, partial, group=group)
+        parts = list(gathered.view(tp, *partial.shape))
+        random.shuffle(parts)  # whichever rank's block "arrived" first
+        total = parts[0].clone()
+        for part in parts[1:]:
+            total += part
+        return (total if bias is None else total + bias.float()).to(x.dtype)
+
+
+class V2GatheredWrongOrder(ReferenceCoC):
+    """all_gather_matmul_v2 returns the gathered input with rank blocks in reverse order."""
+
+    name = "fault-v2-order"
+
+    def all_gather_matmul_v2(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
+        import torch.distributed as dist
+
+        out, gathered = super().all_gather_matmul_v2(x, w, bias, **kw)
+        tp = dist.get_world_size(kw["group"])
+        return out, gathered.view(tp, -1, gathered.shape[-1]).flip(0).reshape(gathered.shape)
+
+
+class AntiquantOffsetIgnored(ReferenceCoC):
+    """w8A16 drops ``antiquant_offset``."""
+
+    name = "fault-offset-ignored"
+
+    def matmul_all_reduce(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
+        kw["antiquant_offset"] = None
+        return super().matmul_all_reduce(x, w, bias, **kw)
+
+
+class PerGroupAsPerChannel(ReferenceCoC):
+    """Per-group scales applied per channel (the first group's row for every k)."""
+
+    name = "fault-group-as-channel"
+
+    def matmul_all_reduce(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
+        if kw.get("antiquant_group_size"):
+            kw["antiquant_group_size"] = 0
+            kw["antiquant_scale"] = kw["antiquant_scale"][0]
+            if kw.get("antiquant_offset") is not None:
+                kw["antiquant_offset"] = kw["antiquant_offset"][0]
+        return super().matmul_all_reduce(x, w, bias, **kw)
+
+
+class SquareWeightTransposed(ReferenceCoC):
+    """Infers transposition from shapes: a square weight is taken as ``[n, k]``."""
+
+    name = "fault-square-transposed"
+
+    def _fix(self, w: Any, kw: dict[str, Any]) -> None:
+        if w.shape[0] == w.shape[1]:
+            kw["transpose_weight"] = True
+
+    def matmul_all_reduce(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
+        self._fix(w, kw)
+        return super().matmul_all_reduce(x, w, bias, **kw)
+
+    def all_gather_matmul(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
+        self._fix(w, kw)
+        return super().all_gather_matmul(x, w, bias, **kw)
+
+
+class ReduceScatterNeighbourShard(ReferenceCoC):
+    """matmul_reduce_scatter returns the next rank's shard."""
+
+    name = "fault-neighbour-shard"
+
+    def matmul_reduce_scatter(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
+        import torch
+        import torch.distributed as dist
+
+        mine = super().matmul_reduce_scatter(x, w, bias, **kw)
+        group = kw["group"]
+        tp, rank = dist.get_world_size(group), dist.get_rank(group)
+        every = torch.empty((tp * mine.shape[0], mine.shape[1]), dtype=mine.dtype)
+        dist.all_gather_into_tensor(every, mine.contiguous(), group=group)
+        return every.view(tp, *mine.shape)[(rank + 1) % tp].clone()

@@ -27,3 +27,23 @@ def test_config_checks_catch(run_suite: Callable[..., SuiteRun], fault: str, sel
                     "--coc-case-timeout", "10")
     assert run.failed, f"{fault} was not caught:\n{run.output[-3000:]}"
     assert not run.passed, f"{fault} passed some of the checks meant to catch it:\n{run.output[-3000:]}"
+
+
+OP_FAULTS = [
+    # Summing two partials commutes exactly; arrival order shows from three ranks on, and
+    # reliably only in fp32 outputs (a bf16 cast rounds most reorderings away).
+    ("ArrivalOrderReduction", "deterministic and matmul_all_reduce and float32 and tp4"),
+    ("V2GatheredWrongOrder", "op_matches_golden and v2 and tp2"),
+    ("AntiquantOffsetIgnored", "w8a16_matches and offset and not nooffset and tp2"),
+    ("PerGroupAsPerChannel", "w8a16_matches and per_group and float16 and tp2"),
+    # Only all-gather ops see the whole (square) weight; other ops get a k-shard.
+    ("SquareWeightTransposed", "op_matches_golden and all_gather_matmul- and m64k64n64 and not wT"),
+    ("ReduceScatterNeighbourShard", "op_matches_golden and matmul_reduce_scatter and tp2"),
+]
+
+
+@pytest.mark.parametrize("fault, select", OP_FAULTS, ids=[f[0] for f in OP_FAULTS])
+def test_op_checks_catch(run_suite: Callable[..., SuiteRun], fault: str, select: str) -> None:
+    run = run_suite("test_ops", f"{FAULTS}:{fault}", "-k", select)
+    assert run.failed, f"{fault} was not caught:\n{run.output[-3000:]}"
+    assert not run.passed, f"{fault} passed checks meant to catch it:\n{run.output[-3000:]}"

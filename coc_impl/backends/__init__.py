@@ -1,0 +1,1 @@
+"""Device backends of the fused CoC ops; each module owns one foreign runtime."""

@@ -1,0 +1,245 @@
+"""The fused CoC ops of SPEC section 4: one validated front door, several backends.
+
+Per rank of a TP group of size ``tp`` (``w`` is the logical ``[k, n]`` weight,
+stored ``[n, k]`` when ``transpose_weight=True``; the flag alone decides, a
+square weight is never re-interpreted from its shape):
+
+* :func:`matmul_all_reduce` -- ``allreduce_sum(x @ w) + bias`` -> ``[m, n]``
+* :func:`matmul_reduce_scatter` -- ``reduce_scatter_sum(x @ w)`` along ``m``
+  -> ``[m/tp, n]`` (+ bias), rank ``r`` keeping rows ``[r*m/tp, (r+1)*m/tp)``
+* :func:`all_gather_matmul` -- ``all_gather(x) @ w`` -> ``[m*tp, n]`` (+ bias)
+* :func:`all_gather_matmul_v2` -- the same and the gathered ``x`` ``[m*tp, k]``,
+  rank-major exactly as one serial all-gather
+
+Dtypes: ``x``, ``w`` (unless int8 under w8A16) and ``bias`` share one floating
+dtype, which is the output dtype.  The bias is added exactly once, after the
+reduction: in the output dtype (one rounding) normally, in float32 before the
+single final cast under ``deterministic=True`` (see
+:mod:`coc_impl.deterministic`).
+
+Every argument is checked here, locally and before any collective, so a bad
+call raises the same error on every rank instead of leaving peers waiting.
+
+Backends: ``"portable"`` (:mod:`coc_impl.backends.portable`, any device and
+any TP, executes a tiling plan with real overlap; ``blocks`` overrides the
+plan), ``"atb"`` (:mod:`coc_impl.backends.ascend`; raises
+:class:`~coc_impl.errors.CoCBackendUnavailable` with the reason where it
+cannot run) and ``"auto"`` (atb where available, else portable).  Only the
+portable backend can honour an explicit ``blocks``: ``"atb"`` rejects it and
+``"auto"`` then picks portable.  ``group`` (the TP process group) is required.  The
+user-facing fused flag keeps the ATB rule TP = 8 through :func:`check_fused_tp`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from types import ModuleType
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from coc_impl.backends import ascend, portable
+from coc_impl.config import FUSED_TP_SIZE
+from coc_impl.errors import CoCArgumentError, CoCFusedTPError, CoCShapeError
+from coc_impl.quant import check_antiquant, weight_kn
+
+Tensor = torch.Tensor
+BACKENDS = ("portable", "atb", "auto")
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def check_fused_tp(tp_size: int) -> None:
+    """The fused kernels run at TP = 8 only (ATB restriction)."""
+    if tp_size != FUSED_TP_SIZE:
+        raise CoCFusedTPError(
+            f"--coc-fused-kernel requires --tensor-model-parallel-size {FUSED_TP_SIZE} "
+            f"(ATB restriction), got {tp_size}"
+        )
+
+
+def matmul_all_reduce(
+    x: Tensor,
+    w: Tensor,
+    bias: Tensor | None = None,
+    *,
+    group: dist.ProcessGroup,
+    transpose_weight: bool = False,
+    deterministic: bool = False,
+    antiquant_scale: Tensor | None = None,
+    antiquant_offset: Tensor | None = None,
+    antiquant_group_size: int = 0,
+    backend: str = "portable",
+    blocks: Sequence[int] | None = None,
+) -> Tensor:
+    """``allreduce_sum(x @ w) + bias`` -> ``[m, n]``; int8 ``w`` with antiquant args is w8A16."""
+    _check_flags(transpose_weight=transpose_weight, deterministic=deterministic)
+    _check_group(group)
+    _check_operands(x, w, bias, transpose_weight, allow_int8=True)
+    check_antiquant(
+        x, w, antiquant_scale, antiquant_offset, antiquant_group_size, transpose_weight=transpose_weight
+    )
+    _check_blocks(blocks, x.shape[0], "m")
+    impl, options = _backend(backend, blocks)
+    return impl.matmul_all_reduce(
+        x, w, bias, group=group, transpose_weight=transpose_weight, deterministic=deterministic,
+        antiquant_scale=antiquant_scale, antiquant_offset=antiquant_offset,
+        antiquant_group_size=antiquant_group_size, **options,
+    )
+
+
+def matmul_reduce_scatter(
+    x: Tensor,
+    w: Tensor,
+    bias: Tensor | None = None,
+    *,
+    group: dist.ProcessGroup,
+    transpose_weight: bool = False,
+    deterministic: bool = False,
+    backend: str = "portable",
+    blocks: Sequence[int] | None = None,
+) -> Tensor:
+    """``reduce_scatter_sum(x @ w)`` along ``m`` -> ``[m/tp, n]`` (+ bias once).
+
+    ``blocks`` tile the ``m/tp`` rows each rank receives.
+    """
+    _check_flags(transpose_weight=transpose_weight, deterministic=deterministic)
+    _check_group(group)
+    _check_operands(x, w, bias, transpose_weight)
+    tp = group.size()
+    m = x.shape[0]
+    if m % tp:
+        raise CoCShapeError(
+            f"matmul_reduce_scatter: m={m} rows cannot be scattered over tp={tp} ranks "
+            f"(m must be a multiple of tp)"
+        )
+    _check_blocks(blocks, m // tp, "m/tp")
+    impl, options = _backend(backend, blocks)
+    return impl.matmul_reduce_scatter(
+        x, w, bias, group=group, transpose_weight=transpose_weight, deterministic=deterministic, **options
+    )
+
+
+def all_gather_matmul(
+    x: Tensor,
+    w: Tensor,
+    bias: Tensor | None = None,
+    *,
+    group: dist.ProcessGroup,
+    transpose_weight: bool = False,
+    backend: str = "portable",
+    blocks: Sequence[int] | None = None,
+) -> Tensor:
+    """``all_gather(x) @ w`` -> ``[m*tp, n]`` (+ bias); ``blocks`` tile each rank's ``m`` rows."""
+    impl, options = _check_gather(x, w, bias, group, transpose_weight, backend, blocks)
+    return impl.all_gather_matmul(x, w, bias, group=group, transpose_weight=transpose_weight, **options)
+
+
+def all_gather_matmul_v2(
+    x: Tensor,
+    w: Tensor,
+    bias: Tensor | None = None,
+    *,
+    group: dist.ProcessGroup,
+    transpose_weight: bool = False,
+    backend: str = "portable",
+    blocks: Sequence[int] | None = None,
+) -> tuple[Tensor, Tensor]:
+    """``(all_gather(x) @ w (+ bias), all_gather(x))``, gathered rows rank-major."""
+    impl, options = _check_gather(x, w, bias, group, transpose_weight, backend, blocks)
+    return impl.all_gather_matmul_v2(x, w, bias, group=group, transpose_weight=transpose_weight, **options)
+
+
+def _check_gather(
+    x: Any, w: Any, bias: Any, group: Any, transpose_weight: bool, backend: str,
+    blocks: Sequence[int] | None,
+) -> tuple[ModuleType, dict[str, Any]]:
+    _check_flags(transpose_weight=transpose_weight)
+    _check_group(group)
+    _check_operands(x, w, bias, transpose_weight)
+    _check_blocks(blocks, x.shape[0], "m")
+    return _backend(backend, blocks)
+
+
+def _check_flags(**flags: Any) -> None:
+    for name, value in flags.items():
+        if not isinstance(value, bool):
+            raise CoCArgumentError(f"{name} must be True or False, got {value!r}")
+
+
+def _check_group(group: Any) -> None:
+    # Required: silently reducing over WORLD instead of the TP group would be wrong, not slow.
+    if not isinstance(group, dist.ProcessGroup):
+        raise CoCArgumentError(f"group must be the tensor-parallel ProcessGroup, got {group!r}")
+
+
+def _check_operands(x: Any, w: Any, bias: Any, transpose_weight: bool, allow_int8: bool = False) -> None:
+    """Shapes, dtypes and devices of ``x``, ``w`` and ``bias``.
+
+    ``allow_int8`` leaves an int8 ``w`` to :func:`~coc_impl.quant.check_antiquant`.
+    """
+    for name, t in (("x", x), ("w", w)):
+        if not isinstance(t, Tensor):
+            raise CoCArgumentError(f"{name} must be a tensor, got {type(t).__name__}")
+        if t.dim() != 2:
+            raise CoCArgumentError(f"{name} must be 2-D, got shape {list(t.shape)}")
+    if x.dtype not in FLOAT_DTYPES:
+        raise CoCArgumentError(f"x has dtype {x.dtype}; expected one of {list(FLOAT_DTYPES)}")
+    k, n = weight_kn(w, transpose_weight)
+    if x.shape[1] != k:
+        layout = "[n, k]" if transpose_weight else "[k, n]"
+        raise CoCArgumentError(
+            f"x is {list(x.shape)} but w is {list(w.shape)} read as {layout} "
+            f"(transpose_weight={transpose_weight}): x's k={x.shape[1]} != w's k={k}"
+        )
+    if w.dtype != x.dtype and not (allow_int8 and w.dtype == torch.int8):
+        raise CoCArgumentError(
+            f"w has dtype {w.dtype} but x has {x.dtype}; they must match "
+            "(an int8 w needs antiquant_scale, matmul_all_reduce only)"
+        )
+    if w.device != x.device:
+        raise CoCArgumentError(f"w is on {w.device} but x is on {x.device}")
+    if 0 in (x.shape[0], k, n):
+        raise CoCArgumentError(f"empty operands are not supported: m={x.shape[0]}, k={k}, n={n}")
+    if bias is not None:
+        if not isinstance(bias, Tensor):
+            raise CoCArgumentError(f"bias must be a tensor or None, got {type(bias).__name__}")
+        if tuple(bias.shape) != (n,):
+            raise CoCArgumentError(f"bias must have shape [n={n}], got {list(bias.shape)}")
+        if bias.dtype != x.dtype:
+            raise CoCArgumentError(f"bias has dtype {bias.dtype}; it must match x's dtype {x.dtype}")
+        if bias.device != x.device:
+            raise CoCArgumentError(f"bias is on {bias.device} but x is on {x.device}")
+
+
+def _check_blocks(blocks: Sequence[int] | None, rows: int, axis: str) -> None:
+    """An explicit tiling must cover the tiled axis exactly with positive blocks."""
+    if blocks is None:
+        return
+    try:
+        sizes = list(blocks)
+    except TypeError:
+        raise CoCShapeError(f"blocks must be a sequence of row counts, got {blocks!r}") from None
+    if not sizes or any(isinstance(b, bool) or not isinstance(b, int) or b <= 0 for b in sizes):
+        raise CoCShapeError(f"blocks must be positive integers, got {sizes}")
+    if sum(sizes) != rows:
+        raise CoCShapeError(f"blocks {sizes} sum to {sum(sizes)} but the tiled axis {axis} has {rows} rows")
+
+
+def _backend(name: str, blocks: Sequence[int] | None) -> tuple[ModuleType, dict[str, Any]]:
+    """The backend module for ``name`` and the options only it takes.
+
+    An explicit tiling can only be honoured by the portable backend: with
+    ``"atb"`` it is an error, ``"auto"`` takes it as a request for portable.
+    """
+    if name not in BACKENDS:
+        raise CoCArgumentError(f"backend must be one of {list(BACKENDS)}, got {name!r}")
+    if name == "portable" or (name == "auto" and (blocks is not None or not ascend.is_available())):
+        return portable, {"blocks": blocks}
+    if blocks is not None:
+        raise CoCArgumentError(
+            f"blocks={list(blocks)} cannot be honoured by backend 'atb' (the kernel tiles "
+            "internally); use backend='portable'"
+        )
+    ascend.load()  # CoCBackendUnavailable with the reason where it cannot run
+    return ascend, {}

@@ -1,0 +1,278 @@
+"""Scripted CoC: the TP linear layers as autograd functions over the overlap engine.
+
+Every cell of the layout table (SPEC §1), forward and backward:
+
+============  ==========================================  ===============================================
+layer, mode   forward                                     backward
+============  ==========================================  ===============================================
+Column        ``y = x @ w.T`` (no collective)             ``dx = dy @ w`` chunked + all-reduce; ``dw``
+Column, SP    all-gather(x) chunked, communicate-first    ``dx`` chunked + reduce-scatter; ``dw`` from the
+                                                          re-gathered (or saved) x
+Row           ``x @ w.T`` chunked + all-reduce            ``dx = dy @ w``, ``dw`` (no collective)
+Row, SP       ``x @ w.T`` chunked + reduce-scatter        all-gather(dy) chunked, then ``dx``, ``dw``
+============  ==========================================  ===============================================
+
+Weights are megatron's ``[out, in]`` and the layers compute ``x @ w.T``;
+transposition is fixed by the layer, never guessed from shapes.  Every
+chunked matmul gets its own chunk count from :func:`resolve_chunks` for its own
+``(m, k, n)``, so ``customized_coc`` is honoured by every layer, mode and
+direction.  Biases are added outside the collectives, once (column: per
+shard; row: after the reduction), and autograd derives their gradients.
+
+``matmul_soc_friendly`` zero-pads the contraction axis ``k`` of both operands
+to a 512-byte multiple (when that costs at most 1/8 more work), as the
+upstream feature does for NPU-friendly strides.  The padded terms are exact
+zeros, so results equal the unpadded matmul up to the BLAS's summation order
+for the longer ``k``: equal within floating-point rounding, not guaranteed
+bit for bit.  Chunking alone (row blocks) does not change any row's sum.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import partial
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from coc_impl.chunking import FallbackNotice, resolve_chunks
+from coc_impl.config import CoCConfig
+from coc_impl.errors import CoCShapeError
+from coc_impl.overlap import (
+    Matmul,
+    all_gather,
+    all_gather_matmul,
+    equal_blocks,
+    matmul_all_reduce,
+    matmul_reduce_scatter,
+)
+
+# Same autocast behaviour as megatron's own linear autograd function.
+_custom_fwd = partial(torch.amp.custom_fwd, device_type="cuda")
+_custom_bwd = partial(torch.amp.custom_bwd, device_type="cuda")
+
+#: Row stride (bytes) the soc-friendly re-lay aligns the contraction axis to.
+SOC_ALIGN_BYTES = 512
+
+
+def soc_friendly_k(k: int, itemsize: int) -> int:
+    """The contraction length after soc-friendly padding (``k`` if not worth it)."""
+    per_align = max(1, SOC_ALIGN_BYTES // itemsize)
+    padded = -(-k // per_align) * per_align
+    return padded if padded - k <= k // 8 else k
+
+
+def rows_times(right: torch.Tensor, *, soc_friendly: bool) -> Matmul:
+    """A :data:`~coc_impl.overlap.Matmul` computing ``rows @ right`` (``right`` is ``[k, n]``)."""
+    k = right.shape[0]
+    padded = soc_friendly_k(k, right.element_size()) if soc_friendly else k
+    if padded == k:
+        return lambda rows: torch.matmul(rows, right)
+    right_padded = F.pad(right.t(), (0, padded - k)).t()  # zero rows appended along k
+    return lambda rows: torch.matmul(F.pad(rows, (0, padded - k)), right_padded)
+
+
+@dataclass(frozen=True)
+class _Call:
+    """The non-tensor arguments of one layer call (shared by its forward and backward)."""
+
+    group: dist.ProcessGroup
+    config: CoCConfig
+    sequence_parallel: bool
+    gradient_accumulation_fusion: bool
+    fallback_notice: FallbackNotice = field(default_factory=FallbackNotice)
+
+    @property
+    def tp(self) -> int:
+        return self.group.size()
+
+    @property
+    def soc_friendly(self) -> bool:
+        return self.config.user_cfgs.matmul_soc_friendly
+
+    def blocks(self, *, m: int, k: int, n: int, layer: str, split_rows: int) -> list[int]:
+        """Equal row blocks of ``split_rows`` for the matmul ``[m, k] @ [k, n]``."""
+        chunks = resolve_chunks(
+            self.config, m=m, k=k, n=n, tp=self.tp, layer=layer,
+            sequence_parallel=self.sequence_parallel, notice=self.fallback_notice,
+        )
+        return equal_blocks(split_rows, chunks, what=layer)
+
+
+def _weight_grad(
+    weight: torch.Tensor, grad_output: torch.Tensor, total_input: torch.Tensor, fusion: bool
+) -> torch.Tensor | None:
+    """``dy.T @ x``, or megatron's gradient-accumulation fusion into ``weight.main_grad``.
+
+    With the fusion the product is accumulated into ``main_grad`` (in its
+    dtype, fp32 normally) and no gradient is returned, except the dummy
+    megatron returns when the weight tracks ``grad_added_to_main_grad``.
+    """
+    if not (fusion and hasattr(weight, "main_grad")):
+        return grad_output.t().matmul(total_input)
+    main_grad = weight.main_grad
+    main_grad.addmm_(grad_output.t().to(main_grad.dtype), total_input.to(main_grad.dtype))
+    if not hasattr(weight, "grad_added_to_main_grad"):
+        return None
+    weight.grad_added_to_main_grad = True
+    make = torch.zeros if getattr(weight, "zero_out_wgrad", False) else torch.empty
+    return make(main_grad.shape, dtype=total_input.dtype, device=total_input.device)
+
+
+class _ColumnParallelMatmul(torch.autograd.Function):
+    """``x @ w.T`` of a column-parallel layer on 2-D rows (w: this rank's ``[out/tp, in]``)."""
+
+    @staticmethod
+    @_custom_fwd
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, call: _Call) -> torch.Tensor:
+        ctx.call = call
+        ctx.recomputes_gather = False
+        if not call.sequence_parallel:
+            ctx.save_for_backward(x, weight)
+            return torch.matmul(x, weight.t())
+        m = x.shape[0] * call.tp
+        layer = "ColumnParallelLinear forward (all-gather x)"
+        blocks = call.blocks(m=m, k=weight.shape[1], n=weight.shape[0], layer=layer,
+                             split_rows=x.shape[0])
+        keep_gathered = not call.config.user_cfgs.recompute_all_gather
+        output, gathered = all_gather_matmul(
+            x, rows_times(weight.t(), soc_friendly=call.soc_friendly), blocks, call.group,
+            keep_gathered=keep_gathered,
+        )
+        ctx.recomputes_gather = not keep_gathered
+        ctx.save_for_backward(gathered if keep_gathered else x, weight)
+        return output
+
+    @staticmethod
+    @_custom_bwd
+    def backward(ctx, grad_output: torch.Tensor):
+        saved_input, weight = ctx.saved_tensors
+        call: _Call = ctx.call
+        needs_dx, needs_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        grad_output = grad_output.contiguous()
+        m = grad_output.shape[0]
+        dims = dict(m=m, k=weight.shape[0], n=weight.shape[1])
+        if call.sequence_parallel:
+            layer = "ColumnParallelLinear backward (dx reduce-scatter)"
+            pipeline, split_rows = matmul_reduce_scatter, m // call.tp
+        else:
+            layer = "ColumnParallelLinear backward (dx all-reduce)"
+            pipeline, split_rows = matmul_all_reduce, m
+        # Chunk count (and its shape check) before any collective of the backward.
+        blocks = call.blocks(**dims, layer=layer, split_rows=split_rows) if needs_dx else None
+        total_input = None
+        if needs_dw and ctx.recomputes_gather:
+            # Launched before the dx pipeline so it overlaps with it, as megatron does.
+            total_input = all_gather(saved_input, [saved_input.shape[0]], call.group)
+        grad_input = None
+        if blocks is not None:
+            dx_matmul = rows_times(weight, soc_friendly=call.soc_friendly)
+            grad_input = pipeline(grad_output, dx_matmul, blocks, call.group)
+        grad_weight = None
+        if needs_dw:
+            total = total_input.wait() if total_input is not None else saved_input
+            grad_weight = _weight_grad(weight, grad_output, total, call.gradient_accumulation_fusion)
+        return (grad_input.wait() if grad_input is not None else None), grad_weight, None
+
+
+class _RowParallelMatmul(torch.autograd.Function):
+    """``x @ w.T`` of a row-parallel layer on 2-D rows (w: this rank's ``[out, in/tp]``)."""
+
+    @staticmethod
+    @_custom_fwd
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, call: _Call) -> torch.Tensor:
+        ctx.call = call
+        ctx.save_for_backward(x, weight)
+        matmul = rows_times(weight.t(), soc_friendly=call.soc_friendly)
+        dims = dict(m=x.shape[0], k=weight.shape[1], n=weight.shape[0])
+        if call.sequence_parallel:
+            layer = "RowParallelLinear forward (reduce-scatter)"
+            blocks = call.blocks(**dims, layer=layer, split_rows=x.shape[0] // call.tp)
+            return matmul_reduce_scatter(x, matmul, blocks, call.group).wait()
+        layer = "RowParallelLinear forward (all-reduce)"
+        blocks = call.blocks(**dims, layer=layer, split_rows=x.shape[0])
+        return matmul_all_reduce(x, matmul, blocks, call.group).wait()
+
+    @staticmethod
+    @_custom_bwd
+    def backward(ctx, grad_output: torch.Tensor):
+        x, weight = ctx.saved_tensors
+        call: _Call = ctx.call
+        needs_dx, needs_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        grad_output = grad_output.contiguous()
+        grad_input = None
+        if call.sequence_parallel:
+            layer = "RowParallelLinear backward (dy all-gather)"
+            m = grad_output.shape[0] * call.tp
+            blocks = call.blocks(m=m, k=weight.shape[0], n=weight.shape[1], layer=layer,
+                                 split_rows=grad_output.shape[0])
+            grad_input, total_grad_output = all_gather_matmul(
+                grad_output, rows_times(weight, soc_friendly=call.soc_friendly), blocks,
+                call.group, keep_gathered=needs_dw,
+            )
+        else:
+            total_grad_output = grad_output
+            if needs_dx:
+                grad_input = grad_output.matmul(weight)
+        grad_weight = None
+        if needs_dw:
+            assert total_grad_output is not None
+            grad_weight = _weight_grad(weight, total_grad_output, x, call.gradient_accumulation_fusion)
+        return (grad_input if needs_dx else None), grad_weight, None
+
+
+def _as_rows(x: torch.Tensor) -> torch.Tensor:
+    return x.reshape(-1, x.shape[-1])
+
+
+def column_forward(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    *,
+    group: dist.ProcessGroup,
+    sequence_parallel: bool,
+    config: CoCConfig,
+    gradient_accumulation_fusion: bool = False,
+) -> torch.Tensor:
+    """Column-parallel linear with its collectives chunked and overlapped.
+
+    ``x``: ``[s, b, in]`` (or any ``[..., in]``; with SP this rank's sequence
+    shard), ``weight``: this rank's ``[out/tp, in]``, ``bias``: this rank's
+    ``[out/tp]`` or None.  Returns ``[s*tp if SP else s, b, out/tp]``.
+    Backward all-reduces (no SP) or reduce-scatters (SP) ``dx``.
+    """
+    call = _Call(group, config, sequence_parallel, gradient_accumulation_fusion)
+    rows = _ColumnParallelMatmul.apply(_as_rows(x), weight, call)
+    lead = (x.shape[0] * call.tp, *x.shape[1:-1]) if sequence_parallel else x.shape[:-1]
+    output = rows.view(*lead, rows.shape[-1])
+    return output + bias if bias is not None else output
+
+
+def row_forward(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    *,
+    group: dist.ProcessGroup,
+    sequence_parallel: bool,
+    config: CoCConfig,
+    gradient_accumulation_fusion: bool = False,
+) -> torch.Tensor:
+    """Row-parallel linear with its collectives chunked and overlapped.
+
+    ``x``: ``[s, b, in/tp]`` (already split along the hidden axis),
+    ``weight``: this rank's ``[out, in/tp]``, ``bias``: the full ``[out]``,
+    added once after the reduction.  Returns ``[s/tp if SP else s, b, out]``.
+    """
+    call = _Call(group, config, sequence_parallel, gradient_accumulation_fusion)
+    if sequence_parallel and x.shape[0] % call.tp != 0:
+        raise CoCShapeError(
+            f"CoC: RowParallelLinear forward (reduce-scatter): sequence length {x.shape[0]} "
+            f"(m={x.shape[:-1].numel()}) is not a multiple of tp={call.tp}"
+        )
+    rows = _RowParallelMatmul.apply(_as_rows(x), weight, call)
+    lead = (x.shape[0] // call.tp, *x.shape[1:-1]) if sequence_parallel else x.shape[:-1]
+    output = rows.view(*lead, rows.shape[-1])
+    return output + bias if bias is not None else output

@@ -1,0 +1,209 @@
+"""Deterministic fused reductions: bitwise equal for any tiling, run and rank timing."""
+
+from __future__ import annotations
+
+import random
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from coc_impl import fused
+from coc_impl.deterministic import finish, fp32_partial, fp32_weight, rank_ordered_sum
+from tests.dist_helpers import GlooPool, run_threaded
+
+# --------------------------------------------------------------------------- local pieces
+
+@pytest.mark.parametrize("n", [16, 7, 33])
+@pytest.mark.parametrize("transpose", [False, True])
+def test_tile_rows_have_the_bits_of_the_whole_gemm(n: int, transpose: bool) -> None:
+    """A 1-row (or thin, or odd-width) tile must not take a different BLAS path."""
+    torch.manual_seed(0)
+    m, k = 70, 45
+    x = torch.randn(m, k)
+    w_kn = torch.randn(k, n)
+    if transpose:
+        w_kn = w_kn.t().contiguous().t()  # [n, k] storage read as [k, n]
+    w32 = fp32_weight(w_kn)
+    whole = fp32_partial(x, w32, n)
+    assert whole.shape == (m, n) and whole.dtype == torch.float32
+    for rows in (1, 2, 3, 5, 11, 13, 17, 40):
+        for start in (0, 1, m - rows):
+            tile = fp32_partial(x[start:start + rows], w32, n)
+            assert torch.equal(tile, whole[start:start + rows]), (rows, start)
+    if n % 16 == 0:  # no padding needed: the definition is the plain fp32 matmul
+        assert torch.equal(whole, x @ w_kn)
+
+
+def test_rank_ordered_sum_adds_left_to_right() -> None:
+    big = torch.tensor([1e8], dtype=torch.float32)
+    one = torch.tensor([1.0], dtype=torch.float32)
+    # (1e8 + 1) - 1e8 == 0 in float32, while 1e8 + (1 - 1e8) == 1 ... the order is visible.
+    assert rank_ordered_sum([big, one, -big]).item() == 0.0
+    assert rank_ordered_sum([big, -big, one]).item() == 1.0
+    parts = [torch.randn(5, 3) for _ in range(4)]
+    expected = ((parts[0] + parts[1]) + parts[2]) + parts[3]
+    before = parts[0].clone()
+    assert torch.equal(rank_ordered_sum(parts), expected)
+    assert torch.equal(parts[0], before)  # inputs untouched
+
+
+def test_finish_adds_the_bias_in_fp32_before_the_single_cast() -> None:
+    total = torch.tensor([1.0 + 2.0**-11], dtype=torch.float32)
+    bias = torch.tensor([2.0**-11], dtype=torch.float16)
+    out = finish(total, bias, torch.float16)
+    assert out.dtype == torch.float16
+    assert out.item() == 1.0 + 2.0**-10  # cast-then-add would round to 1.0
+    assert finish(total, None, torch.float32).item() == total.item()
+
+
+# --------------------------------------------------------------------------- serial reference
+
+def _inputs(rank: int, m: int, k: int, n: int, dtype: torch.dtype, transpose: bool, bias: bool):
+    gen = torch.Generator().manual_seed(1000 + rank)
+    x = torch.randn(m, k, generator=gen).to(dtype)
+    w = torch.randn(k, n, generator=gen).to(dtype)
+    if transpose:
+        w = w.t().contiguous()
+    b = torch.randn(n, generator=torch.Generator().manual_seed(7)).to(dtype) if bias else None
+    return x, w, b
+
+
+def _serial_deterministic(tp: int, m: int, k: int, n: int, dtype, transpose: bool, bias: bool):
+    """The documented definition, written out independently of coc_impl."""
+    total = None
+    for rank in range(tp):
+        x, w, b = _inputs(rank, m, k, n, dtype, transpose, bias)
+        w_kn = (w.t() if transpose else w).float()
+        xp = torch.zeros(max(m, 16), k)
+        xp[:m] = x.float()
+        wp = torch.zeros(k, -(-n // 16) * 16)
+        wp[:, :n] = w_kn
+        partial = (xp @ wp)[:m, :n]
+        total = partial if total is None else total + partial
+    if b is not None:
+        total = total + b.float()
+    return total.to(dtype)
+
+
+def _det_op(op: str, x, w, b, transpose: bool, blocks):
+    fn = fused.matmul_all_reduce if op == "ar" else fused.matmul_reduce_scatter
+    return fn(x, w, b, group=dist.group.WORLD, transpose_weight=transpose, deterministic=True, blocks=blocks)
+
+
+def _run_tilings(rank: int, tp: int, op: str, shape, dtype, transpose: bool, bias: bool, tilings) -> list:
+    x, w, b = _inputs(rank, *shape, dtype, transpose, bias)
+    return [_det_op(op, x, w, b, transpose, blocks) for blocks in tilings]
+
+
+CASES = [
+    # op, tp, (m, k, n), dtype, transpose, bias, tilings (of m for "ar", of m/tp for "rs")
+    ("ar", 2, (40, 24, 16), torch.float16, False, True, [None, [40], [1, 39], [13, 1, 1, 25], [8] * 5]),
+    ("ar", 4, (12, 20, 9), torch.float32, True, True, [None, [1] * 12, [5, 7], [11, 1]]),
+    ("ar", 2, (33, 16, 24), torch.bfloat16, True, False, [None, [32, 1], [3, 30]]),
+    ("rs", 2, (40, 24, 16), torch.float16, True, True, [None, [20], [1, 19], [7, 1, 12]]),
+    ("rs", 4, (48, 20, 7), torch.float32, False, True, [None, [1] * 12, [2, 10], [11, 1]]),
+    ("rs", 4, (16, 16, 32), torch.bfloat16, False, False, [None, [1, 3], [2, 2]]),
+]
+
+
+@pytest.mark.parametrize("op,tp,shape,dtype,transpose,bias,tilings", CASES)
+def test_deterministic_is_the_serial_definition_for_every_tiling(op, tp, shape, dtype, transpose, bias,
+                                                                  tilings):
+    per_rank = run_threaded(tp, _run_tilings, op, shape, dtype, transpose, bias, tilings)
+    expected = _serial_deterministic(tp, *shape, dtype, transpose, bias)
+    m = shape[0]
+    for rank, outs in enumerate(per_rank):
+        want = expected if op == "ar" else expected[rank * m // tp:(rank + 1) * m // tp]
+        for blocks, out in zip(tilings, outs, strict=True):
+            assert out.dtype == dtype
+            assert torch.equal(out, want), f"rank {rank}, blocks {blocks}"
+
+
+# --------------------------------------------------------------------------- real gloo, jittered ranks
+
+_COLLECTIVES = tuple(
+    name
+    for name in ("all_gather_single", "all_gather_into_tensor", "all_to_all_single", "all_reduce",
+                 "reduce_scatter_single", "reduce_scatter_tensor")
+    if hasattr(dist, name)
+)
+
+
+def _jittered_runs(rank: int, tp: int, op: str, shape, dtype, transpose: bool, tilings) -> list:
+    """Every collective first sleeps a random, rank- and run-specific time."""
+    torch.set_num_threads(1)
+    rng = random.Random(rank * 7919 + 1)
+    originals = {name: getattr(dist, name) for name in _COLLECTIVES}
+
+    def jitter(fn):
+        def wrapped(*args, **kwargs):
+            time.sleep(rng.uniform(0.0, 0.004))
+            return fn(*args, **kwargs)
+        return wrapped
+
+    for name, fn in originals.items():
+        setattr(dist, name, jitter(fn))
+    try:
+        outs = []
+        for blocks in tilings:
+            x, w, b = _inputs(rank, *shape, dtype, transpose, True)
+            time.sleep(rng.uniform(0.0, 0.01))
+            outs.append(_det_op(op, x, w, b, transpose, blocks))
+        return outs
+    finally:
+        for name, fn in originals.items():
+            setattr(dist, name, fn)
+
+
+@pytest.fixture(scope="module")
+def gloo4():
+    pool = GlooPool(4)
+    yield pool
+    pool.close()
+
+
+@pytest.mark.parametrize(
+    "op,shape,dtype,tilings",
+    [
+        ("ar", (48, 32, 24), torch.float16, [None, None, None, [1, 47], [16, 1, 31], [6] * 8]),
+        ("rs", (48, 32, 20), torch.bfloat16, [None, None, None, [1, 11], [5, 7], [3] * 4]),
+    ],
+)
+def test_deterministic_under_rank_jitter_on_gloo(gloo4, op, shape, dtype, tilings) -> None:
+    per_rank = gloo4.run(_jittered_runs, op, shape, dtype, True, tilings)
+    expected = _serial_deterministic(4, *shape, dtype, True, True)
+    m = shape[0]
+    for rank, outs in enumerate(per_rank):
+        want = expected if op == "ar" else expected[rank * m // 4:(rank + 1) * m // 4]
+        for blocks, out in zip(tilings, outs, strict=True):
+            assert torch.equal(out, want), f"rank {rank}, blocks {blocks}"
+
+
+_ORDER_SENSITIVE = (1.0, 1e8, 1.0, -1e8)  # float32 sums of these depend on the order
+
+
+def _order_sensitive_runs(rank: int, tp: int, op: str, tilings) -> list:
+    torch.set_num_threads(1)
+    # Row i of rank r holds _ORDER_SENSITIVE[(r + i) % 4]: every rotation of the order occurs.
+    x = torch.tensor([[_ORDER_SENSITIVE[(rank + i) % 4]] for i in range(16)])
+    w = torch.ones(1, 1)
+    return [_det_op(op, x, w, None, False, blocks) for blocks in tilings]
+
+
+@pytest.mark.parametrize("op,tilings", [("ar", [None, [3, 13], [1] * 16]), ("rs", [None, [1, 3], [2, 2]])])
+def test_ascending_rank_order_on_four_gloo_ranks(gloo4, op: str, tilings) -> None:
+    """gloo's own reduction adds in ring order; the deterministic ops must not."""
+    per_rank = gloo4.run(_order_sensitive_runs, op, tilings)
+    expected = torch.empty(16, 1)
+    for i in range(16):
+        total = torch.tensor(_ORDER_SENSITIVE[i % 4])
+        for r in range(1, 4):
+            total = total + torch.tensor(_ORDER_SENSITIVE[(r + i) % 4])
+        expected[i] = total
+    assert expected.unique().numel() > 1  # the rotations really sum differently
+    for rank, outs in enumerate(per_rank):
+        want = expected if op == "ar" else expected[rank * 4:(rank + 1) * 4]
+        for blocks, out in zip(tilings, outs, strict=True):
+            assert torch.equal(out, want), (rank, blocks, out.flatten().tolist())

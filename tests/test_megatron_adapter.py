@@ -1,0 +1,149 @@
+"""The megatron CPU adapter: real megatron TP layers on gloo ranks, unpatched.
+
+Megatron's ``parallel_state`` is process-global, so these ranks are real gloo
+processes (forked, reused across tests), not threads.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from coc_impl import megatron_adapter as adapter
+from tests.dist_helpers import GlooPool, LinearProblem
+
+S, B, H = 8, 2, 16  # square weights: a transposed shard cannot pass
+PROBLEM = LinearProblem.make(S, B, H, H, seed=7)
+FP32 = dict(rtol=1e-5, atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def pools():
+    made: dict[int, GlooPool] = {}
+
+    def get(tp: int) -> GlooPool:
+        if tp not in made or made[tp].closed:
+            made[tp] = GlooPool(tp)
+        return made[tp]
+
+    yield get
+    for pool in made.values():
+        pool.close()
+
+
+def build(layer: str, sp: bool, problem: LinearProblem, **options):
+    maker = adapter.build_column if layer == "column" else adapter.build_row
+    return maker(H, H, sequence_parallel=sp, weight=problem.w.float(), bias_value=problem.b.float(),
+                 **options)
+
+
+def forward_backward(module, shards, *, row_full_input: bool = False) -> dict[str, torch.Tensor]:
+    x = shards.x.float().clone().requires_grad_()
+    y, output_bias = module(x)
+    assert output_bias is None
+    y.backward(shards.dy.float())
+    return {"y": y.detach(), "dx": x.grad, "dw": module.weight.grad, "db": module.bias.grad}
+
+
+def unpatched_layer(rank: int, tp: int, layer: str, sp: bool) -> dict[str, torch.Tensor]:
+    with adapter.model_parallel(tp, sequence_parallel=sp) as tpc:
+        assert (tpc.size, tpc.rank, tpc.sequence_parallel) == (tp, rank, sp)
+        module = build(layer, sp, PROBLEM)
+        return forward_backward(module, PROBLEM.shards(rank, tp, layer, sp))
+
+
+@pytest.mark.parametrize("sp", [False, True], ids=["no_sp", "sp"])
+@pytest.mark.parametrize("layer", ["column", "row"])
+@pytest.mark.parametrize("tp", [2, 4])
+def test_unpatched_megatron_matches_fp64_reference(pools, tp: int, layer: str, sp: bool) -> None:
+    results = pools(tp).run(unpatched_layer, layer, sp)
+    PROBLEM.assert_matches(results, tp, layer, sp, what="megatron", **FP32)
+
+
+def loaded_shards(rank: int, tp: int) -> tuple[torch.Tensor, ...]:
+    with adapter.model_parallel(tp):
+        column, row = build("column", False, PROBLEM), build("row", False, PROBLEM)
+        return column.weight.detach(), column.bias.detach(), row.weight.detach(), row.bias.detach()
+
+
+def test_global_weights_are_sharded_like_megatron(pools) -> None:
+    for rank, (cw, cb, rw, rb) in enumerate(pools(2).run(loaded_shards)):
+        own = slice(rank * H // 2, (rank + 1) * H // 2)
+        assert torch.equal(cw, PROBLEM.w[own].float()) and torch.equal(cb, PROBLEM.b[own].float())
+        assert torch.equal(rw, PROBLEM.w[:, own].float()) and torch.equal(rb, PROBLEM.b.float())
+
+
+def gather_and_scatter_options(rank: int, tp: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Column ``gather_output=True`` and Row ``input_is_parallel=False`` use megatron's mappings."""
+    with adapter.model_parallel(tp):
+        column = build("column", False, PROBLEM, gather_output=True)
+        row = build("row", False, PROBLEM, input_is_parallel=False)
+        return column(PROBLEM.x.float())[0].detach(), row(PROBLEM.x.float())[0].detach()
+
+
+def test_mapping_paths_run_on_cpu(pools) -> None:
+    for gathered, row_out in pools(2).run(gather_and_scatter_options):
+        torch.testing.assert_close(gathered.double(), PROBLEM.y, **FP32)
+        torch.testing.assert_close(row_out.double(), PROBLEM.y, **FP32)
+
+
+def state_after_exit(rank: int, tp: int) -> tuple[bool, bool]:
+    from megatron.core import parallel_state
+
+    with adapter.model_parallel(tp):
+        inside = parallel_state.model_parallel_is_initialized()
+    return inside, parallel_state.model_parallel_is_initialized()
+
+
+def test_model_parallel_destroys_state_on_exit(pools) -> None:
+    assert pools(2).run(state_after_exit) == [(True, False)] * 2
+
+
+def sp_without_redirect(rank: int, tp: int) -> str:
+    """What the redirect is for: megatron's SP buffers ask ``torch.cuda`` for a device."""
+    from megatron.core import parallel_state
+
+    parallel_state.initialize_model_parallel(tp, create_gloo_process_groups=False)
+    try:
+        module = build("column", True, PROBLEM)
+        try:
+            module(PROBLEM.shards(rank, tp, "column", True).x.float())
+        except (AssertionError, RuntimeError) as exc:
+            return str(exc)
+        return "no error"
+    finally:
+        parallel_state.destroy_model_parallel()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the redirect is only active without CUDA")
+def test_megatron_needs_the_redirect_on_cpu(pools) -> None:
+    assert all("CUDA" in message for message in pools(2).run(sp_without_redirect))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the redirect is only active without CUDA")
+def test_cpu_device_redirect_is_scoped_and_restored() -> None:
+    original = torch.cuda.current_device
+    with adapter.cpu_device_redirect():
+        with adapter.cpu_device_redirect():  # noqa: SIM117 - nesting is what is tested
+            assert torch.cuda.current_device() == torch.device("cpu")
+        assert torch.cuda.current_device() == torch.device("cpu")  # outer still active
+    assert torch.cuda.current_device is original
+    with pytest.raises(KeyError), adapter.cpu_device_redirect():
+        raise KeyError("boom")
+    assert torch.cuda.current_device is original
+
+
+def test_model_parallel_needs_an_initialised_group() -> None:
+    with pytest.raises(RuntimeError, match="init_process_group"), adapter.model_parallel(2):
+        pass
+
+
+def test_build_options_are_applied(pools) -> None:
+    assert pools(2).run(build_options) == [(True, True, False)] * 2
+
+
+def build_options(rank: int, tp: int) -> tuple[bool, bool, bool]:
+    with adapter.model_parallel(tp):
+        column = adapter.build_column(H, H, gradient_accumulation_fusion=True, skip_bias_add=True)
+        row = adapter.build_row(H, H, bias=False)
+        return column.gradient_accumulation_fusion, column.skip_bias_add, row.bias is not None

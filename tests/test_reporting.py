@@ -1,0 +1,321 @@
+"""Allure results of the suite: labels, parameters, attachments, categories, environment, history.
+
+A small synthetic suite (a passing and a failing numerics case, a hang, a
+check failure raised on a rank, a missing error, a perf timeline) runs twice
+with ``--alluredir``: once in one process on device ``cpu``, once under
+``-n 2`` on device ``npu:0``.  Both runs must describe every case the same
+way; the device must not change a history id.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from conformance import plots, report_build, report_meta, reporting
+
+ROOT = Path(__file__).resolve().parents[1]
+
+SYNTHETIC_SUITE = '''
+import os
+
+import numpy as np
+import pytest
+
+from coc_impl.timeline import simulate
+from conformance import errors, numerics, reporting
+from conformance.case import RankOutcome, RemoteError
+
+DEVICE = os.environ["SYNTH_DEVICE"]
+
+
+def comparison(broken):
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((24, 16)), rng.standard_normal((16, 8))
+    truth = a @ b
+    serial = truth.astype(np.float32).astype(np.float64)
+    out = serial.copy()
+    if broken:
+        out[20:] = 0.0  # remainder rows left uninitialised
+    return numerics.compare("out", out, truth, serial, magnitude=numerics.magnitude(a, b),
+                            reduction_len=16, roundings=1, dtype="float32")
+
+
+@pytest.mark.parametrize("device", [DEVICE])
+@pytest.mark.parametrize("tp", [2, 4])
+@pytest.mark.parametrize("op", ["all_gather_matmul"])
+def test_numerics(op, tp, device):
+    result = comparison(broken=tp == 4)
+    reporting.describe_case(feature=op, story="sp", title=f"{op} sp tp{tp}", severity="critical",
+                            chunks=4, dtype="float32", shape=(24, 16, 8))
+    reporting.attach_comparison(result)
+    if not result.stats.ok:
+        raise errors.NumericMismatch(result.stats.summary())
+
+
+@pytest.mark.parametrize("tp", [4])
+def test_hang(tp):
+    raise errors.CaseTimeout("case did not finish on every rank within 1.0 s",
+                             stacks={0: "File case.py, line 3 in fn\\n  all_reduce()", 1: "File case.py"},
+                             outcomes=[RankOutcome(0, log="rank 0 entered all_reduce")])
+
+
+@pytest.mark.parametrize("tp", [2])
+def test_rank_raised(tp):
+    error = RemoteError("conformance.errors.DeterminismViolation", "runs differ",
+                        "Traceback (most recent call last):\\nDeterminismViolation: runs differ")
+    raise errors.RankRaised(
+        "rank(s) [1] raised; rank 1: conformance.errors.DeterminismViolation: runs differ",
+        outcomes=[RankOutcome(0, value=1, log="rank 0 done"), RankOutcome(1, error=error, log="rank 1 log")])
+
+
+def test_missing_error():
+    with pytest.raises(ValueError):
+        pass
+
+
+def test_perf_timeline():
+    predicted = simulate([64] * 4, lambda m: 2.0 * m, lambda m: 1.5 * m + 10)
+    measured = {"mm": [140.0] * 4, "comm": [(150, 260), (290, 400), (430, 540), (570, 690)]}
+    reporting.describe_case(feature="row all-reduce", story="perf", tp=8)
+    reporting.attach_timeline(predicted, measured, "row all-reduce")
+'''
+
+#: test function -> (status, category, attachment names)
+EXPECTED = {
+    "test_numerics[2]": (
+        "passed", None, {"out: error statistics", "out: |diff| / bound"}),
+    "test_numerics[4]": ("failed", "Numeric mismatch",
+                         {"out: error statistics", "out: |diff| / bound", "out: |diff| heat-map"}),
+    "test_hang[4]": ("failed", report_meta.HANG, {"rank 0 stack", "rank 1 stack", "rank 0 log"}),
+    "test_rank_raised[2]": (
+        "failed", "Determinism violation", {"rank 1 traceback", "rank 0 log", "rank 1 log"}),
+    "test_missing_error": ("failed", "Missing or wrong error", set()),
+    "test_perf_timeline[8]": ("passed", None, {"row all-reduce: timeline"}),
+}
+
+
+@dataclass
+class Run:
+    results: Path
+    device: str
+    cases: dict[str, dict[str, Any]]  # _key(result) -> result JSON
+
+    @classmethod
+    def load(cls, results: Path, device: str) -> Run:
+        cases = [json.loads(path.read_text()) for path in results.glob("*-result.json")]
+        by_key = {_key(case): case for case in cases}
+        assert len(by_key) == len(cases), "a case was reported twice"
+        return cls(results, device, by_key)
+
+
+def _key(result: dict[str, Any]) -> str:
+    """The test function and its TP parameter (the device stays out: it differs between runs)."""
+    tp = [p["value"] for p in result.get("parameters", []) if p["name"] == "tp"]
+    function = result["fullName"].split("#")[1]
+    return f"{function}[{tp[0]}]" if tp else function
+
+
+def _labels(result: dict[str, Any]) -> dict[str, list[str]]:
+    labels: dict[str, list[str]] = {}
+    for label in result["labels"]:
+        labels.setdefault(label["name"], []).append(label["value"])
+    return labels
+
+
+def _run_synthetic(workdir: Path, device: str, *extra: str) -> Run:
+    workdir.mkdir(parents=True)
+    (workdir / "pytest.ini").write_text("[pytest]\n")
+    (workdir / "test_synth.py").write_text(textwrap.dedent(SYNTHETIC_SUITE))
+    results = workdir / "allure-results"
+    env = {**os.environ, "SYNTH_DEVICE": device,
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "conformance.plugin", "-q",
+         f"--alluredir={results}", *extra],
+        cwd=workdir, env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert done.returncode == 1, done.stdout + done.stderr  # 4 failing cases
+    return Run.load(results, device)
+
+
+@pytest.fixture(scope="session")
+def runs(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Iterator[tuple[Run, Run]]:
+    """Both runs, made once per session even when xdist workers share this module."""
+    from filelock import FileLock
+
+    def make(root: Path) -> tuple[Run, Run]:
+        if not (root / "done").exists():
+            _run_synthetic(root / "single", "cpu")
+            _run_synthetic(root / "xdist", "npu:0", "-n", "2")
+            (root / "done").touch()
+        return Run.load(root / "single" / "allure-results", "cpu"), \
+            Run.load(root / "xdist" / "allure-results", "npu:0")
+
+    if worker_id == "master":
+        yield make(tmp_path_factory.mktemp("allure-runs"))
+        return
+    shared = tmp_path_factory.getbasetemp().parent / "allure-runs"  # this session's, shared by workers
+    shared.mkdir(exist_ok=True)
+    with FileLock(str(shared) + ".lock"):
+        made = make(shared)
+    yield made
+
+
+def test_every_case_reported_once_in_both_runs(runs: tuple[Run, Run]) -> None:
+    for run in runs:
+        assert set(run.cases) == set(EXPECTED), run.results
+        assert not list(run.results.glob("*.tmp"))
+        for name, (status, _, _) in EXPECTED.items():
+            assert run.cases[name]["status"] == status, name
+
+
+def test_labels_titles_and_parameters(runs: tuple[Run, Run]) -> None:
+    single, _ = runs
+    described = single.cases["test_numerics[4]"]
+    labels = _labels(described)
+    assert (labels["epic"], labels["feature"], labels["story"], labels["severity"]) == (
+        ["CoC"], ["all_gather_matmul"], ["sp"], ["critical"])
+    assert described["name"] == "all_gather_matmul sp tp4"
+    params = {p["name"]: p for p in described["parameters"]}
+    assert {name: p["value"] for name, p in params.items()} == {
+        "op": "all_gather_matmul", "tp": "4", "device": "cpu", "chunks": "4", "dtype": "float32",
+        "shape": "24x16x8", "implementation": "coc_impl.reference:ReferenceCoC"}
+    assert params["device"].get("excluded") is True
+    assert not any(p.get("excluded") for name, p in params.items() if name != "device")
+
+    derived = single.cases["test_hang[4]"]  # nothing described: defaults from names and parameters
+    labels = _labels(derived)
+    assert (labels["epic"], labels["feature"], labels["story"], labels["severity"]) == (
+        ["CoC"], ["synth"], ["hang"], ["normal"])
+    assert derived["name"] == "Hang [4]"
+
+
+def test_attachments_present(runs: tuple[Run, Run]) -> None:
+    for run in runs:
+        for name, (_, _, attachments) in EXPECTED.items():
+            found = {a["name"]: a for a in run.cases[name].get("attachments", [])}
+            assert attachments <= set(found), (name, set(found))
+            for attachment in found.values():
+                assert (run.results / attachment["source"]).stat().st_size > 0
+        pngs = [a for case in run.cases.values() for a in case.get("attachments", [])
+                if a["type"] == "image/png"]
+        assert pngs and all((run.results / a["source"]).read_bytes()[:4] == b"\x89PNG" for a in pngs)
+    stack = next(a for a in runs[0].cases["test_hang[4]"]["attachments"] if a["name"] == "rank 0 stack")
+    assert "all_reduce()" in (runs[0].results / stack["source"]).read_text()
+
+
+def _category(rules: list[dict[str, Any]], result: dict[str, Any]) -> str | None:
+    message = result.get("statusDetails", {}).get("message", "")
+    for rule in rules:
+        if result["status"] in rule["matchedStatuses"] and re.fullmatch(rule["messageRegex"], message):
+            return rule["name"]
+    return None
+
+
+def test_categories(runs: tuple[Run, Run]) -> None:
+    for run in runs:
+        rules = json.loads((run.results / "categories.json").read_text())
+        assert [r["name"] for r in rules] == ["Numeric mismatch", "Determinism violation",
+                                              "Missing or wrong error", "Perf regression", report_meta.HANG]
+        for name, (_, category, _) in EXPECTED.items():
+            assert _category(rules, run.cases[name]) == category, name
+
+
+def test_environment(runs: tuple[Run, Run]) -> None:
+    for run, workers in zip(runs, ("0", "2"), strict=True):
+        lines = (run.results / "environment.properties").read_text().splitlines()
+        env = dict(line.split("=", 1) for line in lines)
+        assert {"torch", "device", "backend", "world_sizes", "implementation", "git_sha"} <= set(env)
+        assert env["world_sizes"] == "2, 4"  # under xdist: merged from both workers
+        assert env["implementation"] == "coc_impl.reference:ReferenceCoC"
+        assert env["xdist_workers"] == workers
+
+
+def test_history_ids_ignore_device(runs: tuple[Run, Run]) -> None:
+    single, xdist = runs
+    for name in EXPECTED:
+        a, b = single.cases[name], xdist.cases[name]
+        assert a["historyId"] == b["historyId"], name
+        shown = [[(p["name"], p["value"]) for p in case.get("parameters", []) if not p.get("excluded")]
+                 for case in (a, b)]
+        assert shown[0] == shown[1], name  # what Allure 3 keys history on
+
+
+# --- in-process units ---------------------------------------------------------------------------
+
+def test_readable_values() -> None:
+    import torch
+
+    @dataclass
+    class Setting:
+        id: str
+        argv: list[str]
+
+    assert reporting.readable(torch.bfloat16) == "bfloat16"
+    assert reporting.readable(Setting("cli-over-env", ["--x"])) == "cli-over-env"
+    assert reporting.readable((4096, 8192)) == "4096x8192"
+    assert reporting.readable([2, 4]) == "[2, 4]"
+    long_a, long_b = reporting.readable("a" * 100 + "1"), reporting.readable("a" * 100 + "2")
+    assert len(long_a) <= 80 and long_a != long_b
+
+
+def test_functions_are_no_ops_when_allure_is_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert not reporting.is_active()
+    monkeypatch.setattr(plots, "error_histogram", lambda *a, **k: pytest.fail("plotted while inactive"))
+    reporting.describe_case(feature="f", story="s", device="cpu")
+    reporting.attach_comparison(object(), failed=True)  # type: ignore[arg-type]
+    reporting.attach_timeline(None, {"mm": [1.0]}, "t")
+
+
+def test_heatmap_view_and_pooling() -> None:
+    assert plots.as_matrix(np.zeros(())).shape == (1, 1)
+    assert plots.as_matrix(np.zeros(5)).shape == (1, 5)
+    assert plots.as_matrix(np.zeros((2, 3, 4))).shape == (6, 4)
+    grid = np.zeros((1000, 600))
+    grid[999, 0] = 7.0
+    pooled, factor = plots._max_pool(grid, 256)
+    assert pooled.shape[0] <= 256 and pooled.shape[1] <= 256 and pooled.max() == 7.0
+    assert factor == (4, 3)
+
+
+@pytest.mark.parametrize("message, category", [
+    ("conformance.errors.PerfRegression: gain 1% < 3%", "Perf regression"),
+    ("conformance.errors.RankCrashed: rank 3 died (signal 9)", report_meta.HANG),
+    ("conformance.errors.RankRaised: rank(s) [0] raised; rank 0: conformance.errors.NumericMismatch: x",
+     "Numeric mismatch"),
+    ("conformance.errors.RankRaised: rank(s) [0] raised; rank 0: builtins.ValueError: x", None),
+    ("AssertionError: NumericMismatch mentioned later", None),
+    ("Failed: DID NOT RAISE <class 'Exception'>", "Missing or wrong error"),
+])
+def test_category_rules(message: str, category: str | None) -> None:
+    result = {"status": "failed", "statusDetails": {"message": message + "\n--- rank 0 log ---\nmore"}}
+    assert _category(report_meta.categories(), result) == category
+
+
+def test_report_config_and_analytics(tmp_path: Path) -> None:
+    config = report_build.allure_config(tmp_path, tmp_path / "out", tmp_path / "h.jsonl", "n", 5)
+    assert config["plugins"]["awesome"]["options"]["singleFile"] is True  # type: ignore[index]
+    assert config["historyPath"] == str(tmp_path / "h.jsonl") and config["appendHistory"] is True
+    assert config["categories"] == report_meta.categories()
+    index = tmp_path / "index.html"
+    index.write_text('<body>\n    <script async src="https://www.googletagmanager.com/gtag/js?id=G-X"></script>\n'
+                     "    <script>\n        gtag('config', 'G-X', {});\n    </script>\n<p>kept</p></body>")
+    report_build.strip_analytics(index)
+    assert index.read_text() == "<body>\n<p>kept</p></body>"
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "keep.txt").write_text("not a report")
+    with pytest.raises(report_build.ReportBuildError, match="not a report directory"):
+        report_build._prepare_output(other)
