@@ -133,8 +133,13 @@ class CoCConfig:
 
     @property
     def scripted(self) -> bool:
-        """True when the Python (scripted) pipeline is the active form."""
-        return self.enabled and not self.fused_kernel and self.parallel_num != 1
+        """True when the Python (scripted) pipeline is the active form.
+
+        A ``customized_coc`` entry above 1 switches it on even with
+        ``parallel_num`` 1: a per-shape chunk count is never silently ignored.
+        """
+        chunked = self.parallel_num != 1 or any(p != 1 for p in self.user_cfgs.customized_coc.values())
+        return self.enabled and not self.fused_kernel and chunked
 
     def chunks_for(self, m: int, k: int, n: int) -> ParallelNum:
         """Chunk count for one matmul: ``customized_coc`` first, then ``parallel_num``.

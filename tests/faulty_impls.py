@@ -190,3 +190,158 @@ class ReduceScatterNeighbourShard(ReferenceCoC):
         every = torch.empty((tp * mine.shape[0], mine.shape[1]), dtype=mine.dtype)
         dist.all_gather_into_tensor(every, mine.contiguous(), group=group)
         return every.view(tp, *mine.shape)[(rank + 1) % tp].clone()
+
+
+# --- scripted layer faults (SPEC §3, §9) ----------------------------------------------------
+
+
+class _PatchedPipeline(ReferenceCoC):
+    """Runs the reference patch with one overlap-engine function of ``coc_impl.scripted`` wrapped."""
+
+    target: str = ""
+
+    def wrap(self, original: Any) -> Any:
+        raise NotImplementedError
+
+    def patch_megatron(self, config: CoCConfig) -> Any:
+        from contextlib import ExitStack
+        from unittest import mock
+
+        import coc_impl.scripted as scripted
+
+        stack = ExitStack()
+        stack.enter_context(mock.patch.object(scripted, self.target, self.wrap(getattr(scripted, self.target))))
+        stack.enter_context(super().patch_megatron(config))
+        return stack
+
+
+def _on_wait(in_flight: Any, change: Any) -> Any:
+    """An InFlight whose result is changed by ``change(result)`` when waited for."""
+    original_wait = in_flight.wait
+
+    def wait() -> Any:
+        return change(original_wait())
+
+    in_flight.wait = wait
+    return in_flight
+
+
+class DropsLastChunk(_PatchedPipeline):
+    """The chunked matmul + all-reduce leaves its last chunk's rows unwritten (zeros)."""
+
+    name = "fault-drops-chunk"
+    target = "matmul_all_reduce"
+
+    def wrap(self, original: Any) -> Any:
+        def pipeline(x: Any, matmul: Any, blocks: Any, group: Any, **kw: Any) -> Any:
+            def drop(out: Any) -> Any:
+                if len(blocks) > 1:
+                    out[out.shape[0] - blocks[-1]:] = 0
+                return out
+
+            return _on_wait(original(x, matmul, blocks, group, **kw), drop)
+
+        return pipeline
+
+
+class DuplicatesFirstChunk(_PatchedPipeline):
+    """The chunked matmul + all-reduce writes chunk 0's rows again where chunk 1 belongs."""
+
+    name = "fault-duplicates-chunk"
+    target = "matmul_all_reduce"
+
+    def wrap(self, original: Any) -> Any:
+        def pipeline(x: Any, matmul: Any, blocks: Any, group: Any, **kw: Any) -> Any:
+            def duplicate(out: Any) -> Any:
+                if len(blocks) > 1:
+                    out[blocks[0]:blocks[0] + blocks[1]] = out[:blocks[1]].clone()
+                return out
+
+            return _on_wait(original(x, matmul, blocks, group, **kw), duplicate)
+
+        return pipeline
+
+
+class GathersChunksInWrongOrder(_PatchedPipeline):
+    """The chunked all-gather + matmul places each rank's chunks in reverse order."""
+
+    name = "fault-gather-order"
+    target = "all_gather_matmul"
+
+    def wrap(self, original: Any) -> Any:
+        def pipeline(x: Any, matmul: Any, blocks: Any, group: Any, **kw: Any) -> Any:
+            result = original(x, matmul, blocks, group, **kw)
+            p, tp = len(blocks), group.size()
+            if p > 1:
+                out = result.output
+                out.copy_(out.unflatten(0, (tp, p, blocks[0])).flip(1).flatten(0, 2))
+            return result
+
+        return pipeline
+
+
+class BiasOnEveryRank(_PatchedPipeline):
+    """The row layer adds its bias on every rank before the reduction (tp times in all)."""
+
+    name = "fault-bias-every-rank"
+    target = "row_forward"
+
+    def wrap(self, original: Any) -> Any:
+        def row_forward(x: Any, weight: Any, bias: Any, **kw: Any) -> Any:
+            out = original(x, weight, None, **kw)
+            return out if bias is None else out + kw["group"].size() * bias
+
+        return row_forward
+
+    def patch_megatron(self, config: CoCConfig) -> Any:
+        from contextlib import ExitStack
+        from unittest import mock
+
+        import coc_impl.megatron_patch as patch
+
+        # The patch calls the backend module's row_forward; wrap it there.
+        stack = ExitStack()
+        backend = patch.backend_for(config)
+        if backend is not None:
+            stack.enter_context(mock.patch.object(backend, "row_forward", self.wrap(backend.row_forward)))
+        stack.enter_context(ReferenceCoC.patch_megatron(self, config))
+        return stack
+
+
+class IgnoresCustomizedCoC(ReferenceCoC):
+    """Uses ``parallel_num`` for every shape, ignoring ``customized_coc``."""
+
+    name = "fault-ignores-customized"
+
+    def patch_megatron(self, config: CoCConfig) -> Any:
+        from dataclasses import replace
+
+        return super().patch_megatron(replace(config, user_cfgs=replace(config.user_cfgs, customized_coc={})))
+
+
+class PatchNotApplied(ReferenceCoC):
+    """Accepts every configuration but never patches megatron: silently serial."""
+
+    name = "fault-not-patched"
+
+    def patch_megatron(self, config: CoCConfig) -> Any:
+        from contextlib import nullcontext
+
+        return nullcontext()
+
+
+class StaleSavedGather(_PatchedPipeline):
+    """With ``recompute_all_gather=False`` the saved gathered input is a stale buffer."""
+
+    name = "fault-stale-gather"
+    target = "all_gather_matmul"
+
+    def wrap(self, original: Any) -> Any:
+        def pipeline(x: Any, matmul: Any, blocks: Any, group: Any, **kw: Any) -> Any:
+            result = original(x, matmul, blocks, group, **kw)
+            if result.gathered is None:
+                return result
+            # e.g. a reused communication buffer, overwritten before the backward reads it
+            return type(result)(result.output, result.gathered.clone().zero_())
+
+        return pipeline

@@ -47,3 +47,21 @@ def test_op_checks_catch(run_suite: Callable[..., SuiteRun], fault: str, select:
     run = run_suite("test_ops", f"{FAULTS}:{fault}", "-k", select)
     assert run.failed, f"{fault} was not caught:\n{run.output[-3000:]}"
     assert not run.passed, f"{fault} passed checks meant to catch it:\n{run.output[-3000:]}"
+
+
+LAYER_FAULTS = [
+    ("DropsLastChunk", "layer_matches_golden and row-nosp and float32 and tp2-p2"),
+    ("DuplicatesFirstChunk", "layer_matches_golden and row-nosp and float32 and tp2-p4"),
+    ("GathersChunksInWrongOrder", "layer_matches_golden and column-sp and float32 and tp2-p2"),
+    ("BiasOnEveryRank", "layer_matches_golden and row-nosp and float32-bias and tp2-p2"),
+    ("IgnoresCustomizedCoC", "customized_coc"),
+    ("PatchNotApplied", "layer_matches_golden and column-nosp and float32 and tp2-p2"),
+    ("StaleSavedGather", "saved_all_gather and column and tp2"),
+]
+
+
+@pytest.mark.parametrize("fault, select", LAYER_FAULTS, ids=[f[0] for f in LAYER_FAULTS])
+def test_layer_checks_catch(run_suite: Callable[..., SuiteRun], fault: str, select: str) -> None:
+    run = run_suite("test_layers", f"{FAULTS}:{fault}", "-k", select)
+    assert run.failed, f"{fault} was not caught:\n{run.output[-3000:]}"
+    assert not run.passed, f"{fault} passed checks meant to catch it:\n{run.output[-3000:]}"

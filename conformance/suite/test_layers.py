@@ -125,7 +125,7 @@ def _sp_cases(layers: tuple[str, ...] = ("column", "mlp")) -> list[str]:
             and golden.load(c).params["layer"] in layers]
 
 
-@pytest.mark.parametrize("tp", [2, 4])
+@pytest.mark.parametrize("tp", [2, 4], ids=lambda tp: f"tp{tp}")
 @pytest.mark.parametrize("case_id", _sp_cases())
 def test_saved_all_gather_matches_golden(coc_ranks: Any, case_id: str, tp: int) -> None:
     """``recompute_all_gather=False`` saves the gathered input: same numbers, no backward gather."""
@@ -157,9 +157,10 @@ def _layer_shapes(g: Any) -> tuple[int, int, int]:
     return p["s"] * p["b"], p["h_in"], p["h_out"]
 
 
-@pytest.mark.parametrize("custom", [1, 4])
+@pytest.mark.parametrize("base, custom", [(2, 1), (2, 4), (1, 4)], ids=["p2-custom1", "p2-custom4",
+                                                                      "p1-custom4"])
 @pytest.mark.parametrize("case_id", [c for c in LAYER_CASES if "float32" in c and "mlp" not in c])
-def test_customized_coc_is_honoured(coc_ranks: Any, case_id: str, custom: int) -> None:
+def test_customized_coc_is_honoured(coc_ranks: Any, case_id: str, base: int, custom: int) -> None:
     """``customized_coc`` overrides ``parallel_num`` for its matmul shapes, in every layer and mode.
 
     Keys are ``[m, k, n]`` of each matmul on one rank, ``m`` the full token
@@ -172,9 +173,9 @@ def test_customized_coc_is_honoured(coc_ranks: Any, case_id: str, custom: int) -
     m, h_in, h_out = _layer_shapes(g)
     k, n = (h_in, h_out // tp) if g.params["layer"] == "column" else (h_in // tp, h_out)
     customized = {f"[{m}, {k}, {n}]": custom, f"[{m}, {n}, {k}]": custom}
-    results = coc_ranks.run(layer_case, tp, case_id=case_id, chunks=2,
+    results = coc_ranks.run(layer_case, tp, case_id=case_id, chunks=base,
                             coc_cfgs={"customized_coc": customized})
-    _check_results(g, results, max(custom, 2))
+    _check_results(g, results, max(custom, base))
     for result in results:
         check_collectives(result["coc"][0]["collectives"], g.params["layer"],
                           g.params["sequence_parallel"], custom)
