@@ -28,6 +28,11 @@ cannot run) and ``"auto"`` (atb where available, else portable).  Only the
 portable backend can honour an explicit ``blocks``: ``"atb"`` rejects it and
 ``"auto"`` then picks portable.  ``group`` (the TP process group) is required.  The
 user-facing fused flag keeps the ATB rule TP = 8 through :func:`check_fused_tp`.
+
+Megatron's layers under ``--coc-fused-kernel`` (:func:`column_forward`,
+:func:`row_forward`, the backend :mod:`coc_impl.megatron_patch` routes to) are
+the scripted layers' autograd functions run under :func:`planned_blocks`: the
+same overlap engine, tiled by the portable plan instead of equal chunks.
 """
 
 from __future__ import annotations
@@ -39,10 +44,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from coc_impl import scripted
 from coc_impl.backends import ascend, portable
-from coc_impl.config import FUSED_TP_SIZE
+from coc_impl.config import FUSED_TP_SIZE, CoCConfig
 from coc_impl.errors import CoCArgumentError, CoCFusedTPError, CoCShapeError
 from coc_impl.quant import check_antiquant, weight_kn
+from coc_impl.scripted import LayerCall, MatmulSite
 
 Tensor = torch.Tensor
 BACKENDS = ("portable", "atb", "auto")
@@ -243,3 +250,57 @@ def _backend(name: str, blocks: Sequence[int] | None) -> tuple[ModuleType, dict[
         )
     ascend.load()  # CoCBackendUnavailable with the reason where it cannot run
     return ascend, {}
+
+
+def planned_blocks(call: LayerCall, site: MatmulSite) -> tuple[int, ...]:
+    """The fused kernel's tiling of one layer matmul: the portable plan.
+
+    ``parallel_num`` and ``customized_coc`` do not apply (the configuration
+    warns).  The column backward's dx collective is pipelined only with
+    ``enable_coc_in_column_backward``; otherwise it is one block (matmul,
+    then the collective), since megatron already overlaps it with the dw
+    matmul.
+    """
+    if site.column_backward and not call.config.user_cfgs.enable_coc_in_column_backward:
+        return (site.split_rows,)
+    return portable.plan(
+        site.split_rows, site.m // site.split_rows, site.k, site.n, site.itemsize,
+        comm_width=site.k if site.gathers else None,
+    )
+
+
+def column_forward(
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    *,
+    group: dist.ProcessGroup,
+    sequence_parallel: bool,
+    config: CoCConfig,
+    gradient_accumulation_fusion: bool = False,
+) -> Tensor:
+    """:func:`coc_impl.scripted.column_forward` tiled by :func:`planned_blocks`.
+
+    Any TP size runs here; the TP = 8 rule of the flag is the configuration's.
+    """
+    return scripted.column_forward(
+        x, weight, bias, group=group, sequence_parallel=sequence_parallel, config=config,
+        gradient_accumulation_fusion=gradient_accumulation_fusion, policy=planned_blocks,
+    )
+
+
+def row_forward(
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    *,
+    group: dist.ProcessGroup,
+    sequence_parallel: bool,
+    config: CoCConfig,
+    gradient_accumulation_fusion: bool = False,
+) -> Tensor:
+    """:func:`coc_impl.scripted.row_forward` tiled by :func:`planned_blocks`."""
+    return scripted.row_forward(
+        x, weight, bias, group=group, sequence_parallel=sequence_parallel, config=config,
+        gradient_accumulation_fusion=gradient_accumulation_fusion, policy=planned_blocks,
+    )

@@ -13,10 +13,14 @@ Row, SP       ``x @ w.T`` chunked + reduce-scatter        all-gather(dy) chunked
 ============  ==========================================  ===============================================
 
 Weights are megatron's ``[out, in]`` and the layers compute ``x @ w.T``;
-transposition is fixed by the layer, never guessed from shapes.  Every
-chunked matmul gets its own chunk count from :func:`resolve_chunks` for its own
-``(m, k, n)``, so ``customized_coc`` is honoured by every layer, mode and
-direction.  Biases are added outside the collectives, once (column: per
+transposition is fixed by the layer, never guessed from shapes.  Which row
+blocks a pipelined matmul is cut into is a :class:`BlockPolicy`, asked once
+per matmul with its :class:`MatmulSite`.  The default, :func:`chunked_blocks`,
+is the scripted form: equal blocks, the count from :func:`resolve_chunks` for
+the matmul's own ``(m, k, n)``, so ``customized_coc`` is honoured by every
+layer, mode and direction.  The fused kernel's layers
+(:mod:`coc_impl.fused`) are these same autograd functions under a tiling-plan
+policy.  Biases are added outside the collectives, once (column: per
 shard; row: after the reduction), and autograd derives their gradients.
 
 ``matmul_soc_friendly`` zero-pads the contraction axis ``k`` of both operands
@@ -29,8 +33,10 @@ bit for bit.  Chunking alone (row blocks) does not change any row's sum.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
+from typing import Protocol
 
 import torch
 import torch.distributed as dist
@@ -74,13 +80,53 @@ def rows_times(right: torch.Tensor, *, soc_friendly: bool) -> Matmul:
 
 
 @dataclass(frozen=True)
-class _Call:
+class MatmulSite:
+    """One matmul of a layer call, ``[m, k] @ [k, n]``, pipelined with its collective.
+
+    ``m`` is the full row count multiplied on this rank (SP: after the
+    all-gather / before the reduce-scatter); the blocks tile ``split_rows``
+    (the per-rank shard for gathers and reduce-scatters, else ``m``).
+    """
+
+    layer: str  #: names the layer, direction and collective in messages
+    m: int
+    k: int
+    n: int
+    split_rows: int
+    itemsize: int  #: bytes per element of the multiplied rows
+    gathers: bool = False  #: the collective moves the matmul's input rows (width k), not its output
+    #: the column backward's dx: megatron already overlaps its collective with the dw matmul
+    column_backward: bool = False
+
+
+class BlockPolicy(Protocol):
+    """Row blocks (summing to ``site.split_rows``) for one pipelined matmul.
+
+    Called before the matmul's collectives, from the configuration and shapes
+    alone, so every rank decides (or raises) alike.
+    """
+
+    def __call__(self, call: LayerCall, site: MatmulSite) -> Sequence[int]: ...
+
+
+def chunked_blocks(call: LayerCall, site: MatmulSite) -> list[int]:
+    """The scripted form: equal blocks, ``customized_coc`` first, then ``parallel_num``."""
+    chunks = resolve_chunks(
+        call.config, m=site.m, k=site.k, n=site.n, tp=call.tp, layer=site.layer,
+        sequence_parallel=call.sequence_parallel, notice=call.fallback_notice,
+    )
+    return equal_blocks(site.split_rows, chunks, what=site.layer)
+
+
+@dataclass(frozen=True)
+class LayerCall:
     """The non-tensor arguments of one layer call (shared by its forward and backward)."""
 
     group: dist.ProcessGroup
     config: CoCConfig
     sequence_parallel: bool
     gradient_accumulation_fusion: bool
+    policy: BlockPolicy = chunked_blocks
     fallback_notice: FallbackNotice = field(default_factory=FallbackNotice)
 
     @property
@@ -89,15 +135,12 @@ class _Call:
 
     @property
     def soc_friendly(self) -> bool:
-        return self.config.user_cfgs.matmul_soc_friendly
+        """``matmul_soc_friendly`` is a setting of the scripted form only (SPEC §2)."""
+        return self.config.user_cfgs.matmul_soc_friendly and not self.config.fused_kernel
 
-    def blocks(self, *, m: int, k: int, n: int, layer: str, split_rows: int) -> list[int]:
-        """Equal row blocks of ``split_rows`` for the matmul ``[m, k] @ [k, n]``."""
-        chunks = resolve_chunks(
-            self.config, m=m, k=k, n=n, tp=self.tp, layer=layer,
-            sequence_parallel=self.sequence_parallel, notice=self.fallback_notice,
-        )
-        return equal_blocks(split_rows, chunks, what=layer)
+    def blocks(self, site: MatmulSite) -> Sequence[int]:
+        """The policy's row blocks for ``site``."""
+        return self.policy(self, site)
 
 
 def _weight_grad(
@@ -125,16 +168,17 @@ class _ColumnParallelMatmul(torch.autograd.Function):
 
     @staticmethod
     @_custom_fwd
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, call: _Call) -> torch.Tensor:
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, call: LayerCall) -> torch.Tensor:
         ctx.call = call
         ctx.recomputes_gather = False
         if not call.sequence_parallel:
             ctx.save_for_backward(x, weight)
             return torch.matmul(x, weight.t())
-        m = x.shape[0] * call.tp
-        layer = "ColumnParallelLinear forward (all-gather x)"
-        blocks = call.blocks(m=m, k=weight.shape[1], n=weight.shape[0], layer=layer,
-                             split_rows=x.shape[0])
+        blocks = call.blocks(MatmulSite(
+            "ColumnParallelLinear forward (all-gather x)", m=x.shape[0] * call.tp,
+            k=weight.shape[1], n=weight.shape[0], split_rows=x.shape[0],
+            itemsize=x.element_size(), gathers=True,
+        ))
         keep_gathered = not call.config.user_cfgs.recompute_all_gather
         output, gathered = all_gather_matmul(
             x, rows_times(weight.t(), soc_friendly=call.soc_friendly), blocks, call.group,
@@ -148,19 +192,20 @@ class _ColumnParallelMatmul(torch.autograd.Function):
     @_custom_bwd
     def backward(ctx, grad_output: torch.Tensor):
         saved_input, weight = ctx.saved_tensors
-        call: _Call = ctx.call
+        call: LayerCall = ctx.call
         needs_dx, needs_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         grad_output = grad_output.contiguous()
         m = grad_output.shape[0]
-        dims = dict(m=m, k=weight.shape[0], n=weight.shape[1])
         if call.sequence_parallel:
             layer = "ColumnParallelLinear backward (dx reduce-scatter)"
             pipeline, split_rows = matmul_reduce_scatter, m // call.tp
         else:
             layer = "ColumnParallelLinear backward (dx all-reduce)"
             pipeline, split_rows = matmul_all_reduce, m
-        # Chunk count (and its shape check) before any collective of the backward.
-        blocks = call.blocks(**dims, layer=layer, split_rows=split_rows) if needs_dx else None
+        site = MatmulSite(layer, m=m, k=weight.shape[0], n=weight.shape[1], split_rows=split_rows,
+                          itemsize=grad_output.element_size(), column_backward=True)
+        # Blocks (and their shape check) before any collective of the backward.
+        blocks = call.blocks(site) if needs_dx else None
         total_input = None
         if needs_dw and ctx.recomputes_gather:
             # Launched before the dx pipeline so it overlaps with it, as megatron does.
@@ -181,32 +226,34 @@ class _RowParallelMatmul(torch.autograd.Function):
 
     @staticmethod
     @_custom_fwd
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, call: _Call) -> torch.Tensor:
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, call: LayerCall) -> torch.Tensor:
         ctx.call = call
         ctx.save_for_backward(x, weight)
         matmul = rows_times(weight.t(), soc_friendly=call.soc_friendly)
-        dims = dict(m=x.shape[0], k=weight.shape[1], n=weight.shape[0])
         if call.sequence_parallel:
             layer = "RowParallelLinear forward (reduce-scatter)"
-            blocks = call.blocks(**dims, layer=layer, split_rows=x.shape[0] // call.tp)
-            return matmul_reduce_scatter(x, matmul, blocks, call.group).wait()
-        layer = "RowParallelLinear forward (all-reduce)"
-        blocks = call.blocks(**dims, layer=layer, split_rows=x.shape[0])
-        return matmul_all_reduce(x, matmul, blocks, call.group).wait()
+            pipeline, split_rows = matmul_reduce_scatter, x.shape[0] // call.tp
+        else:
+            layer = "RowParallelLinear forward (all-reduce)"
+            pipeline, split_rows = matmul_all_reduce, x.shape[0]
+        blocks = call.blocks(MatmulSite(layer, m=x.shape[0], k=weight.shape[1], n=weight.shape[0],
+                                        split_rows=split_rows, itemsize=x.element_size()))
+        return pipeline(x, matmul, blocks, call.group).wait()
 
     @staticmethod
     @_custom_bwd
     def backward(ctx, grad_output: torch.Tensor):
         x, weight = ctx.saved_tensors
-        call: _Call = ctx.call
+        call: LayerCall = ctx.call
         needs_dx, needs_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         grad_output = grad_output.contiguous()
         grad_input = None
         if call.sequence_parallel:
-            layer = "RowParallelLinear backward (dy all-gather)"
-            m = grad_output.shape[0] * call.tp
-            blocks = call.blocks(m=m, k=weight.shape[0], n=weight.shape[1], layer=layer,
-                                 split_rows=grad_output.shape[0])
+            blocks = call.blocks(MatmulSite(
+                "RowParallelLinear backward (dy all-gather)", m=grad_output.shape[0] * call.tp,
+                k=weight.shape[0], n=weight.shape[1], split_rows=grad_output.shape[0],
+                itemsize=grad_output.element_size(), gathers=True,
+            ))
             grad_input, total_grad_output = all_gather_matmul(
                 grad_output, rows_times(weight, soc_friendly=call.soc_friendly), blocks,
                 call.group, keep_gathered=needs_dw,
@@ -235,15 +282,17 @@ def column_forward(
     sequence_parallel: bool,
     config: CoCConfig,
     gradient_accumulation_fusion: bool = False,
+    policy: BlockPolicy = chunked_blocks,
 ) -> torch.Tensor:
     """Column-parallel linear with its collectives chunked and overlapped.
 
     ``x``: ``[s, b, in]`` (or any ``[..., in]``; with SP this rank's sequence
     shard), ``weight``: this rank's ``[out/tp, in]``, ``bias``: this rank's
     ``[out/tp]`` or None.  Returns ``[s*tp if SP else s, b, out/tp]``.
-    Backward all-reduces (no SP) or reduce-scatters (SP) ``dx``.
+    Backward all-reduces (no SP) or reduce-scatters (SP) ``dx``.  ``policy``
+    cuts each pipelined matmul into row blocks.
     """
-    call = _Call(group, config, sequence_parallel, gradient_accumulation_fusion)
+    call = LayerCall(group, config, sequence_parallel, gradient_accumulation_fusion, policy)
     rows = _ColumnParallelMatmul.apply(_as_rows(x), weight, call)
     lead = (x.shape[0] * call.tp, *x.shape[1:-1]) if sequence_parallel else x.shape[:-1]
     output = rows.view(*lead, rows.shape[-1])
@@ -259,14 +308,16 @@ def row_forward(
     sequence_parallel: bool,
     config: CoCConfig,
     gradient_accumulation_fusion: bool = False,
+    policy: BlockPolicy = chunked_blocks,
 ) -> torch.Tensor:
     """Row-parallel linear with its collectives chunked and overlapped.
 
     ``x``: ``[s, b, in/tp]`` (already split along the hidden axis),
     ``weight``: this rank's ``[out, in/tp]``, ``bias``: the full ``[out]``,
     added once after the reduction.  Returns ``[s/tp if SP else s, b, out]``.
+    ``policy`` cuts each pipelined matmul into row blocks.
     """
-    call = _Call(group, config, sequence_parallel, gradient_accumulation_fusion)
+    call = LayerCall(group, config, sequence_parallel, gradient_accumulation_fusion, policy)
     if sequence_parallel and x.shape[0] % call.tp != 0:
         raise CoCShapeError(
             f"CoC: RowParallelLinear forward (reduce-scatter): sequence length {x.shape[0]} "

@@ -2,7 +2,8 @@
 
 Patched layers must agree with the unpatched megatron layers and with the
 float64 reference, forward and backward, keep megatron's call conventions,
-and actually issue the chunked collectives.
+and actually issue the chunked collectives.  Under ``--coc-fused-kernel`` the
+same holds with the portable tiling plan in place of equal chunks.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch
 
 from coc_impl import megatron_adapter as adapter
 from coc_impl import scripted
+from coc_impl.backends import portable
 from coc_impl.config import CoCConfig, UserCfgs
 from coc_impl.errors import CoCBackendUnavailable
 from coc_impl.megatron_adapter import ColumnParallelLinear, RowParallelLinear
@@ -46,10 +48,11 @@ def pools():
         pool.close()
 
 
-def build(layer: str, sp: bool, **options):
+def build(layer: str, sp: bool, problem: LinearProblem = PROBLEM, **options):
     maker = adapter.build_column if layer == "column" else adapter.build_row
-    return maker(H, H, sequence_parallel=sp, weight=PROBLEM.w.float(), bias_value=PROBLEM.b.float(),
-                 **options)
+    h_out, h_in = problem.w.shape
+    return maker(h_in, h_out, sequence_parallel=sp, weight=problem.w.float(),
+                 bias_value=problem.b.float(), **options)
 
 
 def forward_backward(module, shards) -> dict[str, torch.Tensor]:
@@ -203,6 +206,84 @@ def test_fused_flag_dispatches_to_the_fused_module(pools) -> None:
         assert calls == ["column", "row"]
         torch.testing.assert_close(y.double(), PROBLEM.expected(rank, 2, "column", False)["y"], **FP32)
         torch.testing.assert_close(z.double(), PROBLEM.y, **FP32)
+
+
+# -- the fused kernel's layers ---------------------------------------------------------------
+
+#: m = 1200 tokens: the default plan tiles every pipelined matmul into several unequal blocks
+#: (e.g. 384, 384, 384, 48 without SP) at TP 2 and 4.
+FUSED = LinearProblem.make(600, 2, H, H, seed=12)
+FUSED_FP32 = dict(rtol=1e-5, atol=1e-4)  # the weight gradient sums 1200 fp32 products
+
+
+def fused(**user_cfgs) -> CoCConfig:
+    return CoCConfig(enabled=True, fused_kernel=True, user_cfgs=UserCfgs(**user_cfgs))
+
+
+def fused_vs_unpatched(rank: int, tp: int, layer: str, sp: bool, user_cfgs: dict):
+    """Unpatched and fused results, collectives issued per kind, and the plan's block count.
+
+    The plan is the one of the column dx matmul and of the row forward
+    (the same ``[m, H/tp] @ [H/tp, H]`` tiling for square weights).
+    """
+    shards = FUSED.shards(rank, tp, layer, sp)
+    m = FUSED.x.shape[:-1].numel()
+    split, factor = (m // tp, tp) if sp else (m, 1)
+    planned = len(portable.plan(split, factor, H // tp, H, 4))
+    with adapter.model_parallel(tp, sequence_parallel=sp):
+        unpatched = forward_backward(build(layer, sp, FUSED), shards)
+        module = build(layer, sp, FUSED)
+        with record_collectives() as log, patch_megatron(fused(**user_cfgs)):
+            patched = forward_backward(module, shards)
+    issued = {
+        kind: (len(log.launches(rank, kind)),
+               sum(1 for e in log.events[rank] if e[0] == "wait" and e[1].startswith(kind)))
+        for kind in ("all_reduce", "reduce_scatter", "all_gather")
+    }
+    return unpatched, patched, issued, planned
+
+
+def assert_fused_matches(results, tp: int, layer: str, sp: bool) -> None:
+    FUSED.assert_matches([r[1] for r in results], tp, layer, sp, what="fused", **FUSED_FP32)
+    for rank, (unpatched, patched, *_) in enumerate(results):
+        for name in unpatched:
+            torch.testing.assert_close(patched[name], unpatched[name], **FUSED_FP32,
+                                       msg=lambda m, r=rank, n=name: f"rank {r} {n}: {m}")
+
+
+@pytest.mark.parametrize("sp", [False, True], ids=["no_sp", "sp"])
+@pytest.mark.parametrize("layer", ["column", "row"])
+@pytest.mark.parametrize("tp", [2, 4])
+def test_fused_layers_match_megatron(pools, tp: int, layer: str, sp: bool) -> None:
+    results = pools(tp).run(fused_vs_unpatched, layer, sp, {})
+    assert_fused_matches(results, tp, layer, sp)
+    reduction = "reduce_scatter" if sp else "all_reduce"
+    for _, _, issued, planned in results:
+        if layer == "row":  # the forward runs the plan's blocks, all asynchronous
+            assert planned > 1 and issued[reduction] == (planned, planned), issued
+        else:  # the dx collective stays one block by default
+            assert issued[reduction] == (1, 1), issued
+
+
+@pytest.mark.parametrize("sp", [False, True], ids=["no_sp", "sp"])
+@pytest.mark.parametrize("tp", [2, 4])
+def test_fused_column_backward_pipelines_dx_on_request(pools, tp: int, sp: bool) -> None:
+    results = pools(tp).run(fused_vs_unpatched, "column", sp, {"enable_coc_in_column_backward": True})
+    assert_fused_matches(results, tp, "column", sp)
+    dx_collective = "reduce_scatter" if sp else "all_reduce"
+    for _, _, issued, planned in results:
+        assert planned > 1 and issued[dx_collective] == (planned, planned), issued
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_fused_column_sp_saves_the_gather_without_recompute(pools, tp: int) -> None:
+    """``recompute_all_gather=False`` in the fused column SP path (upstream bug, SPEC §9)."""
+    saved = pools(tp).run(fused_vs_unpatched, "column", True, {"recompute_all_gather": False})
+    assert_fused_matches(saved, tp, "column", True)
+    recomputed = pools(tp).run(fused_vs_unpatched, "column", True, {})
+    for with_save, with_recompute in zip(saved, recomputed, strict=True):
+        gathers_saved, gathers_recomputed = with_save[2]["all_gather"][0], with_recompute[2]["all_gather"][0]
+        assert gathers_saved > 1 and gathers_recomputed == gathers_saved + 1
 
 
 # -- patching itself (no ranks needed) -----------------------------------------------------
