@@ -113,15 +113,6 @@ def plan_blocks(
     return Plan(blocks, bound, m0, m1, count)
 
 
-def equal_blocks(M: int, p: int) -> tuple[int, ...]:
-    """The scripted pipeline's split of ``M`` rows into ``p`` equal chunks."""
-    if p < 1 or M < 1 or M % p:
-        raise CoCShapeError(
-            f"cannot split m={M} rows into {p} equal chunks: m must be a positive multiple of {p}"
-        )
-    return (M // p,) * p
-
-
 def _check_binding(K: int, N: int, dtype_size: int, mm_cost: CostCurve, comm_cost: CostCurve) -> None:
     if isinstance(mm_cost, MatmulCost) and (mm_cost.k, mm_cost.n) != (K, N):
         raise CoCShapeError(

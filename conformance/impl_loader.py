@@ -8,7 +8,7 @@ implementation never has to be picklable.
 from __future__ import annotations
 
 import importlib
-from functools import lru_cache
+from functools import cache
 from typing import Any
 
 DEFAULT_IMPL = "coc_impl.reference:ReferenceCoC"
@@ -18,7 +18,7 @@ class ImplementationLoadError(ImportError):
     """``--coc-impl`` does not name a usable implementation."""
 
 
-@lru_cache(maxsize=None)
+@cache
 def load_implementation(spec: str) -> Any:
     """Import ``module:attr`` and return the implementation (cached per process)."""
     module_name, sep, attr_path = spec.partition(":")

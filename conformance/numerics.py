@@ -176,8 +176,9 @@ def mlp_envelope(x: Any, w1: Any, b1: Any, w2: Any, b2: Any, dy: Any) -> dict[st
     (at most 1.13) and, in the backward, gelu'' (at most 0.80); the envelope
     of each result adds those propagated terms to its own ``|A| @ |B|``.
     """
-    import golden.serial as serial
     import torch
+
+    import golden.serial as serial
 
     x2, dy2 = _flat2(x), _flat2(dy)
     w1a, w2a = np.abs(_f64(w1)), np.abs(_f64(w2))

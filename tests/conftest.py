@@ -28,15 +28,16 @@ class SuiteRun:
 
 
 @pytest.fixture
-def run_suite(pytester: pytest.Pytester) -> Callable[..., SuiteRun]:
+def run_suite(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> Callable[..., SuiteRun]:
     """Run ``conformance.suite.<module>`` against ``impl`` (``module:attr``) in a subprocess."""
 
     def run(module: str, impl: str, *args: str, timeout: float = 600) -> SuiteRun:
         pytester.chdir()
         env_path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-        pytester._monkeypatch.setenv("PYTHONPATH", env_path)
+        monkeypatch.setenv("PYTHONPATH", env_path)
         result = pytester.runpytest_subprocess(
-            "-p", "no:cacheprovider", "-p", "conformance.plugin", "-q", "-rf", "--pyargs", f"conformance.suite.{module}",
+            "-p", "no:cacheprovider", "-p", "conformance.plugin", "-q", "-rf",
+            "--pyargs", f"conformance.suite.{module}",
             "--coc-impl", impl, "--rootdir", str(ROOT), "-c", str(ROOT / "pyproject.toml"),
             *args, timeout=timeout,
         )

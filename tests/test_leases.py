@@ -37,7 +37,7 @@ def test_workers_never_hold_the_same_device_at_once(tmp_path: Path) -> None:
     assert [p.wait(timeout=120) for p in procs] == [0, 0, 0, 0]
     intervals = _intervals(logs)
     assert len(intervals) == 3 * 25 + 10
-    for start, end, held, who in intervals:
+    for _, _, held, who in intervals:
         assert len(held) == (4 if who == logs[3].name else 2)
     for i, (s1, e1, d1, w1) in enumerate(intervals):
         for s2, e2, d2, w2 in intervals[i + 1:]:
@@ -57,10 +57,8 @@ def test_lease_prefers_given_devices_and_releases(tmp_path: Path) -> None:
 
 def test_exclusive_waits_for_all_devices(tmp_path: Path) -> None:
     leases = DeviceLeases(tmp_path, ["0", "1"], wait_s=0.3)
-    with leases.lease(1):
-        with pytest.raises(LeaseTimeout):
-            with leases.lease(0, exclusive=True):
-                pass
+    with leases.lease(1), pytest.raises(LeaseTimeout), leases.lease(0, exclusive=True):
+        pass
 
 
 def test_more_devices_than_the_node_has_is_an_error(tmp_path: Path) -> None:

@@ -17,7 +17,6 @@ from coc_impl.cost_model import (
 from coc_impl.errors import CoCShapeError
 from coc_impl.planner import (
     Plan,
-    equal_blocks,
     plan_blocks,
     short_block_candidates,
     short_block_rows,
@@ -87,15 +86,6 @@ def test_bad_arguments(seed_costs):
         plan_blocks(0, 3072, 8192, 2, mm, comm)
     with pytest.raises(ValueError, match="inflation"):
         plan_blocks(4096, 3072, 8192, 2, mm, comm, inflation=0.0)
-
-
-def test_equal_blocks():
-    assert equal_blocks(4096, 4) == (1024,) * 4
-    assert equal_blocks(7, 1) == (7,)
-    with pytest.raises(CoCShapeError, match="m=10 rows into 4"):
-        equal_blocks(10, 4)
-    with pytest.raises(CoCShapeError):
-        equal_blocks(8, 0)
 
 
 dims = st.sampled_from([1024, 2048, 3072, 4096, 8192, 14336, 28672])

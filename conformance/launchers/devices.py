@@ -66,9 +66,8 @@ def _npu_count() -> int:
     if visible:
         return len([d for d in visible.split(",") if d.strip()])
     try:
-        import torch_npu  # noqa: F401 - registers the npu device
-
         import torch
+        import torch_npu  # noqa: F401 - registers the npu device
 
         return int(torch.npu.device_count())  # type: ignore[attr-defined]
     except Exception:  # noqa: BLE001 - a broken install means no NPU for us

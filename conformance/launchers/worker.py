@@ -7,7 +7,6 @@ process's environment) are in force.
 
 from __future__ import annotations
 
-import os
 import pickle
 import sys
 from datetime import timedelta

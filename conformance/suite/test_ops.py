@@ -135,9 +135,9 @@ def test_w8a16_matches_dequantised_golden(coc_ranks: Any, case_id: str, tp: int)
     p = g.params
     scale = g.inputs["scale"]
     offset = g.inputs.get("offset")
-    from golden import serial
-
     import torch
+
+    from golden import serial
 
     wf = serial.dequantize(torch.from_numpy(g.inputs["w"].astype("float64")), torch.from_numpy(
         scale.astype("float64")), None if offset is None else torch.from_numpy(offset.astype("float64")),
