@@ -51,7 +51,7 @@ import torch.nn.functional as F
 
 # The engine owns the all-gather launch (its name differs across torch releases).
 from coc_impl.overlap import Pending
-from coc_impl.overlap import _launch_all_gather as launch_all_gather
+from coc_impl.overlap import launch_all_gather
 
 #: Smallest row count a GEMM is run with (thinner tiles are zero-padded).
 MIN_GEMM_ROWS = 16

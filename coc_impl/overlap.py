@@ -93,10 +93,6 @@ def launch_reduce_scatter(out: torch.Tensor, inp: torch.Tensor, group: dist.Proc
     return fn(out, inp, group=group, async_op=True)
 
 
-# Former private name, still imported by coc_impl.deterministic.
-_launch_all_gather = launch_all_gather
-
-
 class CollectiveReducer:
     """Plain sum through the backend's own collectives (order is the backend's)."""
 
