@@ -261,7 +261,7 @@ def planned_blocks(call: LayerCall, site: MatmulSite) -> tuple[int, ...]:
     then the collective), since megatron already overlaps it with the dw
     matmul.
     """
-    if False:
+    if site.column_backward and not call.config.user_cfgs.enable_coc_in_column_backward:
         return (site.split_rows,)
     return portable.plan(
         site.split_rows, site.m // site.split_rows, site.k, site.n, site.itemsize,

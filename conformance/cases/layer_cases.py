@@ -11,7 +11,7 @@ implementation under test.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from conformance.case import CaseContext
@@ -82,8 +82,12 @@ def _run_once(module: Any, params: Mapping[str, Any], x: Any, dy: Any) -> dict[s
 
 
 def layer_case(ctx: CaseContext, *, case_id: str, chunks: int | str, runs: int = 1,
-               serial: bool = True, coc_cfgs: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Serial and CoC results of one golden layer case on this rank (``runs`` CoC repeats)."""
+               serial: bool = True, coc_cfgs: Mapping[str, Any] | None = None,
+               argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """Serial and CoC results of one golden layer case on this rank (``runs`` CoC repeats).
+
+    ``argv`` configures the implementation (default: :func:`coc_argv` of ``chunks``).
+    """
     import golden
     from coc_impl.megatron_adapter import model_parallel
 
@@ -94,7 +98,7 @@ def layer_case(ctx: CaseContext, *, case_id: str, chunks: int | str, runs: int =
     kwargs: dict[str, Any] = {"tp_size": tp}
     if coc_cfgs is not None:
         kwargs["coc_cfgs"] = dict(coc_cfgs)
-    config = ctx.impl.configure(coc_argv(chunks), {}, **kwargs)
+    config = ctx.impl.configure(coc_argv(chunks) if argv is None else list(argv), {}, **kwargs)
     x = shard(g.tensor("x", dtype=dtype), splits["x"], ctx.rank, tp)
     dy = shard(g.tensor("dy", dtype=dtype), splits["dy"], ctx.rank, tp)
     with model_parallel(tp, sequence_parallel=sp):

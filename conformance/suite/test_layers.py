@@ -220,3 +220,23 @@ def _close(a: Any, b: Any) -> bool:
     import torch
 
     return bool(torch.allclose(a.double(), b.double(), rtol=1e-5, atol=1e-6))
+
+
+@pytest.mark.parametrize("tp", [8], ids=lambda tp: f"tp{tp}")
+@pytest.mark.parametrize("case_id", [c for c in LAYER_CASES if "float32" in c or "bfloat16" in c])
+def test_fused_kernel_layers_match_golden(coc_impl: Any, coc_ranks: Any, case_id: str, tp: int) -> None:
+    """``--coc-fused-kernel`` (TP 8 only) patches the layers within the golden bound.
+
+    An implementation without fused layers refuses the flag with a
+    CoCBackendUnavailable-like error: the case is skipped saying so.
+    """
+    argv = ["--use-ascend-coc", "--coc-fused-kernel"]
+    try:
+        coc_impl.configure(argv, {}, tp_size=tp)
+    except Exception as exc:
+        if "CoCBackendUnavailable" not in [c.__name__ for c in type(exc).__mro__]:
+            raise
+        pytest.skip(f"{coc_impl.name} has no fused-kernel layers: {exc}")
+    g = golden.load(case_id)
+    results = coc_ranks.run(layer_case, tp, case_id=case_id, chunks=8, argv=argv)
+    _check_results(g, results, chunks=8)
