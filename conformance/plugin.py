@@ -84,16 +84,19 @@ TP_PARAMS = ("tp", "world_size")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Deselect cases whose TP size ``--coc-tp`` does not name."""
+    """Deselect cases whose TP size ``--coc-tp`` does not name, or that torchrun cannot host."""
     raw = config.getoption("--coc-tp")
-    if not raw:
+    chosen = {int(v) for v in raw.split(",") if v.strip()} if raw else None
+    limit = int(os.environ.get("WORLD_SIZE", "1")) if config.getoption("--coc-launcher") == "torchrun" else None
+    if chosen is None and limit is None:
         return
-    chosen = {int(v) for v in raw.split(",") if v.strip()}
     keep, drop = [], []
     for item in items:
         params = getattr(getattr(item, "callspec", None), "params", {})
         sizes = [params[p] for p in TP_PARAMS if isinstance(params.get(p), int)]
-        (drop if sizes and not set(sizes) <= chosen else keep).append(item)
+        unwanted = chosen is not None and not set(sizes) <= chosen
+        too_big = limit is not None and any(size > limit for size in sizes)
+        (drop if unwanted or too_big else keep).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep

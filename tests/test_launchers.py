@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -16,6 +20,7 @@ from conformance.ranks import RankRunner
 from tests import rank_cases
 
 IMPL = "coc_impl.reference:ReferenceCoC"
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -117,3 +122,23 @@ def test_probe_sees_collectives_on_every_launcher(
         Case(rank_cases.count_collectives, 2, {"chunks": 3, "use_async": use_async}), (), IMPL)
     for outcome in outcomes:
         assert outcome.value == [("all_reduce", use_async, use_async)] * 3 + [("all_gather", False, False)]
+
+
+def test_torchrun_every_rank_runs_the_session(tmp_path: Path) -> None:
+    """``torchrun -m pytest``: each rank runs the session; cases above its world size are deselected."""
+    (tmp_path / "test_under_torchrun.py").write_text(
+        "import pytest\n"
+        "from tests import rank_cases\n"
+        "@pytest.mark.parametrize('world_size', [2, 4])\n"
+        "def test_sum(coc_ranks, world_size):\n"
+        "    assert coc_ranks.run(rank_cases.rank_sum, world_size) == [[1.0] * 4] * 2\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+         "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "conformance.plugin", "-p", "no:xdist",
+         "--coc-launcher", "torchrun", "--rootdir", str(tmp_path), str(tmp_path)],
+        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert result.stdout.count("1 passed, 1 deselected") == 2, result.stdout
