@@ -49,8 +49,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="CPU ranks allowed to run at once across all xdist workers of this machine (default 8).",
     )
     group.addoption(
-        "--coc-max-live-ranks", type=int, default=16, metavar="N",
-        help="Idle warm rank processes one pytest worker may keep (default 16).",
+        "--coc-max-live-ranks", type=int, default=None, metavar="N",
+        help="Idle warm rank processes one pytest worker may keep (default: what fits in half "
+        "the machine's memory shared by the xdist workers, at most 16).",
     )
     group.addoption(
         "--coc-lease-dir", default=None, metavar="DIR",
@@ -121,8 +122,28 @@ def _make_launcher(config: pytest.Config) -> tuple[Launcher, Any]:
     from conformance.launchers.process_pool import ProcessLauncher
 
     kind = detect(config.getoption("--coc-cpu-slots"), backend)
-    launcher = ProcessLauncher(kind, max_live_ranks=config.getoption("--coc-max-live-ranks"))
+    max_live = config.getoption("--coc-max-live-ranks") or default_max_live_ranks()
+    launcher = ProcessLauncher(kind, max_live_ranks=max_live)
     return launcher, DeviceLeases(lease_dir / kind.name, kind.lease_names())
+
+
+#: Resident memory of one idle CPU rank (torch and megatron imported), measured here.
+RANK_MEMORY_BYTES = 400 * 2**20
+
+
+def default_max_live_ranks() -> int:
+    """Warm ranks one worker keeps: half the memory, shared by the xdist workers, at most 16.
+
+    Leases cap the ranks *running* at once; this caps the idle ones, so that
+    ``pytest -n 8`` on a small machine keeps fewer pools warm instead of
+    running out of memory (a pool above the budget is started per case).
+    """
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 16
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    return max(2, min(16, memory // 2 // RANK_MEMORY_BYTES // workers))
 
 
 def rank_runner(config: pytest.Config) -> RankRunner:

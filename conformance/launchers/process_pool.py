@@ -247,7 +247,10 @@ class ProcessLauncher:
             self._evict(case.world_size)
             pool = RankPool(case.world_size, self.kind, devices, num_threads=self._num_threads)
         self._pools[key] = pool
-        return pool.run(case, impl_spec, self.name)
+        try:
+            return pool.run(case, impl_spec, self.name)
+        finally:
+            self._evict(0)  # a pool larger than the budget is not kept warm
 
     def _evict(self, incoming: int) -> None:
         while self._pools and sum(k.world_size for k in self._pools) + incoming > self.max_live_ranks:
