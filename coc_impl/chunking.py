@@ -8,6 +8,7 @@ collective is issued.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from coc_impl.config import CoCConfig
@@ -26,16 +27,6 @@ class FallbackNotice:
     given: bool = False
 
 
-def auto_chunks(*, m: int, k: int, n: int, tp: int, layer: str, sequence_parallel: bool) -> int:
-    """The chunk count for ``coc-parallel-num auto``: the planner's single hook.
-
-    Until the tiling planner provides measured cost models this answers 1
-    ("no CoC"), which is what the planner itself picks wherever it predicts
-    no gain.
-    """
-    return 1
-
-
 def resolve_chunks(
     config: CoCConfig,
     *,
@@ -46,13 +37,14 @@ def resolve_chunks(
     layer: str,
     sequence_parallel: bool,
     notice: FallbackNotice | None = None,
+    auto: Callable[[], int] | None = None,
 ) -> int:
     """Chunk count ``p`` for the matmul ``[m, k] @ [k, n]`` of ``layer`` on one rank.
 
     ``m`` is the matmul's full row count on the rank (for SP: after the
     all-gather / before the reduce-scatter, i.e. ``tp`` times the shard).
     Order: ``customized_coc[(m, k, n)]``, else ``parallel_num`` ("auto" asks
-    :func:`auto_chunks`); 1 when CoC is disabled.  ``m < p`` falls back to 1
+    ``auto()``, the measured choice, or 1 without one); 1 when CoC is disabled.  ``m < p`` falls back to 1
     with one :class:`CoCChunkFallbackWarning` (one per ``notice``), as
     upstream does.  Rows that
     cannot be split exactly (``m % p``; with SP ``m % tp`` or ``(m / tp) % p``)
@@ -61,7 +53,8 @@ def resolve_chunks(
     """
     chunks = config.chunks_for(m, k, n)
     if chunks == "auto":
-        chunks = auto_chunks(m=m, k=k, n=n, tp=tp, layer=layer, sequence_parallel=sequence_parallel)
+        # The planner's measured choice (coc_impl.autotune) where the caller can measure, else no CoC.
+        chunks = auto() if auto is not None else 1
     if chunks == 1:
         return 1
     if m < chunks:

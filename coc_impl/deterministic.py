@@ -50,8 +50,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 # The engine owns the all-gather launch (its name differs across torch releases).
-from coc_impl.overlap import Pending
-from coc_impl.overlap import launch_all_gather
+from coc_impl.overlap import Pending, launch_all_gather
 
 #: Smallest row count a GEMM is run with (thinner tiles are zero-padded).
 MIN_GEMM_ROWS = 16

@@ -109,11 +109,26 @@ class BlockPolicy(Protocol):
     def __call__(self, call: LayerCall, site: MatmulSite) -> Sequence[int]: ...
 
 
+_ITEMSIZE_DTYPES = {2: torch.bfloat16, 4: torch.float32, 8: torch.float64}
+
+
+def _measured_chunks(call: LayerCall, site: MatmulSite) -> int:
+    """``parallel_num auto``: the chunk count the live group's measured costs favour."""
+    from coc_impl import autotune
+
+    collective = ("all_gather" if site.gathers
+                  else "all_reduce" if site.split_rows == site.m else "reduce_scatter")
+    return autotune.choose_chunks(site.m, site.k, site.n, group=call.group,
+                                  dtype=_ITEMSIZE_DTYPES.get(site.itemsize, torch.float32),
+                                  collective=collective)
+
+
 def chunked_blocks(call: LayerCall, site: MatmulSite) -> list[int]:
     """The scripted form: equal blocks, ``customized_coc`` first, then ``parallel_num``."""
     chunks = resolve_chunks(
         call.config, m=site.m, k=site.k, n=site.n, tp=call.tp, layer=site.layer,
         sequence_parallel=call.sequence_parallel, notice=call.fallback_notice,
+        auto=partial(_measured_chunks, call, site),
     )
     return equal_blocks(site.split_rows, chunks, what=site.layer)
 

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from coc_impl import scripted
-from coc_impl.chunking import CoCChunkFallbackWarning, FallbackNotice, auto_chunks, resolve_chunks
+from coc_impl.chunking import CoCChunkFallbackWarning, FallbackNotice, resolve_chunks
 from coc_impl.config import CoCConfig, UserCfgs
 from coc_impl.errors import CoCShapeError
 from tests.dist_helpers import LinearProblem, record_collectives, run_threaded
@@ -263,8 +263,9 @@ def test_resolve_order_and_defaults() -> None:
     assert resolve(coc(4), 64) == 4
     assert resolve(coc(4, customized_coc={(64, 8, 8): 8}), 64) == 8
     assert resolve(coc(4, customized_coc={(64, 8, 8): 1}), 64) == 1
-    assert auto_chunks(m=64, k=8, n=8, tp=2, layer="x", sequence_parallel=False) == 1
-    assert resolve(coc("auto"), 64) == 1
+    assert resolve(coc("auto"), 64) == 1  # nothing to measure with: no CoC
+    assert resolve_chunks(coc("auto"), m=64, k=8, n=8, tp=2, layer="x", sequence_parallel=False,
+                          auto=lambda: 4) == 4
 
 
 def test_resolve_fallback_warns_once() -> None:

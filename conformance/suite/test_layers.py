@@ -240,3 +240,12 @@ def test_fused_kernel_layers_match_golden(coc_impl: Any, coc_ranks: Any, case_id
     g = golden.load(case_id)
     results = coc_ranks.run(layer_case, tp, case_id=case_id, chunks=8, argv=argv)
     _check_results(g, results, chunks=8)
+
+
+@pytest.mark.parametrize("tp", [2], ids=lambda tp: f"tp{tp}")
+@pytest.mark.parametrize("case_id", [c for c in LAYER_CASES if "float32" in c])
+def test_auto_chunk_count_matches_golden(coc_ranks: Any, case_id: str, tp: int) -> None:
+    """``--coc-parallel-num auto``: whatever count the implementation picks, the numbers hold."""
+    g = golden.load(case_id)
+    results = coc_ranks.run(layer_case, tp, case_id=case_id, chunks="auto")
+    _check_results(g, results, 8)

@@ -1,0 +1,288 @@
+"""``--coc-parallel-num auto``: the chunk count that the live device's measured costs favour.
+
+Once per shape (cached per process) every rank of the TP group measures, on
+the live backend and device:
+
+* ``CostMM(b)``: the matmul of ``b`` rows, and ``CostComm(b)``: the
+  collective of those ``b`` rows, for the whole ``m`` and for each candidate
+  block ``b = m/p`` (fitted with :func:`~coc_impl.cost_model.fit_matmul` and
+  :func:`~coc_impl.cost_model.fit_comm` into row costs);
+* ``T2(b)``: the real two-block pipeline of the overlap engine on ``2b``
+  rows (blocks ``[b, b]``): one overlapped step, with everything the engine
+  does per block.
+
+The two-lane model (:func:`coc_impl.timeline.simulate`) assumes lanes that do
+not slow each other and blocks that cost nothing beyond their matmul and
+collective; the seed covers the contention of overlapped lanes with a fixed
+inflation of 1.15 (Ascend).  Both are properties of the device: on CPU,
+gloo's reduction and copies run on the very cores doing the matmul, and
+fresh block buffers cost page faults.  So they are measured: the excess of
+``T2(b)`` over the model's two-block makespan is charged to each of the
+``p - 1`` overlapped steps of a ``p``-block pipeline::
+
+    predicted(p) = makespan(p) + (p - 1) * max(0, T2(b) - makespan([b, b]))
+
+The count with the best prediction is a candidate if it beats the serial
+run (``CostMM(m) + CostComm(m)``) by at least :data:`MIN_PREDICTED_GAIN`.
+A candidate is then confirmed: its real pipeline on all ``m`` rows and the
+one-block pipeline are timed, interleaved, and the candidate is used only if
+it is at least :data:`MIN_CONFIRMED_GAIN` faster; else 1 (no CoC).  The
+model picks among the counts, the confirmation guards "never slower than
+serial" where timings are noisy (a shared CPU) or the model is off.
+
+Collective safety: every rank runs the same measurement (same sizes, same
+order, a barrier before each timed call) and the timings are combined with
+one all-reduce MAX, so every rank reaches the same decision; ranks that hit
+the cache do so together, because they see the same shapes in the same
+order.  The measurement issues collectives on ``group``: call it only where
+none of this rank's collectives on ``group`` is in flight (the scripted
+layers ask for their chunk count before launching anything).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.distributed as dist
+
+from coc_impl import overlap
+from coc_impl.config import VALID_CHUNKS
+from coc_impl.cost_model import MB, CommCost, CostModels, MatmulCost, fit_comm, fit_matmul
+from coc_impl.timeline import Order, simulate
+
+Collective = Literal["all_reduce", "reduce_scatter", "all_gather"]
+ORDERS: dict[str, Order] = {
+    "all_reduce": "compute_first", "reduce_scatter": "compute_first", "all_gather": "comm_first",
+}
+#: Smallest predicted gain over serial worth confirming.
+MIN_PREDICTED_GAIN = 0.05
+#: Smallest measured gain of the candidate over one block for it to be used.
+MIN_CONFIRMED_GAIN = 0.03
+WARMUP = 1
+REPEATS = 3
+#: Interleaved rounds of the confirmation (candidate vs. one block).
+CONFIRM_REPEATS = 5
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The chunk count chosen for one shape and what it was chosen from (microseconds)."""
+
+    chunks: int
+    serial_us: float
+    predicted_us: dict[int, float]  # per feasible chunk count > 1
+    costs: CostModels | None  # None when no chunk count was feasible (nothing measured)
+    candidate: int = 1  # the model's pick (before confirmation)
+    confirmed_us: tuple[float, float] | None = None  # (one block, candidate) when confirmed
+
+    def gain(self, chunks: int) -> float:
+        """Predicted fractional saving of ``chunks`` over the serial run."""
+        if chunks == 1:
+            return 0.0
+        return 1.0 - self.predicted_us[chunks] / self.serial_us
+
+
+_decisions: dict[tuple[object, ...], Decision] = {}
+
+
+def clear_cache() -> None:
+    _decisions.clear()
+
+
+def choose_chunks(
+    m: int, k: int, n: int, *, group: dist.ProcessGroup, dtype: torch.dtype,
+    collective: Collective, device: torch.device | str = "cpu",
+    candidates: Sequence[int] = VALID_CHUNKS,
+) -> int:
+    """Chunk count for the matmul ``[m, k] @ [k, n]`` pipelined with ``collective`` over ``group``.
+
+    ``m`` is the matmul's row count on the rank (for ``reduce_scatter`` and
+    ``all_gather``: ``tp`` times the shard).  Only counts that split the
+    pipeline's rows exactly are considered, so the answer never breaks a
+    shape rule.  Collective: every rank of ``group`` must call it with the
+    same arguments (see the module docstring).
+    """
+    return decide(m, k, n, group=group, dtype=dtype, collective=collective, device=device,
+                  candidates=candidates).chunks
+
+
+def decide(
+    m: int, k: int, n: int, *, group: dist.ProcessGroup, dtype: torch.dtype,
+    collective: Collective, device: torch.device | str = "cpu",
+    candidates: Sequence[int] = VALID_CHUNKS,
+) -> Decision:
+    """The cached :class:`Decision` for this shape (measured on first use)."""
+    if collective not in ORDERS:
+        raise ValueError(f"collective must be one of {sorted(ORDERS)}, got {collective!r}")
+    device = torch.device(device)
+    tp = group.size()
+    key = (m, k, n, dtype, collective, device.type, tuple(dist.get_process_group_ranks(group)),
+           tuple(candidates))
+    if key not in _decisions:
+        counts = _feasible(m, tp, collective, candidates)
+        _decisions[key] = _measure_and_plan(m, k, n, group, dtype, collective, device, counts)
+    return _decisions[key]
+
+
+def _feasible(m: int, tp: int, collective: Collective, candidates: Sequence[int]) -> list[int]:
+    """Chunk counts > 1 that split the pipeline's rows into equal, non-empty blocks."""
+    if collective != "all_reduce" and m % tp:
+        return []
+    split = m if collective == "all_reduce" else m // tp
+    return sorted({p for p in candidates if p > 1 and split % p == 0})
+
+
+def predicted_time(chunks: int, mm: MatmulCost, comm: CommCost, order: Order, m: int,
+                   two_blocks_us: float) -> float:
+    """The two-lane makespan of ``chunks`` equal blocks plus the measured excess per overlapped step."""
+    block = m // chunks
+    makespan = simulate((block,) * chunks, mm, comm, order).makespan
+    excess = max(0.0, two_blocks_us - simulate((block, block), mm, comm, order).makespan)
+    return makespan + (chunks - 1) * excess
+
+
+def plan(rows: Sequence[int], mm_us: Sequence[float], comm_us: Sequence[float],
+         two_blocks_us: dict[int, float], *, m: int, k: int, n: int, width: int, dtype_size: int,
+         collective: Collective) -> Decision:
+    """Fit the measured costs and pick the chunk count (pure: no device, no collective).
+
+    ``rows`` are matmul row counts (``m`` and each candidate block), with the
+    matmul and collective times measured for them; ``two_blocks_us[p]`` is
+    the engine's two-block pipeline of the block size of candidate ``p``.  ``width`` is the row
+    width the collective moves (``n``; ``k`` for the all-gather).
+    """
+    mm = MatmulCost(fit_matmul(rows, mm_us), k, n)
+    comm_fit = fit_comm([r * width * dtype_size for r in rows], comm_us, breakpoint_mb=None)
+    comm = CommCost(comm_fit, width, dtype_size)
+    costs = CostModels(mm, comm_fit, meta={"source": "measured by coc_impl.autotune", "collective": collective,
+                                           "comm_mb_per_row": width * dtype_size / MB})
+    serial = mm(m) + comm(m)
+    order = ORDERS[collective]
+    predicted = {p: predicted_time(p, mm, comm, order, m, two_blocks_us[p]) for p in sorted(two_blocks_us)}
+    best = min(predicted, key=predicted.get, default=1)  # type: ignore[arg-type]
+    chunks = best if predicted and 1 - predicted[best] / serial >= MIN_PREDICTED_GAIN else 1
+    return Decision(chunks, serial, predicted, costs, candidate=chunks)
+
+
+def confirm(decision: Decision, one_block_us: float, candidate_us: float) -> Decision:
+    """Keep the candidate only if its measured pipeline beats one block by :data:`MIN_CONFIRMED_GAIN`."""
+    kept = decision.candidate if candidate_us <= (1 - MIN_CONFIRMED_GAIN) * one_block_us else 1
+    return dataclasses.replace(decision, chunks=kept, confirmed_us=(one_block_us, candidate_us))
+
+
+def _measure_and_plan(m: int, k: int, n: int, group: dist.ProcessGroup, dtype: torch.dtype,
+                      collective: Collective, device: torch.device, counts: list[int]) -> Decision:
+    width = k if collective == "all_gather" else n
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    if not counts:
+        return Decision(1, 0.0, {}, None)
+    rows = [m] + [m // p for p in counts]
+    probe = _Probe(m, k, n, group, dtype, collective, device)
+    with torch.no_grad():
+        timings = [probe.time(probe.matmul, r) for r in rows]
+        timings += [probe.time(probe.collective, r) for r in rows]
+        timings += [probe.time(probe.two_blocks, m // p) for p in counts]
+    agreed = torch.tensor(timings, dtype=torch.float64, device=device)
+    dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=group)  # one decision on every rank
+    us = agreed.cpu().tolist()
+    mm_us, comm_us, two = us[: len(rows)], us[len(rows): 2 * len(rows)], us[2 * len(rows):]
+    decision = plan(rows, mm_us, comm_us, dict(zip(counts, two, strict=True)), m=m, k=k, n=n,
+                    width=width, dtype_size=itemsize, collective=collective)
+    if decision.candidate == 1:
+        return decision
+    with torch.no_grad():
+        one, chosen = probe.race(m, decision.candidate)
+    agreed = torch.tensor([one, chosen], dtype=torch.float64, device=device)
+    dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=group)
+    return confirm(decision, *agreed.cpu().tolist())
+
+
+def _no_sync() -> None:
+    """CPU work is finished when the call returns."""
+
+
+class _Probe:
+    """Buffers of the largest size and the timed calls on their leading rows.
+
+    Collectives go through :mod:`coc_impl.overlap`, the engine the pipelines
+    use, so they run on the same lane (a side stream on accelerators).
+    """
+
+    def __init__(self, m: int, k: int, n: int, group: dist.ProcessGroup, dtype: torch.dtype,
+                 collective: Collective, device: torch.device) -> None:
+        self.group, self.collective_kind, self.tp = group, collective, group.size()
+        # A private generator: the measurement must not shift the caller's random stream.
+        gen = torch.Generator().manual_seed(0)
+
+        def rand(*shape: int) -> torch.Tensor:
+            return torch.randn(*shape, generator=gen).to(device=device, dtype=dtype)
+
+        self.x, self.w = rand(m, k), rand(k, n)
+        self.y = torch.empty(m, n, dtype=dtype, device=device)
+        width = k if collective == "all_gather" else n
+        self.sent = rand(m, width)  # what the collective moves (a different buffer from the matmul's)
+        self.received = torch.empty(m, width, dtype=dtype, device=device)
+        self._sync: Callable[[], None] = (
+            torch.get_device_module(device).synchronize if device.type != "cpu" else _no_sync)
+
+    def matmul(self, rows: int) -> None:
+        torch.matmul(self.x[:rows], self.w, out=self.y[:rows])
+
+    def launch(self, rows: int) -> overlap.InFlight[torch.Tensor]:
+        if self.collective_kind == "all_reduce":
+            return overlap.all_reduce(self.sent[:rows], [rows], self.group, out=self.sent[:rows])
+        shard = rows // self.tp
+        if self.collective_kind == "reduce_scatter":
+            return overlap.reduce_scatter(self.sent[:rows], [shard], self.group, out=self.received[:shard])
+        return overlap.all_gather(self.sent[:shard], [shard], self.group, out=self.received[:rows])
+
+    def collective(self, rows: int) -> None:
+        self.launch(rows).wait()
+
+    def pipeline(self, rows: int, count: int) -> None:
+        """The engine's pipeline of ``count`` blocks of ``rows`` rows, as the scripted layers run it."""
+        def multiply(block: torch.Tensor) -> torch.Tensor:
+            return torch.matmul(block, self.w)
+
+        total = rows * count
+        if self.collective_kind == "all_reduce":
+            overlap.matmul_all_reduce(self.x[:total], multiply, [rows] * count, self.group).wait()
+            return
+        shards = [rows // self.tp] * count
+        if self.collective_kind == "reduce_scatter":
+            overlap.matmul_reduce_scatter(self.x[:total], multiply, shards, self.group).wait()
+        else:
+            overlap.all_gather_matmul(self.sent[: total // self.tp], multiply, shards, self.group)
+
+    def two_blocks(self, rows: int) -> None:
+        self.pipeline(rows, 2)
+
+    def race(self, m: int, chunks: int) -> tuple[float, float]:
+        """Median microseconds of the one-block and the ``chunks``-block pipeline, interleaved."""
+        one: list[float] = []
+        many: list[float] = []
+        for i in range(WARMUP + CONFIRM_REPEATS):
+            for samples, count in ((one, 1), (many, chunks)):
+                elapsed = self._timed(functools.partial(self.pipeline, m // count, count))
+                if i >= WARMUP:
+                    samples.append(elapsed)
+        return statistics.median(one), statistics.median(many)
+
+    def _timed(self, call: Callable[[], None]) -> float:
+        dist.barrier(group=self.group)
+        start = time.perf_counter()
+        call()
+        self._sync()
+        return (time.perf_counter() - start) * 1e6
+
+    def time(self, call: Callable[[int], None], rows: int) -> float:
+        """Median microseconds of ``call(rows)`` over :data:`REPEATS` (after :data:`WARMUP`)."""
+        samples = [self._timed(functools.partial(call, rows)) for _ in range(WARMUP + REPEATS)]
+        return statistics.median(samples[WARMUP:])

@@ -1,0 +1,157 @@
+"""``python -m conformance.bench coc``: serial vs every CoC variant, per shape and TP size.
+
+For each shape of a hardware profile (default ``cpu-gloo``) and each TP size
+(default 2 and 4, gloo ranks with one torch thread each), the
+:mod:`conformance.perf` protocol times side by side, in one rank pool:
+serial, scripted CoC with 2 / 4 / 8 chunks, ``--coc-parallel-num auto``,
+the implementation's fused op with its own plan, the matmul alone and the
+collective alone.  Per variant the table shows time, gain, overlap
+efficiency, exposed communication, the pipeline model's prediction and its
+error, and the blocks the variant was observed to use.  Then the harness
+overhead figures of :mod:`conformance.bench.overhead` and the targets.
+
+Only ratios measured in the same run mean anything on a shared machine; the
+absolute times move with whatever else runs.  The last line is one JSON
+object with every figure, keyed by shape, TP and variant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from conformance import perf, profiles
+from conformance.bench import overhead
+from conformance.case import Case
+from conformance.cases.perf_cases import pipeline_perf_case
+from conformance.launchers.devices import cpu
+from conformance.launchers.process_pool import ProcessLauncher
+
+VARIANTS = ("scripted-2", "scripted-4", "scripted-8", "auto", "fused")
+#: Target 1: the best scripted chunk count on the balanced all-reduce shape at TP 2.
+BALANCED = ("balanced-ar", 2)
+MIN_BEST_SCRIPTED_SPEEDUP = 1.10
+#: Target 2: ``auto`` is never slower than serial by more than this, on any shape.
+MAX_AUTO_SLOWDOWN = 0.03
+
+
+def _shapes(profile: profiles.Profile, wanted: Sequence[str] | None) -> dict[str, profiles.PerfCase]:
+    """One case per shape id of the profile, in profile order."""
+    shapes: dict[str, profiles.PerfCase] = {}
+    for case in profile.cases:
+        shapes.setdefault(case.id, case)
+    if wanted:
+        unknown = sorted(set(wanted) - shapes.keys())
+        if unknown:
+            raise SystemExit(f"unknown shape(s) {unknown}; {profile.name} has {sorted(shapes)}")
+        shapes = {name: shapes[name] for name in wanted}
+    return shapes
+
+
+def _auto_slowdown(variant: dict[str, Any]) -> float:
+    return -variant["gain"]
+
+
+def targets(figures: dict[str, dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """The benchmark's targets, met or missed, with the figures they were judged on."""
+    out: dict[str, dict[str, Any]] = {}
+    shape, tp = BALANCED
+    balanced = figures.get(shape, {}).get(f"tp{tp}")
+    if balanced is not None:
+        scripted = {v: f["speedup"] for v, f in balanced["variants"].items() if v.startswith("scripted-")}
+        if scripted:
+            best = max(scripted, key=scripted.__getitem__)
+            out["best_scripted_balanced_tp2"] = {
+                "met": scripted[best] >= MIN_BEST_SCRIPTED_SPEEDUP, "want": f">= {MIN_BEST_SCRIPTED_SPEEDUP}x",
+                "variant": best, "speedup": scripted[best],
+            }
+    autos = {f"{shape}@{tp}": f["variants"]["auto"] for shape, by_tp in figures.items()
+             for tp, f in by_tp.items() if "auto" in f["variants"]}
+    if autos:
+        worst = max(autos, key=lambda key: _auto_slowdown(autos[key]))
+        out["auto_never_slower"] = {
+            "met": all(_auto_slowdown(a) <= MAX_AUTO_SLOWDOWN for a in autos.values()),
+            "want": f"auto gain >= -{MAX_AUTO_SLOWDOWN:.0%} on every shape", "worst": worst,
+            "worst_gain": autos[worst]["gain"],
+        }
+    return out
+
+
+def _overhead(launcher: ProcessLauncher, world_size: int, cases: int, spawns: int) -> dict[str, float]:
+    """The foundation benchmark's per-case figures at ``world_size`` (warm pool vs. spawning)."""
+    pool_ms = overhead.pool_per_case_ms(launcher, Case(overhead.empty_case, world_size), cases)
+    allreduce_ms = overhead.pool_per_case_ms(launcher, Case(overhead.tiny_case, world_size), cases)
+    spawn_ms = statistics.median(overhead.spawn_per_case_ms(world_size) for _ in range(spawns))
+    return {"pool_ms": round(pool_ms, 3), "pool_allreduce_ms": round(allreduce_ms, 3),
+            "spawn_ms": round(spawn_ms, 1)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m conformance.bench coc", description=__doc__.split("\n")[0])
+    parser.add_argument("--profile", default="cpu-gloo", help="hardware profile whose shapes to run")
+    parser.add_argument("--shapes", default="", help="comma-separated shape ids (default: all of the profile)")
+    parser.add_argument("--tp", default="2,4", help="TP sizes (default 2,4)")
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=12, help="interleaved rounds per shape")
+    parser.add_argument("--impl", default=overhead.IMPL, help="implementation under test (module:attr)")
+    parser.add_argument("--overhead-cases", type=int, default=30, help="pool cases per TP (0: skip overhead)")
+    parser.add_argument("--spawns", type=int, default=1, help="spawned cases per TP for the overhead figures")
+    args = parser.parse_args(argv)
+
+    profile = profiles.by_name(args.profile)
+    shapes = _shapes(profile, [s for s in args.shapes.split(",") if s])
+    tps = [int(t) for t in args.tp.split(",") if t]
+    variants = [v for v in args.variants.split(",") if v]
+    launcher = ProcessLauncher(cpu(max(tps)), max_live_ranks=max(tps))
+    figures: dict[str, dict[str, dict[str, Any]]] = {}
+    costs: dict[str, dict[str, float]] = {}
+    identity: dict[str, Any] = {}
+    start = time.perf_counter()
+    try:
+        for tp in tps:
+            for name, case in shapes.items():
+                params = dict(op=case.op, m=case.m, k=case.k, n=case.n, dtype=case.dtype,
+                              variants=variants, warmup=args.warmup, repeats=args.repeats)
+                outcome = launcher.run(Case(pipeline_perf_case, tp, params, timeout=1800.0), (), args.impl)
+                failed = [o for o in outcome if not o.ok]
+                if failed:
+                    raise SystemExit(f"{name} TP {tp}: rank {failed[0].rank} raised:\n"
+                                     f"{failed[0].error.traceback if failed[0].error else ''}")
+                result = outcome[0].value
+                identity = result["identity"]
+                measurement = perf.summarize(result["samples"], result["blocks"], rows=case.m,
+                                             order=case.order)  # type: ignore[arg-type]
+                print(f"\n== {name}: {case.op} [{case.m}, {case.k}] @ [{case.k}, {case.n}] {case.dtype}, "
+                      f"TP {tp} ({identity['device']} {identity['name']!r}, {identity['backend']}, "
+                      f"{args.repeats} rounds)")
+                print(perf.table(measurement))
+                for variant, reason in result["skipped"].items():
+                    print(f"{variant}: not measured: {reason}")
+                figures.setdefault(name, {})[f"tp{tp}"] = {
+                    **measurement.as_dict(), "shape": case.shape(), "skipped": result["skipped"],
+                }
+            if args.overhead_cases:
+                costs[str(tp)] = _overhead(launcher, tp, args.overhead_cases, args.spawns)
+    finally:
+        launcher.close()
+
+    if costs:
+        print(f"\n== harness overhead per case (conformance.bench overhead)\n"
+              f"{'world':>5} {'pool ms':>9} {'pool+allreduce ms':>18} {'spawn ms':>9}")
+        for world, c in costs.items():
+            print(f"{world:>5} {c['pool_ms']:>9.3f} {c['pool_allreduce_ms']:>18.3f} {c['spawn_ms']:>9.1f}")
+    goals = targets(figures)
+    print("\n== targets")
+    for goal, verdict in goals.items():
+        detail = ", ".join(f"{k}={v}" for k, v in verdict.items() if k != "met")
+        print(f"{goal}: {'met' if verdict['met'] else 'MISSED'} ({detail})")
+    print(f"bench time {time.perf_counter() - start:.0f} s")
+    print(json.dumps({"machine": identity, "impl": args.impl, "profile": profile.name,
+                      "settings": {"warmup": args.warmup, "repeats": args.repeats, "threads_per_rank": 1},
+                      "shapes": figures, "overhead": costs, "targets": goals}))
+    return 0

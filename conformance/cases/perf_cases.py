@@ -1,0 +1,193 @@
+"""Rank-side timing of one matmul + collective pipeline, serial and CoC, side by side.
+
+The pipeline is one of the fused ops (``op``) on a per-rank matmul
+``[m, k] @ [k, n]`` (``m`` counts the gathered rows for ``all_gather_matmul``
+and the rows before the scatter for ``matmul_reduce_scatter``).  Items timed
+by the :mod:`conformance.perf` protocol:
+
+* ``serial``: the live serial composition of :mod:`conformance.cases.op_cases`
+  (matmul, then the collective, or the reverse);
+* ``fused``: the implementation's op;
+* ``scripted-P`` / ``auto``: the megatron layer whose CoC path is exactly this
+  pipeline (row-parallel forward for the all-reduce and, with SP, the
+  reduce-scatter; column-parallel SP forward for the all-gather) under the
+  implementation's ``patch_megatron`` with ``--coc-parallel-num P|auto``;
+* ``mm`` / ``comm``: the matmul alone and the collective alone, for the whole
+  ``m`` and (``mm@b`` / ``comm@b``) for every block size a variant used.
+
+Every item multiplies the same weight storage (megatron's ``[out, in]``
+shard) on the same process group.  Which blocks a variant used is observed,
+not assumed: one untimed call under :func:`~conformance.probes.record_collectives`
+after warm-up (so ``auto`` has made its decision).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import platform
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+from conformance.case import CaseContext
+from conformance.cases.layer_cases import coc_argv
+from conformance.cases.op_cases import serial_composition
+from conformance.impl_loader import missing_capability
+from conformance.perf import COMM, MM, SERIAL, Settings, block_key, time_interleaved, warm_up
+from conformance.probes import record_collectives
+
+#: The collective each op pipelines (as :class:`~conformance.probes.CollectiveCall` kinds).
+KINDS = {"matmul_all_reduce": "all_reduce", "matmul_reduce_scatter": "reduce_scatter",
+         "all_gather_matmul": "all_gather"}
+
+
+def device_identity(ctx: CaseContext, backend: str) -> dict[str, Any]:
+    """What a hardware profile matches on: device kind, device name, backend, TP."""
+    kind = ctx.device.split(":")[0]
+    if kind == "cpu":
+        name = _cpu_name()
+    else:
+        import torch
+
+        name = torch.get_device_module(kind).get_device_name()
+    return {"device": kind, "name": name, "backend": backend, "tp": ctx.world_size}
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def variant_reason(impl: Any, variant: str, op: str) -> str | None:
+    """Why the implementation cannot run ``variant`` (None when it can)."""
+    return missing_capability(impl, op if variant == "fused" else "patch_megatron")
+
+
+def chunk_flag(variant: str) -> str:
+    """``--coc-parallel-num`` of a scripted variant (``scripted-4`` -> ``4``, ``auto``)."""
+    return "auto" if variant == "auto" else variant.removeprefix("scripted-")
+
+
+def pipeline_perf_case(ctx: CaseContext, *, op: str, m: int, k: int, n: int, dtype: str,
+                       variants: list[str], warmup: int, repeats: int) -> dict[str, Any]:
+    """Interleaved timings (ms, max over ranks) of serial, each variant and the costs alone."""
+    import torch
+    import torch.distributed as dist
+
+    from coc_impl.megatron_adapter import build_column, build_row, model_parallel
+
+    tp, impl = ctx.world_size, ctx.impl
+    torch_dtype = getattr(torch, dtype)
+    device = torch.device(ctx.device)
+    skipped = {v: r for v in variants if (r := variant_reason(impl, v, op)) is not None}
+    runnable = [v for v in variants if v not in skipped]
+    sp = op != "matmul_all_reduce"
+    gen = torch.Generator().manual_seed(1234 + ctx.rank)
+
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen).to(device=device, dtype=torch_dtype)
+
+    with model_parallel(tp, sequence_parallel=sp) as par, torch.no_grad():
+        group = par.group
+        if op == "all_gather_matmul":
+            layer = build_column(k, n * tp, bias=False, sequence_parallel=True, dtype=torch_dtype)
+            x = rand(m // tp, k)
+        else:
+            layer = build_row(k * tp, n, bias=False, sequence_parallel=sp, dtype=torch_dtype)
+            x = rand(m, k)
+        layer = layer.to(device)
+        weight = layer.weight  # megatron's [out, in] shard, i.e. [n, k]
+        w_kn = weight.t()
+        x_layer = x.unsqueeze(1)  # [s, b=1, h]
+        serial_ctx = dataclasses.replace(ctx, subgroup=group)
+        synchronize: Callable[[], None] = (
+            torch.get_device_module(device).synchronize if device.type != "cpu" else _no_sync)
+        costs = _CostItems(op, x, w_kn, group, rand)
+
+        items: dict[str, Callable[[], Any]] = {
+            SERIAL: lambda: serial_composition(serial_ctx, op, x, w_kn, None),
+        }
+        for variant in runnable:
+            if variant == "fused":
+                items[variant] = partial(getattr(impl, op), x, weight, None, group=group,
+                                         transpose_weight=True)
+            else:
+                config = impl.configure(coc_argv(chunk_flag(variant)), {}, tp_size=tp)
+
+                def patched(config: Any = config) -> Any:
+                    with impl.patch_megatron(config):
+                        return layer(x_layer)
+
+                items[variant] = patched
+        items[MM] = partial(costs.matmul, m)
+        items[COMM] = partial(costs.collective, m)
+
+        def barrier() -> None:
+            dist.barrier(group=group)
+
+        def max_over_ranks(values: list[float]) -> list[float]:
+            t = torch.tensor(values, dtype=torch.float64, device=device)
+            dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+            return t.cpu().tolist()
+
+        # Warm-up of everything (auto measures its costs here), then which blocks each variant uses.
+        warm_up(items, warmup, barrier=barrier, synchronize=synchronize)
+        blocks = {v: _observed_blocks(items[v], KINDS[op], m) for v in runnable}
+        for size in sorted({b for used in blocks.values() if used for b in used} - {m}):
+            items[block_key(MM, size)] = partial(costs.matmul, size)
+            items[block_key(COMM, size)] = partial(costs.collective, size)
+        # One more warm-up round, for the block items just added.
+        samples = time_interleaved(items, Settings(1, repeats), barrier=barrier,
+                                   synchronize=synchronize, max_over_ranks=max_over_ranks)
+        identity = device_identity(ctx, dist.get_backend(group))
+    return {"identity": identity, "samples": samples, "blocks": blocks, "skipped": skipped}
+
+
+def _no_sync() -> None:
+    """CPU work is finished when the call returns."""
+
+
+def _observed_blocks(call: Callable[[], Any], kind: str, m: int) -> list[int] | None:
+    """Matmul rows of each collective of ``kind`` one call issues (None if they do not cover ``m``)."""
+    with record_collectives() as log:
+        call()
+    rows = [max(shape[0] for shape in c.shapes if shape) for c in log.of_kind(kind) if c.shapes]
+    return rows if rows and sum(rows) == m else None
+
+
+class _CostItems:
+    """The matmul alone and the collective alone, on the leading rows of full-size buffers."""
+
+    def __init__(self, op: str, x: Any, w_kn: Any, group: Any, rand: Callable[..., Any]) -> None:
+        import torch
+
+        self.op, self.group, self.tp, self.w_kn = op, group, group.size(), w_kn
+        k, n = w_kn.shape
+        rows = x.shape[0] * (self.tp if op == "all_gather_matmul" else 1)
+        self.lhs = rand(rows, k)  # for the all-gather: the gathered x
+        self.out = torch.empty(rows, n, dtype=x.dtype, device=x.device)
+        width = k if op == "all_gather_matmul" else n
+        self.sent = rand(rows, width)
+        self.received = torch.empty(rows, width, dtype=x.dtype, device=x.device)
+
+    def matmul(self, rows: int) -> None:
+        import torch
+
+        torch.matmul(self.lhs[:rows], self.w_kn, out=self.out[:rows])
+
+    def collective(self, rows: int) -> None:
+        import torch.distributed as dist
+
+        shard = rows // self.tp
+        if self.op == "matmul_all_reduce":
+            dist.all_reduce(self.sent[:rows], group=self.group)
+        elif self.op == "matmul_reduce_scatter":
+            dist.reduce_scatter_tensor(self.received[:shard], self.sent[:rows], group=self.group)
+        else:
+            dist.all_gather_into_tensor(self.received[:rows], self.sent[:shard], group=self.group)

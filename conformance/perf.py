@@ -1,0 +1,337 @@
+"""The measurement protocol of the perf gates (SPEC §7) and what it reports.
+
+Timings on a shared machine drift (other processes, frequency scaling), so a
+perf figure is only trustworthy as a *ratio measured side by side*:
+
+* every item (serial, each CoC variant, the matmul alone, the collective
+  alone, the per-block costs) is warmed up, then timed in rounds that
+  interleave all items (A B C A B C ...), the order rotated every round so
+  that no item always follows the same neighbour;
+* each timed call starts after a barrier of the TP group and ends after the
+  device finished; a sample is the **maximum over ranks** (the step is as
+  slow as its slowest rank);
+* a gain is ``1 - median(T_coc) / median(T_serial)``; its spread is the
+  inter-quartile range of the *paired* gains ``(serial_i - coc_i) / serial_i``
+  of the rounds (each pair ran back to back, so slow drift cancels in it).
+
+Per CoC variant this module derives the SPEC §7 figures: gain, overlap
+efficiency ``(T_serial - T_coc) / (T_serial - max(T_mm, T_comm))``, exposed
+communication ``T_coc - T_mm`` (the two-lane makespan is the matmul time plus
+the communication the overlap failed to hide), and the two-lane pipeline
+model's prediction (:func:`coc_impl.timeline.simulate`, the SPEC §5 model,
+fed with the per-block costs measured in the same run) with its error.
+
+The rank side (building tensors, launching ops) lives in
+:mod:`conformance.cases.perf_cases`; this module is torch-free apart from
+the pipeline model.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from coc_impl.timeline import Order, Timeline, simulate
+
+#: Item names reserved by the protocol (everything else is a CoC variant).
+SERIAL, MM, COMM = "serial", "mm", "comm"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How many warm-up calls and timed rounds each item gets."""
+
+    warmup: int = 2
+    repeats: int = 8
+
+    def __post_init__(self) -> None:
+        if self.warmup < 0 or self.repeats < 1:
+            raise ValueError(f"need warmup >= 0 and repeats >= 1, got {self.warmup}, {self.repeats}")
+
+
+def block_key(what: str, rows: int) -> str:
+    """Item name of the matmul (``mm``) or collective (``comm``) of one block of ``rows`` rows."""
+    return f"{what}@{rows}"
+
+
+def warm_up(items: Mapping[str, Callable[[], Any]], rounds: int, *, barrier: Callable[[], None],
+            synchronize: Callable[[], None]) -> None:
+    """Call every item ``rounds`` times, untimed (caches, allocator, lazy setup such as ``auto``)."""
+    for _ in range(rounds):
+        for call in items.values():
+            barrier()
+            call()
+            synchronize()
+
+
+def time_interleaved(
+    items: Mapping[str, Callable[[], Any]],
+    settings: Settings,
+    *,
+    barrier: Callable[[], None],
+    synchronize: Callable[[], None],
+    max_over_ranks: Callable[[list[float]], list[float]],
+    clock: Callable[[], float] = time.perf_counter,
+) -> dict[str, list[float]]:
+    """Milliseconds per item and round, each the maximum over ranks.
+
+    Every rank must call this with the same items in the same order (each
+    timed call is a collective step).  ``max_over_ranks`` is called once, at
+    the end, with all samples flattened.
+    """
+    names = list(items)
+    warm_up(items, settings.warmup, barrier=barrier, synchronize=synchronize)
+    flat: list[float] = []
+    order: list[str] = []
+    for round_index in range(settings.repeats):
+        shift = round_index % len(names)
+        for name in names[shift:] + names[:shift]:
+            barrier()
+            start = clock()
+            items[name]()
+            synchronize()
+            flat.append((clock() - start) * 1e3)
+            order.append(name)
+    slowest = max_over_ranks(flat)
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    for name, value in zip(order, slowest, strict=True):
+        samples[name].append(float(value))
+    return samples
+
+
+def pooled(*runs: Mapping[str, Sequence[float]]) -> dict[str, list[float]]:
+    """The samples of several measurements of the same items, as one (rounds appended)."""
+    keys = set.intersection(*(set(run) for run in runs))
+    return {key: [v for run in runs for v in run[key]] for key in runs[0] if key in keys}
+
+
+@dataclass(frozen=True)
+class Stats:
+    """Median and inter-quartile range of repeated samples."""
+
+    median: float
+    q1: float
+    q3: float
+    n: int
+
+    @classmethod
+    def of(cls, samples: Sequence[float]) -> Stats:
+        values = np.asarray(samples, dtype=np.float64)
+        if values.size == 0:
+            raise ValueError("no samples")
+        q1, median, q3 = np.percentile(values, [25, 50, 75])
+        return cls(float(median), float(q1), float(q3), int(values.size))
+
+    @property
+    def spread(self) -> float:
+        """Inter-quartile range relative to the median (0.05 = 5 %)."""
+        return (self.q3 - self.q1) / abs(self.median) if self.median else float("inf")
+
+
+def paired_gains(serial: Sequence[float], coc: Sequence[float]) -> list[float]:
+    """``(serial_i - coc_i) / serial_i`` per round."""
+    if len(serial) != len(coc):
+        raise ValueError(f"unpaired samples: {len(serial)} serial, {len(coc)} CoC")
+    return [(s - c) / s for s, c in zip(serial, coc, strict=True)]
+
+
+def overlap_efficiency(t_serial: float, t_coc: float, t_mm: float, t_comm: float) -> float | None:
+    """Share of the hideable time actually hidden (1 = perfect overlap, 0 = none).
+
+    ``None`` when nothing can be hidden (``T_serial <= max(T_mm, T_comm)``).
+    """
+    hideable = t_serial - max(t_mm, t_comm)
+    return (t_serial - t_coc) / hideable if hideable > 0 else None
+
+
+def exposed_comm(t_coc: float, t_mm: float) -> float:
+    """Communication left visible: the CoC time beyond the matmul alone."""
+    return max(0.0, t_coc - t_mm)
+
+
+def prediction_error(predicted: float, measured: float) -> float:
+    """Signed relative error of a prediction (+0.1: predicted 10 % slower than measured)."""
+    return (predicted - measured) / measured
+
+
+@dataclass(frozen=True)
+class MeasuredCurve:
+    """A cost curve through measured ``(rows, ms)`` points, linear in between.
+
+    Satisfies :class:`coc_impl.cost_model.CostCurve`, so the pipeline model
+    runs on exactly the block costs measured in the same run.
+    """
+
+    rows: tuple[float, ...]
+    times: tuple[float, ...]
+
+    @classmethod
+    def of(cls, points: Mapping[int, float]) -> MeasuredCurve:
+        if not points:
+            raise ValueError("a measured curve needs at least one point")
+        ordered = sorted(points.items())
+        return cls(tuple(float(r) for r, _ in ordered), tuple(float(t) for _, t in ordered))
+
+    def __call__(self, x: float) -> float:
+        if len(self.rows) == 1:
+            return self.times[0] * x / self.rows[0]
+        return float(np.interp(x, self.rows, self.times))
+
+    def solve(self, t: float) -> float:
+        return float(np.interp(t, np.maximum.accumulate(self.times), self.rows))
+
+
+def predict(blocks: Sequence[int], mm_at: Mapping[int, float], comm_at: Mapping[int, float],
+            order: Order) -> Timeline:
+    """The two-lane model of ``blocks`` with the measured per-block costs."""
+    return simulate(blocks, MeasuredCurve.of(mm_at), MeasuredCurve.of(comm_at), order)
+
+
+@dataclass(frozen=True)
+class VariantFigures:
+    """Everything SPEC §7 reports for one CoC variant against the serial run."""
+
+    variant: str
+    time: Stats
+    gain: float
+    paired_gains: Stats
+    overlap_efficiency: float | None
+    exposed_comm_ms: float
+    blocks: tuple[int, ...] | None
+    predicted: Timeline | None
+
+    @property
+    def speedup(self) -> float:
+        """``T_serial / T_coc`` (medians)."""
+        return 1.0 / (1.0 - self.gain)
+
+    @property
+    def predicted_ms(self) -> float | None:
+        return None if self.predicted is None else self.predicted.makespan
+
+    @property
+    def prediction_error(self) -> float | None:
+        p = self.predicted_ms
+        return None if p is None else prediction_error(p, self.time.median)
+
+    def as_dict(self) -> dict[str, Any]:
+        def r(value: float | None, digits: int = 4) -> float | None:
+            return None if value is None else round(value, digits)
+
+        return {
+            "t_ms": r(self.time.median, 3), "spread": r(self.time.spread),
+            "gain": r(self.gain), "gain_q1": r(self.paired_gains.q1), "gain_q3": r(self.paired_gains.q3),
+            "speedup": r(self.speedup), "overlap_efficiency": r(self.overlap_efficiency),
+            "exposed_comm_ms": r(self.exposed_comm_ms, 3),
+            "blocks": None if self.blocks is None else list(self.blocks),
+            "predicted_ms": r(self.predicted_ms, 3), "prediction_error": r(self.prediction_error),
+        }
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """The serial baseline, the matmul and collective alone, and every CoC variant."""
+
+    serial: Stats
+    mm: Stats
+    comm: Stats
+    variants: Mapping[str, VariantFigures]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "serial_ms": round(self.serial.median, 3), "serial_spread": round(self.serial.spread, 4),
+            "mm_ms": round(self.mm.median, 3), "comm_ms": round(self.comm.median, 3),
+            "variants": {name: v.as_dict() for name, v in self.variants.items()},
+        }
+
+
+def summarize(samples: Mapping[str, Sequence[float]], blocks: Mapping[str, Sequence[int] | None],
+              *, rows: int, order: Order) -> Measurement:
+    """Figures of every variant in ``blocks`` from the interleaved ``samples``.
+
+    ``samples`` holds :data:`SERIAL`, :data:`MM`, :data:`COMM` (the whole
+    ``rows``), one list per variant, and ``mm@b`` / ``comm@b`` for the block
+    sizes the variants used.  ``blocks[variant]`` are the matmul rows of each
+    block the variant ran (``None``: not observed, no prediction).
+    """
+    serial, mm, comm = (Stats.of(samples[key]) for key in (SERIAL, MM, COMM))
+    mm_at = {rows: mm.median}
+    comm_at = {rows: comm.median}
+    for key, values in samples.items():
+        what, _, size = key.partition("@")
+        if size and what in (MM, COMM):
+            (mm_at if what == MM else comm_at)[int(size)] = Stats.of(values).median
+    variants = {}
+    for variant, used in blocks.items():
+        t = Stats.of(samples[variant])
+        predicted = None
+        if used and all(b in mm_at and b in comm_at for b in used):
+            predicted = predict(used, mm_at, comm_at, order)
+        variants[variant] = VariantFigures(
+            variant=variant, time=t, gain=1.0 - t.median / serial.median,
+            paired_gains=Stats.of(paired_gains(samples[SERIAL], samples[variant])),
+            overlap_efficiency=overlap_efficiency(serial.median, t.median, mm.median, comm.median),
+            exposed_comm_ms=exposed_comm(t.median, mm.median),
+            blocks=None if used is None else tuple(used), predicted=predicted,
+        )
+    return Measurement(serial, mm, comm, variants)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A gate's outcome: enforced or only reported, and whether the figure met it."""
+
+    enforced: bool
+    met: bool | None  # None: no minimum to meet
+    reason: str
+
+    @property
+    def failed(self) -> bool:
+        return self.enforced and self.met is False
+
+    @property
+    def label(self) -> str:
+        return "enforced" if self.enforced else "reported, not gated"
+
+
+def judge(gain: float, min_gain: float | None, *, profile_matches: bool, why_not: str = "") -> Verdict:
+    """A case passes when its gain exceeds ``min_gain``; only a matching profile enforces it."""
+    if min_gain is None:
+        return Verdict(False, None, "no minimum gain: figures reported only")
+    met = gain > min_gain
+    text = f"gain {gain:+.1%} {'>' if met else '<='} minimum {min_gain:+.1%}"
+    if not profile_matches:
+        return Verdict(False, met, f"{text}; not gated: {why_not or 'the profile does not match this machine'}")
+    return Verdict(True, met, text)
+
+
+def _fmt(value: float | None, spec: str, width: int) -> str:
+    return f"{'-':>{width}}" if value is None else format(value, spec)
+
+
+TABLE_HEADER = (f"{'variant':<11} {'ms':>8} {'spread':>7} {'x serial':>8} {'gain':>7} {'paired IQR':>15} "
+                f"{'overlap':>7} {'exposed':>8} {'model ms':>8} {'model err':>9}  blocks")
+
+
+def table(measurement: Measurement, verdicts: Mapping[str, Verdict] | None = None) -> str:
+    """A text table: serial, the matmul and collective alone, then one row per variant."""
+    m = measurement
+    lines = [TABLE_HEADER]
+    for name, stats in ((SERIAL, m.serial), (MM, m.mm), (COMM, m.comm)):
+        lines.append(f"{name:<11} {stats.median:>8.2f} {stats.spread:>7.1%}")
+    for name, v in m.variants.items():
+        iqr = f"[{v.paired_gains.q1:+.1%}, {v.paired_gains.q3:+.1%}]"
+        blocks = "-" if v.blocks is None else (
+            f"{len(v.blocks)} x {v.blocks[0]}" if len(set(v.blocks)) == 1 else str(list(v.blocks)))
+        line = (f"{name:<11} {v.time.median:>8.2f} {v.time.spread:>7.1%} {v.speedup:>7.3f}x "
+                f"{v.gain:>+7.1%} {iqr:>15} {_fmt(v.overlap_efficiency, '>7.2f', 7)} "
+                f"{v.exposed_comm_ms:>8.2f} {_fmt(v.predicted_ms, '>8.2f', 8)} "
+                f"{_fmt(v.prediction_error, '>+9.1%', 9)}  {blocks}")
+        if verdicts and name in verdicts:
+            line += f"  [{verdicts[name].label}: {verdicts[name].reason}]"
+        lines.append(line)
+    return "\n".join(lines)

@@ -1,0 +1,298 @@
+"""Perf gates: measurement statistics, figures, verdicts, hardware profiles, the auto planner."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import pytest
+import torch
+
+from coc_impl import autotune
+from coc_impl.timeline import simulate
+from conformance import perf, profiles
+from conformance.bench.coc import targets
+from tests.dist_helpers import run_threaded
+
+# ---------------------------------------------------------------- statistics
+
+
+def test_stats_median_quartiles_and_spread():
+    s = perf.Stats.of([4.0, 1.0, 3.0, 2.0, 5.0])
+    assert (s.median, s.q1, s.q3, s.n) == (3.0, 2.0, 4.0, 5)
+    assert s.spread == pytest.approx(2 / 3)
+    with pytest.raises(ValueError):
+        perf.Stats.of([])
+
+
+def test_paired_gains_need_pairs():
+    assert perf.paired_gains([10.0, 20.0], [5.0, 25.0]) == [0.5, -0.25]
+    with pytest.raises(ValueError, match="unpaired"):
+        perf.paired_gains([1.0], [1.0, 2.0])
+
+
+def test_overlap_efficiency_and_exposed_comm():
+    # serial 10 = mm 6 + comm 4; perfect overlap reaches max(6, 4) = 6.
+    assert perf.overlap_efficiency(10, 6, 6, 4) == 1.0
+    assert perf.overlap_efficiency(10, 10, 6, 4) == 0.0
+    assert perf.overlap_efficiency(10, 11, 6, 4) == pytest.approx(-0.25)
+    assert perf.overlap_efficiency(6, 5, 6, 4) is None  # nothing to hide
+    assert perf.exposed_comm(8, 6) == 2 and perf.exposed_comm(5, 6) == 0
+    assert perf.prediction_error(9, 10) == pytest.approx(-0.1)
+
+
+def test_pooled_appends_rounds_of_common_items():
+    assert perf.pooled({"a": [1.0], "b": [2.0]}, {"a": [3.0]}) == {"a": [1.0, 3.0]}
+
+
+# ---------------------------------------------------------------- interleaving
+
+
+def test_time_interleaved_warms_up_rotates_and_takes_the_slowest_rank():
+    calls: list[str] = []
+    ticks = itertools.count()
+    items = {name: (lambda name=name: calls.append(name)) for name in "ABC"}
+    barriers, syncs, reduced = [], [], []
+
+    def max_over_ranks(values: list[float]) -> list[float]:
+        reduced.append(list(values))
+        return [v + 1.0 for v in values]  # another rank was 1 ms slower everywhere
+
+    samples = perf.time_interleaved(
+        items, perf.Settings(warmup=1, repeats=3), barrier=lambda: barriers.append(1),
+        synchronize=lambda: syncs.append(1), max_over_ranks=max_over_ranks,
+        clock=lambda: next(ticks) / 1e3,  # every timed call takes 1 ms
+    )
+    assert calls == list("ABC") + list("ABC") + list("BCA") + list("CAB")
+    assert len(barriers) == len(syncs) == 12
+    assert len(reduced) == 1 and len(reduced[0]) == 9  # one reduction, at the end
+    assert samples == {name: [pytest.approx(2.0)] * 3 for name in "ABC"}
+
+
+def test_settings_are_validated():
+    with pytest.raises(ValueError):
+        perf.Settings(warmup=-1)
+    with pytest.raises(ValueError):
+        perf.Settings(repeats=0)
+
+
+# ---------------------------------------------------------------- figures
+
+
+def _samples(serial, coc, *, mm=6.0, comm=4.0, block_mm=3.0, block_comm=2.0):
+    return {perf.SERIAL: serial, perf.MM: [mm] * len(serial), perf.COMM: [comm] * len(serial),
+            "mm@50": [block_mm] * len(serial), "comm@50": [block_comm] * len(serial), "coc": coc}
+
+
+def test_summarize_figures_and_prediction_from_measured_blocks():
+    m = perf.summarize(_samples([10.0, 10.0, 10.0], [8.0, 8.0, 8.0]), {"coc": [50, 50]},
+                       rows=100, order="compute_first")
+    v = m.variants["coc"]
+    assert v.gain == pytest.approx(0.2) and v.speedup == pytest.approx(1.25)
+    assert v.overlap_efficiency == pytest.approx((10 - 8) / (10 - 6))
+    assert v.exposed_comm_ms == pytest.approx(2.0)
+    # compute-first, blocks of (mm 3, comm 2): mm 0-3, 3-6; comm 3-5, 6-8.
+    assert v.predicted is not None and v.predicted_ms == pytest.approx(8.0)
+    assert v.predicted.mm == ((0, 3), (3, 6)) and v.predicted.comm == ((3, 5), (6, 8))
+    assert v.prediction_error == pytest.approx(0.0)
+    as_json = json.loads(json.dumps(m.as_dict()))
+    assert as_json["variants"]["coc"]["blocks"] == [50, 50]
+    assert "coc" in perf.table(m)
+
+
+def test_gain_is_from_medians_and_its_spread_from_pairs():
+    m = perf.summarize(_samples([10.0, 20.0, 10.0], [5.0, 25.0, 9.0]), {"coc": None},
+                       rows=100, order="compute_first")
+    v = m.variants["coc"]
+    assert v.gain == pytest.approx(0.1)  # 1 - 9/10
+    assert v.paired_gains.median == pytest.approx(0.1)
+    assert (v.paired_gains.q1, v.paired_gains.q3) == (pytest.approx(-0.075), pytest.approx(0.3))
+    assert v.predicted is None and v.prediction_error is None  # blocks not observed
+
+
+def test_no_prediction_without_the_block_costs():
+    m = perf.summarize(_samples([10.0], [9.0]), {"coc": [25, 25, 25, 25]}, rows=100, order="comm_first")
+    assert m.variants["coc"].predicted is None
+
+
+def test_measured_curve_interpolates_and_inverts():
+    curve = perf.MeasuredCurve.of({100: 10.0, 50: 6.0})
+    assert curve(75) == pytest.approx(8.0)
+    assert curve.solve(8.0) == pytest.approx(75)
+    assert perf.MeasuredCurve.of({100: 10.0})(50) == pytest.approx(5.0)
+
+
+# ---------------------------------------------------------------- verdicts
+
+
+def test_judge_enforces_only_on_matching_hardware():
+    assert perf.judge(0.31, 0.30, profile_matches=True) == perf.Verdict(True, True, "gain +31.0% > minimum +30.0%")
+    missed = perf.judge(0.30, 0.30, profile_matches=True)
+    assert missed.failed and missed.label == "enforced"
+    reported = perf.judge(-0.5, 0.30, profile_matches=False, why_not="needs device npu")
+    assert not reported.failed and reported.met is False
+    assert reported.label == "reported, not gated" and "needs device npu" in reported.reason
+    ungated = perf.judge(-0.5, None, profile_matches=True)
+    assert not ungated.enforced and ungated.met is None
+
+
+# ---------------------------------------------------------------- profiles
+
+
+def test_shipped_profiles_parse_and_detect():
+    names = {p.name for p in profiles.shipped()}
+    assert {"npu-910b-tp8", "cpu-gloo"} <= names
+    assert profiles.detect("npu", "Ascend910B3", 8, "hccl").name == "npu-910b-tp8"
+    assert profiles.detect("npu", "Ascend910B3", 4, "hccl") is None
+    assert profiles.detect("npu", "Ascend910A", 8, "hccl") is None
+    assert profiles.detect("cpu", "AMD EPYC", 2, "gloo").name == "cpu-gloo"
+    assert profiles.detect("cpu", "AMD EPYC", 2, "threaded") is None
+    assert profiles.detect("cuda", "NVIDIA H100", 8, "nccl") is None
+
+
+def test_mismatch_names_what_differs():
+    match = profiles.by_name("npu-910b-tp8").match
+    assert match.mismatch("npu", "Ascend910B1", 8, "hccl") == ""
+    why = match.mismatch("cpu", "AMD EPYC", 2, "gloo")
+    assert "device npu" in why and "TP in [8]" in why and "AMD EPYC" in why
+
+
+def test_npu_profile_has_the_seed_case_and_every_model_layer():
+    profile = profiles.by_name("npu-910b-tp8")
+    by_id = {c.id: c for c in profile.cases}
+    seed = by_id["mc2-seed"]
+    assert (seed.op, seed.m, seed.k, seed.n, seed.tp, seed.dtype) == (
+        "matmul_all_reduce", 4096, 3072, 8192, 8, "float16")
+    assert seed.gates == {"fused": 0.30}
+    layers = [c for c in profile.cases if c.id != "mc2-seed"]
+    assert len(layers) == 3 * 4 * 2 and all(c.gates == {"fused": 0.0} for c in layers)
+    assert profile.large and all(c.large for c in profile.cases)
+
+
+@pytest.mark.parametrize("layer, sp, expected", [
+    ("qkv", False, ("matmul_all_reduce", 4096, 1280, 8192)),  # (64 + 2*8) * 128 / 8
+    ("qkv", True, ("all_gather_matmul", 4096, 8192, 1280)),
+    ("fc1", True, ("all_gather_matmul", 4096, 8192, 7168)),  # gated: 2 * 28672 / 8
+    ("proj", False, ("matmul_all_reduce", 4096, 1024, 8192)),
+    ("fc2", True, ("matmul_reduce_scatter", 4096, 3584, 8192)),
+])
+def test_llama_layers_become_their_overlapped_pipeline(layer, sp, expected):
+    llama = {"hidden": 8192, "ffn": 28672, "heads": 64, "kv_heads": 8, "seq": 4096, "gated": True}
+    assert profiles.layer_pipeline(llama, layer, sp, 8) == expected
+
+
+def _doc(**case):
+    return {"schema": 1, "name": "x", "match": {"device": "cpu", "tp": [2]}, "dtype": "float32",
+            "cases": [{"id": "c", "op": "matmul_all_reduce", "m": 8, "k": 4, "n": 4, "gates": {"auto": 0.0},
+                       **case}]}
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"op": "matmul"}, "op must be one of"),
+    ({"gates": {"scripted-3": 0.0}}, "unknown variant"),
+    ({"gates": {"auto": "high"}}, "must be a number or null"),
+    ({"op": "matmul_reduce_scatter", "m": 7}, "does not fit TP 2"),
+])
+def test_bad_profiles_are_rejected_with_the_reason(change, message):
+    with pytest.raises(profiles.ProfileError, match=message):
+        profiles.parse(_doc(**change))
+
+
+def test_profile_needs_known_schema_and_dtype():
+    with pytest.raises(profiles.ProfileError, match="schema"):
+        profiles.parse({**_doc(), "schema": 2})
+    with pytest.raises(profiles.ProfileError, match="dtype"):
+        profiles.parse({**_doc(), "dtype": "int4"})
+
+
+# ---------------------------------------------------------------- auto planner
+
+
+def _costs(rows, mm_per_row, comm_per_row):
+    return [r * mm_per_row for r in rows], [r * comm_per_row for r in rows]
+
+
+def test_auto_plans_the_best_count_where_overlap_is_free():
+    rows = [1024, 512, 256, 128]
+    mm_us, comm_us = _costs(rows, 1.0, 1.0)
+    # Two-block pipelines exactly as the model predicts: no excess.
+    two = {p: simulate((1024 // p,) * 2, _line(1.0), _line(1.0)).makespan for p in (2, 4, 8)}
+    d = autotune.plan(rows, mm_us, comm_us, two, m=1024, k=64, n=64, width=64, dtype_size=4,
+                      collective="all_reduce")
+    assert d.serial_us == pytest.approx(2048)
+    assert d.predicted_us[8] == pytest.approx(1024 + 128)  # p*mm + one block's comm
+    assert d.candidate == d.chunks == 8 and d.gain(8) == pytest.approx(1 - 1152 / 2048)
+
+
+def test_auto_keeps_one_block_where_overlap_costs_as_much_as_it_hides():
+    rows = [1024, 512, 256, 128]
+    mm_us, comm_us = _costs(rows, 1.0, 1.0)
+    # An overlapped step costs mm + comm (lanes share the cores): no gain anywhere.
+    two = {p: 4.0 * (1024 // p) for p in (2, 4, 8)}
+    d = autotune.plan(rows, mm_us, comm_us, two, m=1024, k=64, n=64, width=64, dtype_size=4,
+                      collective="all_reduce")
+    assert d.chunks == 1 and d.candidate == 1
+    assert all(d.gain(p) == pytest.approx(0.0, abs=1e-9) for p in (2, 4, 8))
+
+
+def test_auto_confirmation_rejects_a_candidate_that_is_not_faster():
+    rows = [1024, 512]
+    mm_us, comm_us = _costs(rows, 1.0, 1.0)
+    d = autotune.plan(rows, mm_us, comm_us, {2: 1536.0}, m=1024, k=64, n=64, width=64, dtype_size=4,
+                      collective="all_reduce")
+    assert d.candidate == 2
+    assert autotune.confirm(d, 2000.0, 1500.0).chunks == 2
+    assert autotune.confirm(d, 2000.0, 1980.0).chunks == 1
+
+
+def _line(slope):
+    from coc_impl.cost_model import LinearCost
+
+    return LinearCost(slope, 0.0)
+
+
+def _decide_on_rank(rank: int, world_size: int) -> tuple[int, int, bool]:
+    group = torch.distributed.group.WORLD
+    kwargs = dict(group=group, dtype=torch.float32, collective="all_reduce")
+    first = autotune.decide(256, 32, 64, **kwargs)
+    again = autotune.decide(256, 32, 64, **kwargs)
+    rs = autotune.choose_chunks(256, 32, 64, group=group, dtype=torch.float32, collective="reduce_scatter",
+                                candidates=(1, 2, 4, 8, 256))  # 256 does not divide the 128-row shard
+    return first.chunks, rs, again is first
+
+
+def test_auto_decision_is_collective_safe_and_cached():
+    autotune.clear_cache()
+    try:
+        results = run_threaded(2, _decide_on_rank)
+    finally:
+        autotune.clear_cache()
+    assert results[0] == results[1]  # every rank reaches the same decision
+    chunks, rs_chunks, cached = results[0]
+    assert chunks in (1, 2, 4, 8) and rs_chunks in (1, 2, 4, 8) and cached
+
+
+def test_auto_without_a_feasible_count_measures_nothing():
+    assert autotune._feasible(6, 4, "reduce_scatter", (1, 2, 4, 8)) == []
+    assert autotune._feasible(64, 4, "reduce_scatter", (1, 2, 4, 8)) == [2, 4, 8]
+    assert autotune._feasible(12, 4, "all_reduce", (1, 2, 4, 8)) == [2, 4]
+
+
+# ---------------------------------------------------------------- bench targets
+
+
+def _variant(gain, speedup=None):
+    return {"gain": gain, "speedup": speedup if speedup is not None else 1 / (1 - gain)}
+
+
+def test_bench_targets_report_met_and_missed():
+    figures = {
+        "balanced-ar": {"tp2": {"variants": {"scripted-2": _variant(0.05), "scripted-4": _variant(0.1),
+                                             "auto": _variant(0.0)}},
+                        "tp4": {"variants": {"auto": _variant(-0.05)}}},
+    }
+    goals = targets(figures)
+    best = goals["best_scripted_balanced_tp2"]
+    assert best["met"] and best["variant"] == "scripted-4"
+    auto = goals["auto_never_slower"]
+    assert not auto["met"] and auto["worst"] == "balanced-ar@tp4"
