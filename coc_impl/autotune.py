@@ -5,8 +5,9 @@ the live backend and device:
 
 * ``CostMM(b)``: the matmul of ``b`` rows, and ``CostComm(b)``: the
   collective of those ``b`` rows, for the whole ``m`` and for each candidate
-  block ``b = m/p`` (fitted with :func:`~coc_impl.cost_model.fit_matmul` and
-  :func:`~coc_impl.cost_model.fit_comm` into row costs);
+  block ``b = m/p``.  The model is evaluated at exactly these sizes, so it
+  runs on the measured points (:class:`MeasuredCurve`), not on a fit: a line
+  through noisy timings can go negative at small blocks;
 * ``T2(b)``: the real two-block pipeline of the overlap engine on ``2b``
   rows (blocks ``[b, b]``): one overlapped step, with everything the engine
   does per block.
@@ -45,16 +46,17 @@ import dataclasses
 import functools
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
 from coc_impl import overlap
 from coc_impl.config import VALID_CHUNKS
-from coc_impl.cost_model import MB, CommCost, CostModels, MatmulCost, fit_comm, fit_matmul
+from coc_impl.cost_model import CostCurve
 from coc_impl.timeline import Order, simulate
 
 Collective = Literal["all_reduce", "reduce_scatter", "all_gather"]
@@ -78,7 +80,8 @@ class Decision:
     chunks: int
     serial_us: float
     predicted_us: dict[int, float]  # per feasible chunk count > 1
-    costs: CostModels | None  # None when no chunk count was feasible (nothing measured)
+    mm_us: dict[int, float] = dataclasses.field(default_factory=dict)  # CostMM per measured row count
+    comm_us: dict[int, float] = dataclasses.field(default_factory=dict)  # CostComm per measured row count
     candidate: int = 1  # the model's pick (before confirmation)
     confirmed_us: tuple[float, float] | None = None  # (one block, candidate) when confirmed
 
@@ -139,7 +142,34 @@ def _feasible(m: int, tp: int, collective: Collective, candidates: Sequence[int]
     return sorted({p for p in candidates if p > 1 and split % p == 0})
 
 
-def predicted_time(chunks: int, mm: MatmulCost, comm: CommCost, order: Order, m: int,
+@dataclass(frozen=True)
+class MeasuredCurve:
+    """A cost curve through measured ``(rows, time)`` points, linear in between.
+
+    Satisfies :class:`coc_impl.cost_model.CostCurve`, so the pipeline model
+    runs on exactly the costs measured (one point: proportional to rows).
+    """
+
+    rows: tuple[float, ...]
+    times: tuple[float, ...]
+
+    @classmethod
+    def of(cls, points: Mapping[int, float]) -> MeasuredCurve:
+        if not points:
+            raise ValueError("a measured curve needs at least one point")
+        ordered = sorted(points.items())
+        return cls(tuple(float(r) for r, _ in ordered), tuple(float(t) for _, t in ordered))
+
+    def __call__(self, x: float) -> float:
+        if len(self.rows) == 1:
+            return self.times[0] * x / self.rows[0]
+        return float(np.interp(x, self.rows, self.times))
+
+    def solve(self, t: float) -> float:
+        return float(np.interp(t, np.maximum.accumulate(self.times), self.rows))
+
+
+def predicted_time(chunks: int, mm: CostCurve, comm: CostCurve, order: Order, m: int,
                    two_blocks_us: float) -> float:
     """The two-lane makespan of ``chunks`` equal blocks plus the measured excess per overlapped step."""
     block = m // chunks
@@ -148,27 +178,27 @@ def predicted_time(chunks: int, mm: MatmulCost, comm: CommCost, order: Order, m:
     return makespan + (chunks - 1) * excess
 
 
-def plan(rows: Sequence[int], mm_us: Sequence[float], comm_us: Sequence[float],
-         two_blocks_us: dict[int, float], *, m: int, k: int, n: int, width: int, dtype_size: int,
-         collective: Collective) -> Decision:
-    """Fit the measured costs and pick the chunk count (pure: no device, no collective).
+def plan(mm_us: Mapping[int, float], comm_us: Mapping[int, float], two_blocks_us: Mapping[int, float],
+         *, m: int, collective: Collective) -> Decision:
+    """Pick the chunk count from measured costs (pure: no device, no collective).
 
-    ``rows`` are matmul row counts (``m`` and each candidate block), with the
-    matmul and collective times measured for them; ``two_blocks_us[p]`` is
-    the engine's two-block pipeline of the block size of candidate ``p``.  ``width`` is the row
-    width the collective moves (``n``; ``k`` for the all-gather).
+    ``mm_us`` / ``comm_us`` map matmul row counts (``m`` and each candidate
+    block) to the matmul and collective times measured for them;
+    ``two_blocks_us[p]`` is the engine's two-block pipeline of the block size
+    of candidate ``p``.
     """
-    mm = MatmulCost(fit_matmul(rows, mm_us), k, n)
-    comm_fit = fit_comm([r * width * dtype_size for r in rows], comm_us, breakpoint_mb=None)
-    comm = CommCost(comm_fit, width, dtype_size)
-    costs = CostModels(mm, comm_fit, meta={"source": "measured by coc_impl.autotune", "collective": collective,
-                                           "comm_mb_per_row": width * dtype_size / MB})
-    serial = mm(m) + comm(m)
+    mm, comm = MeasuredCurve.of(mm_us), MeasuredCurve.of(comm_us)
+    serial = mm_us[m] + comm_us[m]
     order = ORDERS[collective]
-    predicted = {p: predicted_time(p, mm, comm, order, m, two_blocks_us[p]) for p in sorted(two_blocks_us)}
-    best = min(predicted, key=predicted.get, default=1)  # type: ignore[arg-type]
+    predicted = {}
+    for p in sorted(two_blocks_us):
+        try:
+            predicted[p] = predicted_time(p, mm, comm, order, m, two_blocks_us[p])
+        except ValueError:  # a cost the measurements cannot support: no prediction, no candidate
+            continue
+    best = min(predicted, key=predicted.__getitem__, default=1)
     chunks = best if predicted and 1 - predicted[best] / serial >= MIN_PREDICTED_GAIN else 1
-    return Decision(chunks, serial, predicted, costs, candidate=chunks)
+    return Decision(chunks, serial, predicted, dict(mm_us), dict(comm_us), candidate=chunks)
 
 
 def confirm(decision: Decision, one_block_us: float, candidate_us: float) -> Decision:
@@ -179,10 +209,8 @@ def confirm(decision: Decision, one_block_us: float, candidate_us: float) -> Dec
 
 def _measure_and_plan(m: int, k: int, n: int, group: dist.ProcessGroup, dtype: torch.dtype,
                       collective: Collective, device: torch.device, counts: list[int]) -> Decision:
-    width = k if collective == "all_gather" else n
-    itemsize = torch.empty((), dtype=dtype).element_size()
     if not counts:
-        return Decision(1, 0.0, {}, None)
+        return Decision(1, 0.0, {})
     rows = [m] + [m // p for p in counts]
     probe = _Probe(m, k, n, group, dtype, collective, device)
     with torch.no_grad():
@@ -193,8 +221,8 @@ def _measure_and_plan(m: int, k: int, n: int, group: dist.ProcessGroup, dtype: t
     dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=group)  # one decision on every rank
     us = agreed.cpu().tolist()
     mm_us, comm_us, two = us[: len(rows)], us[len(rows): 2 * len(rows)], us[2 * len(rows):]
-    decision = plan(rows, mm_us, comm_us, dict(zip(counts, two, strict=True)), m=m, k=k, n=n,
-                    width=width, dtype_size=itemsize, collective=collective)
+    decision = plan(dict(zip(rows, mm_us, strict=True)), dict(zip(rows, comm_us, strict=True)),
+                    dict(zip(counts, two, strict=True)), m=m, collective=collective)
     if decision.candidate == 1:
         return decision
     with torch.no_grad():

@@ -19,11 +19,11 @@ efficiency ``(T_serial - T_coc) / (T_serial - max(T_mm, T_comm))``, exposed
 communication ``T_coc - T_mm`` (the two-lane makespan is the matmul time plus
 the communication the overlap failed to hide), and the two-lane pipeline
 model's prediction (:func:`coc_impl.timeline.simulate`, the SPEC §5 model,
-fed with the per-block costs measured in the same run) with its error.
+fed with the per-block costs measured in the same run through
+:class:`coc_impl.autotune.MeasuredCurve`) with its error.
 
 The rank side (building tensors, launching ops) lives in
-:mod:`conformance.cases.perf_cases`; this module is torch-free apart from
-the pipeline model.
+:mod:`conformance.cases.perf_cases`; this module builds no tensors.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from coc_impl.autotune import MeasuredCurve
 from coc_impl.timeline import Order, Timeline, simulate
 
 #: Item names reserved by the protocol (everything else is a CoC variant).
@@ -158,33 +159,6 @@ def prediction_error(predicted: float, measured: float) -> float:
     return (predicted - measured) / measured
 
 
-@dataclass(frozen=True)
-class MeasuredCurve:
-    """A cost curve through measured ``(rows, ms)`` points, linear in between.
-
-    Satisfies :class:`coc_impl.cost_model.CostCurve`, so the pipeline model
-    runs on exactly the block costs measured in the same run.
-    """
-
-    rows: tuple[float, ...]
-    times: tuple[float, ...]
-
-    @classmethod
-    def of(cls, points: Mapping[int, float]) -> MeasuredCurve:
-        if not points:
-            raise ValueError("a measured curve needs at least one point")
-        ordered = sorted(points.items())
-        return cls(tuple(float(r) for r, _ in ordered), tuple(float(t) for _, t in ordered))
-
-    def __call__(self, x: float) -> float:
-        if len(self.rows) == 1:
-            return self.times[0] * x / self.rows[0]
-        return float(np.interp(x, self.rows, self.times))
-
-    def solve(self, t: float) -> float:
-        return float(np.interp(t, np.maximum.accumulate(self.times), self.rows))
-
-
 def predict(blocks: Sequence[int], mm_at: Mapping[int, float], comm_at: Mapping[int, float],
             order: Order) -> Timeline:
     """The two-lane model of ``blocks`` with the measured per-block costs."""
@@ -305,7 +279,7 @@ def judge(gain: float, min_gain: float | None, *, profile_matches: bool, why_not
     met = gain > min_gain
     text = f"gain {gain:+.1%} {'>' if met else '<='} minimum {min_gain:+.1%}"
     if not profile_matches:
-        return Verdict(False, met, f"{text}; not gated: {why_not or 'the profile does not match this machine'}")
+        return Verdict(False, met, f"{text}; profile not for this machine: {why_not or 'no match'}")
     return Verdict(True, met, text)
 
 

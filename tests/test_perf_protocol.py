@@ -116,10 +116,19 @@ def test_no_prediction_without_the_block_costs():
 
 
 def test_measured_curve_interpolates_and_inverts():
-    curve = perf.MeasuredCurve.of({100: 10.0, 50: 6.0})
+    curve = autotune.MeasuredCurve.of({100: 10.0, 50: 6.0})
     assert curve(75) == pytest.approx(8.0)
     assert curve.solve(8.0) == pytest.approx(75)
-    assert perf.MeasuredCurve.of({100: 10.0})(50) == pytest.approx(5.0)
+    assert autotune.MeasuredCurve.of({100: 10.0})(50) == pytest.approx(5.0)
+
+
+def test_auto_plans_on_measured_points_however_noisy():
+    # Noisy timings where a line through the points would go negative at 128 rows.
+    mm_us = {1024: 1000.0, 512: 500.0, 256: 260.0, 128: 120.0}
+    comm_us = {1024: 400.0, 512: 900.0, 256: 100.0, 128: 20.0}
+    two = {2: 2000.0, 4: 800.0, 8: 400.0}
+    d = autotune.plan(mm_us, comm_us, two, m=1024, collective="all_reduce")
+    assert all(t > 0 for t in d.predicted_us.values())
 
 
 # ---------------------------------------------------------------- verdicts
@@ -209,7 +218,7 @@ def test_profile_needs_known_schema_and_dtype():
 
 
 def _costs(rows, mm_per_row, comm_per_row):
-    return [r * mm_per_row for r in rows], [r * comm_per_row for r in rows]
+    return {r: r * mm_per_row for r in rows}, {r: r * comm_per_row for r in rows}
 
 
 def test_auto_plans_the_best_count_where_overlap_is_free():
@@ -217,8 +226,7 @@ def test_auto_plans_the_best_count_where_overlap_is_free():
     mm_us, comm_us = _costs(rows, 1.0, 1.0)
     # Two-block pipelines exactly as the model predicts: no excess.
     two = {p: simulate((1024 // p,) * 2, _line(1.0), _line(1.0)).makespan for p in (2, 4, 8)}
-    d = autotune.plan(rows, mm_us, comm_us, two, m=1024, k=64, n=64, width=64, dtype_size=4,
-                      collective="all_reduce")
+    d = autotune.plan(mm_us, comm_us, two, m=1024, collective="all_reduce")
     assert d.serial_us == pytest.approx(2048)
     assert d.predicted_us[8] == pytest.approx(1024 + 128)  # p*mm + one block's comm
     assert d.candidate == d.chunks == 8 and d.gain(8) == pytest.approx(1 - 1152 / 2048)
@@ -229,8 +237,7 @@ def test_auto_keeps_one_block_where_overlap_costs_as_much_as_it_hides():
     mm_us, comm_us = _costs(rows, 1.0, 1.0)
     # An overlapped step costs mm + comm (lanes share the cores): no gain anywhere.
     two = {p: 4.0 * (1024 // p) for p in (2, 4, 8)}
-    d = autotune.plan(rows, mm_us, comm_us, two, m=1024, k=64, n=64, width=64, dtype_size=4,
-                      collective="all_reduce")
+    d = autotune.plan(mm_us, comm_us, two, m=1024, collective="all_reduce")
     assert d.chunks == 1 and d.candidate == 1
     assert all(d.gain(p) == pytest.approx(0.0, abs=1e-9) for p in (2, 4, 8))
 
@@ -238,8 +245,7 @@ def test_auto_keeps_one_block_where_overlap_costs_as_much_as_it_hides():
 def test_auto_confirmation_rejects_a_candidate_that_is_not_faster():
     rows = [1024, 512]
     mm_us, comm_us = _costs(rows, 1.0, 1.0)
-    d = autotune.plan(rows, mm_us, comm_us, {2: 1536.0}, m=1024, k=64, n=64, width=64, dtype_size=4,
-                      collective="all_reduce")
+    d = autotune.plan(mm_us, comm_us, {2: 1536.0}, m=1024, collective="all_reduce")
     assert d.candidate == 2
     assert autotune.confirm(d, 2000.0, 1500.0).chunks == 2
     assert autotune.confirm(d, 2000.0, 1980.0).chunks == 1

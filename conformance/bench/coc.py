@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 from collections.abc import Sequence
@@ -111,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     figures: dict[str, dict[str, dict[str, Any]]] = {}
     costs: dict[str, dict[str, float]] = {}
     identity: dict[str, Any] = {}
+    load_before = os.getloadavg()[0]  # other work on the machine shows in the spreads
     start = time.perf_counter()
     try:
         for tp in tps:
@@ -150,8 +152,11 @@ def main(argv: list[str] | None = None) -> int:
     for goal, verdict in goals.items():
         detail = ", ".join(f"{k}={v}" for k, v in verdict.items() if k != "met")
         print(f"{goal}: {'met' if verdict['met'] else 'MISSED'} ({detail})")
-    print(f"bench time {time.perf_counter() - start:.0f} s")
-    print(json.dumps({"machine": identity, "impl": args.impl, "profile": profile.name,
+    load = {"before": round(load_before, 2), "after": round(os.getloadavg()[0], 2)}
+    print(f"bench time {time.perf_counter() - start:.0f} s; 1-min load average {load['before']} before, "
+          f"{load['after']} after ({os.cpu_count()} CPUs)")
+    print(json.dumps({"machine": {**identity, "cpus": os.cpu_count(), "load_avg": load},
+                      "impl": args.impl, "profile": profile.name,
                       "settings": {"warmup": args.warmup, "repeats": args.repeats, "threads_per_rank": 1},
                       "shapes": figures, "overhead": costs, "targets": goals}))
     return 0
