@@ -130,7 +130,7 @@ def serial_composition(ctx: CaseContext, op: str, x: Any, w: Any, bias: Any) -> 
 
     tp, group = ctx.world_size, ctx.group
     if op in ("all_gather_matmul", "all_gather_matmul_v2"):
-        gathered = torch.empty((x.shape[0] * tp, x.shape[1]), dtype=x.dtype)
+        gathered = torch.empty((x.shape[0] * tp, x.shape[1]), dtype=x.dtype, device=x.device)
         dist.all_gather_into_tensor(gathered, x.contiguous(), group=group)
         y = gathered @ w
         y = y if bias is None else y + bias
@@ -139,7 +139,7 @@ def serial_composition(ctx: CaseContext, op: str, x: Any, w: Any, bias: Any) -> 
     if op == "matmul_all_reduce":
         dist.all_reduce(y, group=group)
     else:
-        shard_out = torch.empty((y.shape[0] // tp, y.shape[1]), dtype=y.dtype)
+        shard_out = torch.empty((y.shape[0] // tp, y.shape[1]), dtype=y.dtype, device=y.device)
         dist.reduce_scatter_tensor(shard_out, y.contiguous(), group=group)
         y = shard_out
     return y if bias is None else y + bias
