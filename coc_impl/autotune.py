@@ -276,9 +276,7 @@ class _Probe:
 
     def pipeline(self, rows: int, count: int) -> None:
         """The engine's pipeline of ``count`` blocks of ``rows`` rows, as the scripted layers run it."""
-        def multiply(block: torch.Tensor) -> torch.Tensor:
-            return torch.matmul(block, self.w)
-
+        multiply = overlap.Product(self.w)
         total = rows * count
         if self.collective_kind == "all_reduce":
             overlap.matmul_all_reduce(self.x[:total], multiply, [rows] * count, self.group).wait()

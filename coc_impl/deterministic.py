@@ -50,7 +50,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 # The engine owns the all-gather launch (its name differs across torch releases).
-from coc_impl.overlap import Pending, launch_all_gather
+from coc_impl.overlap import Pending, Product, launch_all_gather
 
 #: Smallest row count a GEMM is run with (thinner tiles are zero-padded).
 MIN_GEMM_ROWS = 16
@@ -64,10 +64,12 @@ def stable_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     Thin tiles would otherwise take a different BLAS kernel than the same rows
     inside a large matmul.
     """
-    rows = a.shape[0]
-    if rows >= MIN_GEMM_ROWS:
-        return a @ b
-    return (F.pad(a, (0, 0, 0, MIN_GEMM_ROWS - rows)) @ b)[:rows]
+    return stable_product(b)(a)
+
+
+def stable_product(b: torch.Tensor) -> Product:
+    """:func:`stable_matmul` by ``b`` as an engine :class:`~coc_impl.overlap.Product`."""
+    return Product(b, min_rows=MIN_GEMM_ROWS)
 
 
 def fp32_weight(w_kn: torch.Tensor) -> torch.Tensor:

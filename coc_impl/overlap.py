@@ -20,6 +20,12 @@ rank's shard: chunked all-gather rows come out rank-major like one serial
 ``all_gather`` along dim 0, and chunked reduce-scatter leaves on each rank
 exactly the rows a serial ``reduce_scatter`` would.
 
+A plain :data:`Matmul` returns each block's product as a fresh tensor, which
+the engine then copies into the result.  A :class:`Product` can also write a
+block straight into its rows of the result; the all-reduce pipeline uses that
+(one allocation, no copy) and sums the rows in place, like the serial
+``all_reduce(x @ w)``.
+
 Collectives are asynchronous (``async_op=True`` work handles).  On CUDA / NPU
 they are launched on a dedicated communication stream, ordered against the
 compute stream with events; on CPU they run inline (gloo has its own threads).
@@ -34,6 +40,7 @@ from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
 from coc_impl.errors import CoCShapeError
 
@@ -42,6 +49,40 @@ T = TypeVar("T")
 #: One block of rows ``[b, k]`` -> its outputs ``[b, n]``.  The caller owns
 #: transposition, padding and dequantisation; the engine only slices rows.
 Matmul = Callable[[torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Product:
+    """``rows @ right`` for the engine, optionally straight into the result's rows.
+
+    ``pad_k`` zero columns are appended to every block of rows (``right``
+    already holds the matching zero rows: the soc-friendly re-lay), and a
+    block thinner than ``min_rows`` is zero-padded to that many rows, so that
+    thin tiles run the same BLAS kernel as the rows of a large matmul.
+    """
+
+    right: torch.Tensor  #: ``[k + pad_k, n]``
+    pad_k: int = 0
+    min_rows: int = 1
+
+    def _lhs(self, rows: torch.Tensor) -> torch.Tensor:
+        lhs = F.pad(rows, (0, self.pad_k)) if self.pad_k else rows
+        short = self.min_rows - lhs.shape[0]
+        return F.pad(lhs, (0, 0, 0, short)) if short > 0 else lhs
+
+    def __call__(self, rows: torch.Tensor) -> torch.Tensor:
+        """The product of ``rows`` as a fresh tensor (a :data:`Matmul`)."""
+        return torch.matmul(self._lhs(rows), self.right)[: rows.shape[0]]
+
+    def empty(self, rows: torch.Tensor) -> torch.Tensor:
+        """An uninitialised result for all of ``rows``."""
+        return rows.new_empty((rows.shape[0], self.right.shape[1]), dtype=self.right.dtype)
+
+    def into(self, rows: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """Write the product of ``rows`` into ``out`` (contiguous ``[rows, n]``) and return it."""
+        if rows.shape[0] < self.min_rows:
+            return out.copy_(self(rows))
+        return torch.matmul(self._lhs(rows), self.right, out=out)
 
 
 class Pending(Protocol):
@@ -235,16 +276,24 @@ def matmul_all_reduce(
     what = "matmul_all_reduce"
     spans = _offsets(validate_blocks(blocks, x.shape[0], what=what))
     lane = _CommLane(x.device)
+    # A Product writes every block into the result and the sum reduces it in place.
+    direct = matmul if isinstance(matmul, Product) and isinstance(reducer, CollectiveReducer) else None
+    if direct is not None:
+        out = direct.empty(x) if out is None else out
+        _check_out(out, (x.shape[0], direct.right.shape[1]), what=what)
     pending: list[Pending] = []
     for start, rows in spans:
         part = x[start : start + rows]
-        partial = (matmul(part) if matmul is not None else part).contiguous()
+        if direct is not None and out is not None:
+            partial = direct.into(part, out[start : start + rows])
+        else:
+            partial = (matmul(part) if matmul is not None else part).contiguous()
         if out is None:
             fresh = partial.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
             # One block: reduce a freshly computed product in place instead of copying it.
             single_fresh = len(spans) == 1 and fresh
             out = partial if single_fresh else partial.new_empty((x.shape[0], *partial.shape[1:]))
-        elif start == 0:
+        elif start == 0 and direct is None:
             _check_out(out, (x.shape[0], *partial.shape[1:]), what=what)
         target = out[start : start + rows]
         pending.append(lane.launch(bind(reducer.all_reduce, partial, target, group), partial, target))

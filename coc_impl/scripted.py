@@ -47,6 +47,7 @@ from coc_impl.config import CoCConfig
 from coc_impl.errors import CoCShapeError
 from coc_impl.overlap import (
     Matmul,
+    Product,
     all_gather,
     all_gather_matmul,
     equal_blocks,
@@ -70,13 +71,20 @@ def soc_friendly_k(k: int, itemsize: int) -> int:
 
 
 def rows_times(right: torch.Tensor, *, soc_friendly: bool) -> Matmul:
-    """A :data:`~coc_impl.overlap.Matmul` computing ``rows @ right`` (``right`` is ``[k, n]``)."""
+    """A :data:`~coc_impl.overlap.Matmul` computing ``rows @ right`` (``right`` is ``[k, n]``).
+
+    Outside autocast it is a :class:`~coc_impl.overlap.Product`, so the engine
+    multiplies straight into the result; under autocast the matmul must pick
+    its own output dtype, so it stays a plain function.
+    """
     k = right.shape[0]
     padded = soc_friendly_k(k, right.element_size()) if soc_friendly else k
-    if padded == k:
-        return lambda rows: torch.matmul(rows, right)
-    right_padded = F.pad(right.t(), (0, padded - k)).t()  # zero rows appended along k
-    return lambda rows: torch.matmul(F.pad(rows, (0, padded - k)), right_padded)
+    if padded != k:
+        right = F.pad(right.t(), (0, padded - k)).t()  # zero rows appended along k
+    if torch.is_autocast_enabled(right.device.type):
+        product = Product(right, pad_k=padded - k)
+        return lambda rows: product(rows)
+    return Product(right, pad_k=padded - k)
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,11 @@ model's prediction (:func:`coc_impl.timeline.simulate`, the SPEC §5 model,
 fed with the per-block costs measured in the same run through
 :class:`coc_impl.autotune.MeasuredCurve`) with its error.
 
+On a CPU the collective's copies and reductions run on the same cores as the
+matmul, so what overlap can hide depends on how much of the collective's time
+is CPU work rather than waiting.  Where the rank side measured the CPU time
+(:class:`CpuDemand`), the figures include it.
+
 The rank side (building tensors, launching ops) lives in
 :mod:`conformance.cases.perf_cases`; this module builds no tensors.
 """
@@ -166,6 +171,32 @@ def predict(blocks: Sequence[int], mm_at: Mapping[int, float], comm_at: Mapping[
 
 
 @dataclass(frozen=True)
+class CpuDemand:
+    """CPU time one call of the matmul and of the collective burn, summed over all ranks.
+
+    Process CPU time (every thread, user and system) while each ran alone,
+    with the number of ranks and of the cores they share.  Context for the
+    figures, not a bound: a chunked collective's CPU cost differs from the
+    whole one's (smaller buffers, other allocator paths).
+    """
+
+    mm_ms: float
+    comm_ms: float
+    ranks: int
+    cores: int
+
+    def busy(self, t_comm: float) -> float:
+        """Share of the collective's wall time its ranks kept a core busy (1: pure CPU work)."""
+        return self.comm_ms / (self.ranks * t_comm)
+
+
+def cpu_demand(result: Mapping[str, Any]) -> CpuDemand | None:
+    """The :class:`CpuDemand` a rank-side result carries (``None`` off CPU)."""
+    cpu = result.get("cpu")
+    return None if cpu is None else CpuDemand(cpu["mm_ms"], cpu["comm_ms"], int(cpu["ranks"]), int(cpu["cores"]))
+
+
+@dataclass(frozen=True)
 class VariantFigures:
     """Everything SPEC §7 reports for one CoC variant against the serial run."""
 
@@ -214,23 +245,29 @@ class Measurement:
     mm: Stats
     comm: Stats
     variants: Mapping[str, VariantFigures]
+    cpu: CpuDemand | None = None
 
     def as_dict(self) -> dict[str, Any]:
+        cpu = {} if self.cpu is None else {
+            "cpu_mm_ms": round(self.cpu.mm_ms, 3), "cpu_comm_ms": round(self.cpu.comm_ms, 3),
+            "comm_cpu_busy": round(self.cpu.busy(self.comm.median), 4), "cores": self.cpu.cores,
+        }
         return {
             "serial_ms": round(self.serial.median, 3), "serial_spread": round(self.serial.spread, 4),
-            "mm_ms": round(self.mm.median, 3), "comm_ms": round(self.comm.median, 3),
+            "mm_ms": round(self.mm.median, 3), "comm_ms": round(self.comm.median, 3), **cpu,
             "variants": {name: v.as_dict() for name, v in self.variants.items()},
         }
 
 
 def summarize(samples: Mapping[str, Sequence[float]], blocks: Mapping[str, Sequence[int] | None],
-              *, rows: int, order: Order) -> Measurement:
+              *, rows: int, order: Order, cpu: CpuDemand | None = None) -> Measurement:
     """Figures of every variant in ``blocks`` from the interleaved ``samples``.
 
     ``samples`` holds :data:`SERIAL`, :data:`MM`, :data:`COMM` (the whole
     ``rows``), one list per variant, and ``mm@b`` / ``comm@b`` for the block
     sizes the variants used.  ``blocks[variant]`` are the matmul rows of each
-    block the variant ran (``None``: not observed, no prediction).
+    block the variant ran (``None``: not observed, no prediction).  ``cpu``:
+    the CPU demand the rank side measured, if any.
     """
     serial, mm, comm = (Stats.of(samples[key]) for key in (SERIAL, MM, COMM))
     mm_at = {rows: mm.median}
@@ -252,7 +289,7 @@ def summarize(samples: Mapping[str, Sequence[float]], blocks: Mapping[str, Seque
             exposed_comm_ms=exposed_comm(t.median, mm.median),
             blocks=None if used is None else tuple(used), predicted=predicted,
         )
-    return Measurement(serial, mm, comm, variants)
+    return Measurement(serial, mm, comm, variants, cpu)
 
 
 @dataclass(frozen=True)
@@ -308,4 +345,8 @@ def table(measurement: Measurement, verdicts: Mapping[str, Verdict] | None = Non
         if verdicts and name in verdicts:
             line += f"  [{verdicts[name].label}: {verdicts[name].reason}]"
         lines.append(line)
+    if m.cpu is not None:
+        lines.append(
+            f"cpu per call over the {m.cpu.ranks} ranks ({m.cpu.cores} cores): matmul {m.cpu.mm_ms:.1f} ms, "
+            f"collective {m.cpu.comm_ms:.1f} ms (busy {m.cpu.busy(m.comm.median):.0%} of its time)")
     return "\n".join(lines)

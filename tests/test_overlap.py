@@ -96,6 +96,39 @@ def test_every_op_matches_serial_layout(tp: int, blocks: list[int]) -> None:
     assert_serial_layout(run_threaded(tp, all_ops_case, blocks))
 
 
+def test_product_writes_every_block_into_the_result_and_reduces_in_place() -> None:
+    """A Product skips the per-block copies: same bits as a plain matmul, one result buffer."""
+
+    class InPlaceSpy(overlap.CollectiveReducer):
+        def __init__(self) -> None:
+            self.aliased: list[bool] = []
+
+        def all_reduce(self, partial, out, group):  # type: ignore[no-untyped-def]
+            self.aliased.append(partial.data_ptr() == out.data_ptr())
+            return super().all_reduce(partial, out, group)
+
+    def case(rank: int, tp: int) -> tuple[bool, ...]:
+        full = integers(tp * SHARD, K, seed=200 + rank)
+        out = full.new_empty((tp * SHARD, N))
+        spy = InPlaceSpy()
+        direct = overlap.matmul_all_reduce(
+            full, overlap.Product(WEIGHT_T), [1, 5, 6], dist.group.WORLD, reducer=spy, out=out
+        ).wait()
+        plain = overlap.matmul_all_reduce(full, times_weight, [1, 5, 6], dist.group.WORLD).wait()
+        return direct.data_ptr() == out.data_ptr(), spy.aliased == [True] * 3, torch.equal(direct, plain)
+
+    assert all(all(flags) for flags in run_threaded(2, case))
+
+
+def test_product_pads_thin_blocks_and_the_contraction() -> None:
+    rows = integers(3, K, seed=7)
+    padded = overlap.Product(torch.cat([WEIGHT_T, integers(2, N, seed=8)]), pad_k=2, min_rows=16)
+    assert torch.equal(padded(rows), rows @ WEIGHT_T)  # the extra k rows meet zero columns
+    out = torch.full((3, N), float("nan"), dtype=torch.float64)
+    assert padded.into(rows, out) is out and torch.equal(out, rows @ WEIGHT_T)
+    assert padded.empty(rows).shape == (3, N)
+
+
 def test_expected_rows_are_rank_major() -> None:
     """Independent of the serial collectives: row i of the gather is rank i // shard's row."""
 

@@ -110,6 +110,18 @@ def test_gain_is_from_medians_and_its_spread_from_pairs():
     assert v.predicted is None and v.prediction_error is None  # blocks not observed
 
 
+def test_cpu_demand_is_reported_where_measured():
+    # comm 4 ms on each of 2 ranks; its threads burned 6 ms of CPU over both.
+    result = {"cpu": {"mm_ms": 9.0, "comm_ms": 6.0, "ranks": 2, "cores": 2}}
+    m = perf.summarize(_samples([10.0], [8.0]), {"coc": None}, rows=100, order="compute_first",
+                       cpu=perf.cpu_demand(result))
+    assert m.as_dict()["comm_cpu_busy"] == pytest.approx(0.75)
+    assert "collective 6.0 ms (busy 75% of its time)" in perf.table(m)
+    bare = perf.summarize(_samples([10.0], [8.0]), {"coc": None}, rows=100, order="compute_first",
+                          cpu=perf.cpu_demand({}))
+    assert "cpu_mm_ms" not in bare.as_dict() and "cpu per call" not in perf.table(bare)
+
+
 def test_no_prediction_without_the_block_costs():
     m = perf.summarize(_samples([10.0], [9.0]), {"coc": [25, 25, 25, 25]}, rows=100, order="comm_first")
     assert m.variants["coc"].predicted is None

@@ -29,7 +29,7 @@ import torch.distributed as dist
 
 from coc_impl import overlap
 from coc_impl.cost_model import CommCost, CostModels
-from coc_impl.deterministic import RankOrderedReducer, finish, fp32_partial, fp32_weight, stable_matmul
+from coc_impl.deterministic import RankOrderedReducer, finish, fp32_partial, fp32_weight, stable_product
 from coc_impl.planner import ROW_ALIGN, plan_blocks
 from coc_impl.quant import check_antiquant, dequantize
 
@@ -119,7 +119,7 @@ def matmul_all_reduce(
             x, lambda tile: fp32_partial(tile, w32, n), blocks, group, reducer=RankOrderedReducer()
         ).wait()
         return finish(total, bias, x.dtype)
-    out = overlap.matmul_all_reduce(x, lambda tile: stable_matmul(tile, w_kn), blocks, group).wait()
+    out = overlap.matmul_all_reduce(x, stable_product(w_kn), blocks, group).wait()
     return _add_bias(out, bias)
 
 
@@ -145,7 +145,7 @@ def matmul_reduce_scatter(
             x, lambda tile: fp32_partial(tile, w32, n), blocks, group, reducer=RankOrderedReducer()
         ).wait()
         return finish(total, bias, x.dtype)
-    out = overlap.matmul_reduce_scatter(x, lambda tile: stable_matmul(tile, w_kn), blocks, group).wait()
+    out = overlap.matmul_reduce_scatter(x, stable_product(w_kn), blocks, group).wait()
     return _add_bias(out, bias)
 
 
@@ -192,7 +192,7 @@ def _all_gather_matmul(
     if blocks is None:
         blocks = plan(m, group.size(), k, n, x.element_size(), comm_width=k)
     out, gathered = overlap.all_gather_matmul(
-        x, lambda tile: stable_matmul(tile, w_kn), blocks, group, keep_gathered=keep_gathered
+        x, stable_product(w_kn), blocks, group, keep_gathered=keep_gathered
     )
     return _add_bias(out, bias), gathered
 

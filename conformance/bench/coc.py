@@ -69,6 +69,8 @@ def targets(figures: dict[str, dict[str, dict[str, Any]]]) -> dict[str, dict[str
             out["best_scripted_balanced_tp2"] = {
                 "met": scripted[best] >= MIN_BEST_SCRIPTED_SPEEDUP, "want": f">= {MIN_BEST_SCRIPTED_SPEEDUP}x",
                 "variant": best, "speedup": scripted[best],
+                # how much of the all-reduce is CPU work competing with the matmul (perf.CpuDemand)
+                "comm_cpu_busy": balanced.get("comm_cpu_busy"),
             }
     autos = {f"{shape}@{tp}": f["variants"]["auto"] for shape, by_tp in figures.items()
              for tp, f in by_tp.items() if "auto" in f["variants"]}
@@ -98,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tp", default="2,4", help="TP sizes (default 2,4)")
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--repeats", type=int, default=12, help="interleaved rounds per shape")
+    parser.add_argument("--repeats", type=int, default=30, help="interleaved rounds per shape")
     parser.add_argument("--impl", default=overhead.IMPL, help="implementation under test (module:attr)")
     parser.add_argument("--overhead-cases", type=int, default=30, help="pool cases per TP (0: skip overhead)")
     parser.add_argument("--spawns", type=int, default=1, help="spawned cases per TP for the overhead figures")
@@ -127,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
                 result = outcome[0].value
                 identity = result["identity"]
                 measurement = perf.summarize(result["samples"], result["blocks"], rows=case.m,
-                                             order=case.order)  # type: ignore[arg-type]
+                                             order=case.order, cpu=perf.cpu_demand(result))  # type: ignore[arg-type]
                 print(f"\n== {name}: {case.op} [{case.m}, {case.k}] @ [{case.k}, {case.n}] {case.dtype}, "
                       f"TP {tp} ({identity['device']} {identity['name']!r}, {identity['backend']}, "
                       f"{args.repeats} rounds)")

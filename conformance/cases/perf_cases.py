@@ -13,7 +13,13 @@ by the :mod:`conformance.perf` protocol:
   reduce-scatter; column-parallel SP forward for the all-gather) under the
   implementation's ``patch_megatron`` with ``--coc-parallel-num P|auto``;
 * ``mm`` / ``comm``: the matmul alone and the collective alone, for the whole
-  ``m`` and (``mm@b`` / ``comm@b``) for every block size a variant used.
+  ``m`` and (``mm@b`` / ``comm@b``) for every block size a variant used.  The
+  matmul writes a fresh output, as the serial path and the pipelines do (on a
+  CPU, faulting in a fresh output's pages is a visible part of its cost).
+
+On a CPU device the case also measures the CPU time the matmul and the
+collective burn (:class:`~conformance.perf.CpuDemand`): the collective's
+copies and reductions compete with the matmul for the same cores.
 
 Every item multiplies the same weight storage (megatron's ``[out, in]``
 shard) on the same process group.  Which blocks a variant used is observed,
@@ -145,8 +151,37 @@ def pipeline_perf_case(ctx: CaseContext, *, op: str, m: int, k: int, n: int, dty
         # One more warm-up round, for the block items just added.
         samples = time_interleaved(items, Settings(1, repeats), barrier=barrier,
                                    synchronize=synchronize, max_over_ranks=max_over_ranks)
+        cpu = _cpu_demand(items, group, calls=max(3, warmup)) if device.type == "cpu" else None
         identity = device_identity(ctx, dist.get_backend(group))
-    return {"identity": identity, "samples": samples, "blocks": blocks, "skipped": skipped}
+    return {"identity": identity, "samples": samples, "blocks": blocks, "skipped": skipped, "cpu": cpu}
+
+
+def _cpu_demand(items: dict[str, Callable[[], Any]], group: Any, *, calls: int) -> dict[str, float]:
+    """CPU ms one call of the matmul and of the collective burn, summed over the group's processes.
+
+    Process CPU time covers every thread (the backend's too); ranks that are
+    threads of one process share it, so each reports its share.
+    """
+    import os
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    pids: list[int | None] = [None] * group.size()
+    dist.all_gather_object(pids, os.getpid(), group=group)
+    ranks_here = pids.count(os.getpid())
+    per_call = []
+    for key in (MM, COMM):
+        dist.barrier(group=group)
+        start = time.process_time()
+        for _ in range(calls):
+            items[key]()
+        per_call.append((time.process_time() - start) * 1e3 / calls / ranks_here)
+    total = torch.tensor(per_call, dtype=torch.float64)
+    dist.all_reduce(total, group=group)
+    return {"mm_ms": float(total[0]), "comm_ms": float(total[1]), "ranks": group.size(),
+            "cores": len(os.sched_getaffinity(0))}
 
 
 def _no_sync() -> None:
@@ -171,7 +206,6 @@ class _CostItems:
         k, n = w_kn.shape
         rows = x.shape[0] * (self.tp if op == "all_gather_matmul" else 1)
         self.lhs = rand(rows, k)  # for the all-gather: the gathered x
-        self.out = torch.empty(rows, n, dtype=x.dtype, device=x.device)
         width = k if op == "all_gather_matmul" else n
         self.sent = rand(rows, width)
         self.received = torch.empty(rows, width, dtype=x.dtype, device=x.device)
@@ -179,7 +213,7 @@ class _CostItems:
     def matmul(self, rows: int) -> None:
         import torch
 
-        torch.matmul(self.lhs[:rows], self.w_kn, out=self.out[:rows])
+        torch.matmul(self.lhs[:rows], self.w_kn)  # a fresh output, like the pipelines'
 
     def collective(self, rows: int) -> None:
         import torch.distributed as dist

@@ -59,7 +59,8 @@ def _measure(coc_ranks: Any, case: profiles.PerfCase, profile: profiles.Profile)
 
 def _verdicts(result: Mapping[str, Any], case: profiles.PerfCase, profile: profiles.Profile
               ) -> tuple[perf.Measurement, dict[str, perf.Verdict]]:
-    measurement = perf.summarize(result["samples"], result["blocks"], rows=case.m, order=case.order)
+    measurement = perf.summarize(result["samples"], result["blocks"], rows=case.m, order=case.order,
+                                 cpu=perf.cpu_demand(result))
     identity = result["identity"]
     matched = profiles.detect(**identity)
     matches = matched is not None and matched.name == profile.name and profile.enforce
