@@ -26,7 +26,7 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -61,6 +61,8 @@ __all__ = [
 ]
 
 ParallelLinear: TypeAlias = ColumnParallelLinear | RowParallelLinear
+#: A megatron TP linear class (column- or row-parallel).
+LinearT = TypeVar("LinearT", ColumnParallelLinear, RowParallelLinear)
 
 _redirect_lock = threading.Lock()
 _redirect_depth = 0
@@ -201,23 +203,11 @@ def build_column(
     extension, and the serial megatron backward would still need that
     extension, but the CoC path implements the fusion itself.
     """
-    group = _tp_group(tp_group)
-    layer = ColumnParallelLinear(
-        in_features,
-        out_features,
-        config=parallel_config(
-            tp_size=group.size(), sequence_parallel=sequence_parallel, dtype=dtype
-        ),
-        init_method=init_method,
-        bias=bias,
-        gather_output=gather_output,
-        skip_bias_add=skip_bias_add,
-        tp_group=group,
+    return _build(
+        ColumnParallelLinear, in_features, out_features, sequence_parallel, dtype,
+        gradient_accumulation_fusion, weight, bias_value, tp_group,
+        init_method=init_method, bias=bias, gather_output=gather_output, skip_bias_add=skip_bias_add,
     )
-    layer.gradient_accumulation_fusion = gradient_accumulation_fusion
-    if weight is not None:
-        load_global_weights(layer, weight, bias_value)
-    return layer
 
 
 def build_row(
@@ -239,19 +229,29 @@ def build_row(
 
     Same conventions as :func:`build_column`; the bias is not sharded.
     """
-    group = _tp_group(tp_group)
-    layer = RowParallelLinear(
-        in_features,
-        out_features,
-        config=parallel_config(
-            tp_size=group.size(), sequence_parallel=sequence_parallel, dtype=dtype
-        ),
-        init_method=init_method,
-        bias=bias,
-        input_is_parallel=input_is_parallel,
-        skip_bias_add=skip_bias_add,
-        tp_group=group,
+    return _build(
+        RowParallelLinear, in_features, out_features, sequence_parallel, dtype,
+        gradient_accumulation_fusion, weight, bias_value, tp_group,
+        init_method=init_method, bias=bias, input_is_parallel=input_is_parallel, skip_bias_add=skip_bias_add,
     )
+
+
+def _build(
+    cls: type[LinearT],
+    in_features: int,
+    out_features: int,
+    sequence_parallel: bool,
+    dtype: torch.dtype,
+    gradient_accumulation_fusion: bool,
+    weight: torch.Tensor | None,
+    bias_value: torch.Tensor | None,
+    tp_group: dist.ProcessGroup | None,
+    **layer_options: Any,
+) -> LinearT:
+    """Construct a megatron TP linear of ``cls`` on the TP group and load global weights if given."""
+    group = _tp_group(tp_group)
+    config = parallel_config(tp_size=group.size(), sequence_parallel=sequence_parallel, dtype=dtype)
+    layer = cls(in_features, out_features, config=config, tp_group=group, **layer_options)
     layer.gradient_accumulation_fusion = gradient_accumulation_fusion
     if weight is not None:
         load_global_weights(layer, weight, bias_value)

@@ -10,9 +10,11 @@ perf figure is only trustworthy as a *ratio measured side by side*:
 * each timed call starts after a barrier of the TP group and ends after the
   device finished; a sample is the **maximum over ranks** (the step is as
   slow as its slowest rank);
-* a gain is ``1 - median(T_coc) / median(T_serial)``; its spread is the
-  inter-quartile range of the *paired* gains ``(serial_i - coc_i) / serial_i``
-  of the rounds (each pair ran back to back, so slow drift cancels in it).
+* a gain is ``1 - median(T_coc) / median(T_serial)``; next to it stands the
+  median of the *paired* gains ``(serial_i - coc_i) / serial_i`` of the
+  rounds (each pair ran back to back, so slow drift cancels in it) with a
+  bootstrap confidence interval for that median: where the interval holds
+  a threshold, a verdict against it is within the noise of the run.
 
 Per CoC variant this module derives the SPEC §7 figures: gain, overlap
 efficiency ``(T_serial - T_coc) / (T_serial - max(T_mm, T_comm))``, exposed
@@ -145,6 +147,23 @@ def paired_gains(serial: Sequence[float], coc: Sequence[float]) -> list[float]:
     return [(s - c) / s for s, c in zip(serial, coc, strict=True)]
 
 
+#: Confidence level of the interval around a median paired gain.
+CI_LEVEL = 0.90
+
+
+def median_ci(values: Sequence[float], *, level: float = CI_LEVEL, resamples: int = 2000,
+              seed: int = 0) -> tuple[float, float]:
+    """Percentile-bootstrap interval for the median of ``values`` (fixed seed: reproducible)."""
+    data = np.asarray(values, dtype=np.float64)
+    if data.size == 0:
+        raise ValueError("no samples")
+    picks = np.random.default_rng(seed).integers(0, data.size, size=(resamples, data.size))
+    medians = np.median(data[picks], axis=1)
+    tail = (1 - level) / 2 * 100
+    low, high = np.percentile(medians, [tail, 100 - tail])
+    return float(low), float(high)
+
+
 def overlap_efficiency(t_serial: float, t_coc: float, t_mm: float, t_comm: float) -> float | None:
     """Share of the hideable time actually hidden (1 = perfect overlap, 0 = none).
 
@@ -204,6 +223,7 @@ class VariantFigures:
     time: Stats
     gain: float
     paired_gains: Stats
+    paired_samples: tuple[float, ...]
     overlap_efficiency: float | None
     exposed_comm_ms: float
     blocks: tuple[int, ...] | None
@@ -213,6 +233,11 @@ class VariantFigures:
     def speedup(self) -> float:
         """``T_serial / T_coc`` (medians)."""
         return 1.0 / (1.0 - self.gain)
+
+    @property
+    def paired_gain_ci(self) -> tuple[float, float]:
+        """:data:`CI_LEVEL` interval of the median paired gain."""
+        return median_ci(self.paired_samples)
 
     @property
     def predicted_ms(self) -> float | None:
@@ -230,6 +255,7 @@ class VariantFigures:
         return {
             "t_ms": r(self.time.median, 3), "spread": r(self.time.spread),
             "gain": r(self.gain), "gain_q1": r(self.paired_gains.q1), "gain_q3": r(self.paired_gains.q3),
+            "gain_paired": r(self.paired_gains.median), "gain_paired_ci": [r(v) for v in self.paired_gain_ci],
             "speedup": r(self.speedup), "overlap_efficiency": r(self.overlap_efficiency),
             "exposed_comm_ms": r(self.exposed_comm_ms, 3),
             "blocks": None if self.blocks is None else list(self.blocks),
@@ -282,9 +308,10 @@ def summarize(samples: Mapping[str, Sequence[float]], blocks: Mapping[str, Seque
         predicted = None
         if used and all(b in mm_at and b in comm_at for b in used):
             predicted = predict(used, mm_at, comm_at, order)
+        paired = paired_gains(samples[SERIAL], samples[variant])
         variants[variant] = VariantFigures(
             variant=variant, time=t, gain=1.0 - t.median / serial.median,
-            paired_gains=Stats.of(paired_gains(samples[SERIAL], samples[variant])),
+            paired_gains=Stats.of(paired), paired_samples=tuple(paired),
             overlap_efficiency=overlap_efficiency(serial.median, t.median, mm.median, comm.median),
             exposed_comm_ms=exposed_comm(t.median, mm.median),
             blocks=None if used is None else tuple(used), predicted=predicted,
@@ -324,7 +351,8 @@ def _fmt(value: float | None, spec: str, width: int) -> str:
     return f"{'-':>{width}}" if value is None else format(value, spec)
 
 
-TABLE_HEADER = (f"{'variant':<11} {'ms':>8} {'spread':>7} {'x serial':>8} {'gain':>7} {'paired IQR':>15} "
+TABLE_HEADER = (f"{'variant':<11} {'ms':>8} {'spread':>7} {'x serial':>8} {'gain':>7} "
+                f"{'paired gain [90% CI]':>25} "
                 f"{'overlap':>7} {'exposed':>8} {'model ms':>8} {'model err':>9}  blocks")
 
 
@@ -335,11 +363,12 @@ def table(measurement: Measurement, verdicts: Mapping[str, Verdict] | None = Non
     for name, stats in ((SERIAL, m.serial), (MM, m.mm), (COMM, m.comm)):
         lines.append(f"{name:<11} {stats.median:>8.2f} {stats.spread:>7.1%}")
     for name, v in m.variants.items():
-        iqr = f"[{v.paired_gains.q1:+.1%}, {v.paired_gains.q3:+.1%}]"
+        low, high = v.paired_gain_ci
+        paired = f"{v.paired_gains.median:+.1%} [{low:+.1%}, {high:+.1%}]"
         blocks = "-" if v.blocks is None else (
             f"{len(v.blocks)} x {v.blocks[0]}" if len(set(v.blocks)) == 1 else str(list(v.blocks)))
         line = (f"{name:<11} {v.time.median:>8.2f} {v.time.spread:>7.1%} {v.speedup:>7.3f}x "
-                f"{v.gain:>+7.1%} {iqr:>15} {_fmt(v.overlap_efficiency, '>7.2f', 7)} "
+                f"{v.gain:>+7.1%} {paired:>25} {_fmt(v.overlap_efficiency, '>7.2f', 7)} "
                 f"{v.exposed_comm_ms:>8.2f} {_fmt(v.predicted_ms, '>8.2f', 8)} "
                 f"{_fmt(v.prediction_error, '>+9.1%', 9)}  {blocks}")
         if verdicts and name in verdicts:

@@ -299,18 +299,31 @@ def test_auto_without_a_feasible_count_measures_nothing():
 # ---------------------------------------------------------------- bench targets
 
 
-def _variant(gain, speedup=None):
-    return {"gain": gain, "speedup": speedup if speedup is not None else 1 / (1 - gain)}
+def _variant(gain, ci):
+    return {"gain": gain + 0.02, "gain_paired": gain, "gain_paired_ci": ci}  # judged on the paired gain
 
 
 def test_bench_targets_report_met_and_missed():
     figures = {
-        "balanced-ar": {"tp2": {"variants": {"scripted-2": _variant(0.05), "scripted-4": _variant(0.1),
-                                             "auto": _variant(0.0)}},
-                        "tp4": {"variants": {"auto": _variant(-0.05)}}},
+        "balanced-ar": {"tp2": {"variants": {"scripted-2": _variant(0.05, [0.0, 0.1]),
+                                             "scripted-4": _variant(0.1, [0.095, 0.12]),
+                                             "auto": _variant(0.0, [-0.05, 0.04])}},
+                        "tp4": {"variants": {"auto": _variant(-0.05, [-0.07, -0.01])}}},
+        "other": {"tp2": {"variants": {"auto": _variant(-0.04, [-0.06, -0.035])}}},
     }
     goals = targets(figures)
     best = goals["best_scripted_balanced_tp2"]
-    assert best["met"] and best["variant"] == "scripted-4"
+    assert best["met"] and best["variant"] == "scripted-4" and best["certainty"] == "clear"
+    assert best["speedup"] == pytest.approx(1 / 0.9, abs=1e-4)
     auto = goals["auto_never_slower"]
     assert not auto["met"] and auto["worst"] == "balanced-ar@tp4"
+    assert auto["certainty"].startswith("within the noise")  # its interval reaches above -3%
+    assert auto["clearly_slower"] == ["other@tp2"]
+
+
+def test_median_ci_brackets_the_median_and_narrows_with_samples():
+    few = perf.median_ci([0.1, -0.1, 0.05, 0.0, 0.02])
+    many = perf.median_ci([0.1, -0.1, 0.05, 0.0, 0.02] * 20)
+    assert few[0] <= 0.02 <= few[1] and many[0] <= 0.02 <= many[1]
+    assert many[1] - many[0] < few[1] - few[0]
+    assert perf.median_ci([1.0, 2.0, 3.0]) == perf.median_ci([1.0, 2.0, 3.0])  # reproducible

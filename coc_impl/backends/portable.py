@@ -22,7 +22,7 @@ ones validated by :mod:`coc_impl.fused`; call through it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -90,6 +90,28 @@ def _weight_kn(w: Tensor, transpose_weight: bool) -> Tensor:
     return w.t() if transpose_weight else w
 
 
+def _summed_product(
+    pipeline: Callable[..., overlap.InFlight[Tensor]],
+    x: Tensor,
+    w_kn: Tensor,
+    bias: Tensor | None,
+    blocks: Sequence[int],
+    group: dist.ProcessGroup,
+    deterministic: bool,
+) -> Tensor:
+    """``pipeline`` (all-reduce or reduce-scatter) of ``x @ w_kn``, then the bias once.
+
+    Deterministic: float32 partials summed in rank order, one cast at the end.
+    """
+    if deterministic:
+        w32, n = fp32_weight(w_kn), w_kn.shape[1]
+        total = pipeline(
+            x, lambda tile: fp32_partial(tile, w32, n), blocks, group, reducer=RankOrderedReducer()
+        ).wait()
+        return finish(total, bias, x.dtype)
+    return _add_bias(pipeline(x, stable_product(w_kn), blocks, group).wait(), bias)
+
+
 def matmul_all_reduce(
     x: Tensor,
     w: Tensor,
@@ -113,14 +135,7 @@ def matmul_all_reduce(
     m, (k, n) = x.shape[0], w_kn.shape
     if blocks is None:
         blocks = plan(m, 1, k, n, x.element_size())
-    if deterministic:
-        w32 = fp32_weight(w_kn)
-        total = overlap.matmul_all_reduce(
-            x, lambda tile: fp32_partial(tile, w32, n), blocks, group, reducer=RankOrderedReducer()
-        ).wait()
-        return finish(total, bias, x.dtype)
-    out = overlap.matmul_all_reduce(x, stable_product(w_kn), blocks, group).wait()
-    return _add_bias(out, bias)
+    return _summed_product(overlap.matmul_all_reduce, x, w_kn, bias, blocks, group, deterministic)
 
 
 def matmul_reduce_scatter(
@@ -139,14 +154,7 @@ def matmul_reduce_scatter(
     m, (k, n) = x.shape[0], w_kn.shape
     if blocks is None:
         blocks = plan(m // tp, tp, k, n, x.element_size())
-    if deterministic:
-        w32 = fp32_weight(w_kn)
-        total = overlap.matmul_reduce_scatter(
-            x, lambda tile: fp32_partial(tile, w32, n), blocks, group, reducer=RankOrderedReducer()
-        ).wait()
-        return finish(total, bias, x.dtype)
-    out = overlap.matmul_reduce_scatter(x, stable_product(w_kn), blocks, group).wait()
-    return _add_bias(out, bias)
+    return _summed_product(overlap.matmul_reduce_scatter, x, w_kn, bias, blocks, group, deterministic)
 
 
 def all_gather_matmul(

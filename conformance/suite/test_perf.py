@@ -1,7 +1,8 @@
 """Perf gates (SPEC §7): CoC against serial, per hardware profile.
 
 One test per profile case: serial and every gated variant timed side by side
-by the :mod:`conformance.perf` protocol on an exclusive lease of the node.
+by the :mod:`conformance.perf` protocol on an exclusive lease of the node,
+judged on the median paired gain (each serial / CoC pair ran back to back).
 A gate is *enforced* only when the ranks' hardware (device kind, device
 name, backend, TP) matches the case's profile; everywhere else the case still
 runs and reports its figures, passes, and says so: the result carries the
@@ -68,7 +69,7 @@ def _verdicts(result: Mapping[str, Any], case: profiles.PerfCase, profile: profi
         f"this machine matches profile {matched.name}" if matched is not None and matched.name != profile.name
         else f"profile {profile.name} only reports (enforce: false)")
     verdicts = {
-        variant: perf.judge(figures.gain, case.gates[variant], profile_matches=matches,
+        variant: perf.judge(figures.paired_gains.median, case.gates[variant], profile_matches=matches,
                             why_not=why_not)
         for variant, figures in measurement.variants.items()
     }
