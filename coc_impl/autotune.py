@@ -6,7 +6,7 @@ the live backend and device:
 * ``CostMM(b)``: the matmul of ``b`` rows, and ``CostComm(b)``: the
   collective of those ``b`` rows, for the whole ``m`` and for each candidate
   block ``b = m/p``.  The model is evaluated at exactly these sizes, so it
-  runs on the measured points (:class:`MeasuredCurve`), not on a fit: a line
+  runs on the measured points (:class:`~coc_impl.cost_model.MeasuredCurve`), not on a fit: a line
   through noisy timings can go negative at small blocks;
 * ``T2(b)``: the real two-block pipeline of the overlap engine on ``2b``
   rows (blocks ``[b, b]``): one overlapped step, with everything the engine
@@ -27,7 +27,8 @@ The count with the best prediction is a candidate if it beats the serial
 run (``CostMM(m) + CostComm(m)``) by at least :data:`MIN_PREDICTED_GAIN`.
 A candidate is then confirmed: its real pipeline on all ``m`` rows and the
 one-block pipeline are timed, interleaved, and the candidate is used only if
-it is at least :data:`MIN_CONFIRMED_GAIN` faster; else 1 (no CoC).  The
+the median of its per-round time ratios is at least :data:`MIN_CONFIRMED_GAIN`
+faster; else 1 (no CoC).  The
 model picks among the counts, the confirmation guards "never slower than
 serial" where timings are noisy (a shared CPU) or the model is off.
 
@@ -50,13 +51,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
 from coc_impl import overlap
 from coc_impl.config import VALID_CHUNKS
-from coc_impl.cost_model import CostCurve
+from coc_impl.cost_model import CostCurve, MeasuredCurve
 from coc_impl.timeline import Order, simulate
 
 Collective = Literal["all_reduce", "reduce_scatter", "all_gather"]
@@ -70,7 +70,7 @@ MIN_CONFIRMED_GAIN = 0.03
 WARMUP = 1
 REPEATS = 3
 #: Interleaved rounds of the confirmation (candidate vs. one block).
-CONFIRM_REPEATS = 5
+CONFIRM_REPEATS = 7
 
 
 @dataclass(frozen=True)
@@ -142,33 +142,6 @@ def _feasible(m: int, tp: int, collective: Collective, candidates: Sequence[int]
     return sorted({p for p in candidates if p > 1 and split % p == 0})
 
 
-@dataclass(frozen=True)
-class MeasuredCurve:
-    """A cost curve through measured ``(rows, time)`` points, linear in between.
-
-    Satisfies :class:`coc_impl.cost_model.CostCurve`, so the pipeline model
-    runs on exactly the costs measured (one point: proportional to rows).
-    """
-
-    rows: tuple[float, ...]
-    times: tuple[float, ...]
-
-    @classmethod
-    def of(cls, points: Mapping[int, float]) -> MeasuredCurve:
-        if not points:
-            raise ValueError("a measured curve needs at least one point")
-        ordered = sorted(points.items())
-        return cls(tuple(float(r) for r, _ in ordered), tuple(float(t) for _, t in ordered))
-
-    def __call__(self, x: float) -> float:
-        if len(self.rows) == 1:
-            return self.times[0] * x / self.rows[0]
-        return float(np.interp(x, self.rows, self.times))
-
-    def solve(self, t: float) -> float:
-        return float(np.interp(t, np.maximum.accumulate(self.times), self.rows))
-
-
 def predicted_time(chunks: int, mm: CostCurve, comm: CostCurve, order: Order, m: int,
                    two_blocks_us: float) -> float:
     """The two-lane makespan of ``chunks`` equal blocks plus the measured excess per overlapped step."""
@@ -201,10 +174,16 @@ def plan(mm_us: Mapping[int, float], comm_us: Mapping[int, float], two_blocks_us
     return Decision(chunks, serial, predicted, dict(mm_us), dict(comm_us), candidate=chunks)
 
 
-def confirm(decision: Decision, one_block_us: float, candidate_us: float) -> Decision:
-    """Keep the candidate only if its measured pipeline beats one block by :data:`MIN_CONFIRMED_GAIN`."""
-    kept = decision.candidate if candidate_us <= (1 - MIN_CONFIRMED_GAIN) * one_block_us else 1
-    return dataclasses.replace(decision, chunks=kept, confirmed_us=(one_block_us, candidate_us))
+def confirm(decision: Decision, one_block_us: Sequence[float], candidate_us: Sequence[float]) -> Decision:
+    """Keep the candidate only if its pipeline beats one block by :data:`MIN_CONFIRMED_GAIN`.
+
+    Judged on the median ratio of the rounds (each pair ran back to back, so
+    drift of a shared machine cancels in it).
+    """
+    ratio = statistics.median(c / o for o, c in zip(one_block_us, candidate_us, strict=True))
+    kept = decision.candidate if ratio <= 1 - MIN_CONFIRMED_GAIN else 1
+    medians = (statistics.median(one_block_us), statistics.median(candidate_us))
+    return dataclasses.replace(decision, chunks=kept, confirmed_us=medians)
 
 
 def _measure_and_plan(m: int, k: int, n: int, group: dist.ProcessGroup, dtype: torch.dtype,
@@ -227,9 +206,10 @@ def _measure_and_plan(m: int, k: int, n: int, group: dist.ProcessGroup, dtype: t
         return decision
     with torch.no_grad():
         one, chosen = probe.race(m, decision.candidate)
-    agreed = torch.tensor([one, chosen], dtype=torch.float64, device=device)
-    dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=group)
-    return confirm(decision, *agreed.cpu().tolist())
+    agreed = torch.tensor(one + chosen, dtype=torch.float64, device=device)
+    dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=group)  # each round as slow as its slowest rank
+    rounds = agreed.cpu().tolist()
+    return confirm(decision, rounds[: len(one)], rounds[len(one):])
 
 
 def _no_sync() -> None:
@@ -290,8 +270,8 @@ class _Probe:
     def two_blocks(self, rows: int) -> None:
         self.pipeline(rows, 2)
 
-    def race(self, m: int, chunks: int) -> tuple[float, float]:
-        """Median microseconds of the one-block and the ``chunks``-block pipeline, interleaved."""
+    def race(self, m: int, chunks: int) -> tuple[list[float], list[float]]:
+        """Microseconds per round of the one-block and the ``chunks``-block pipeline, interleaved."""
         one: list[float] = []
         many: list[float] = []
         for i in range(WARMUP + CONFIRM_REPEATS):
@@ -299,7 +279,7 @@ class _Probe:
                 elapsed = self._timed(functools.partial(self.pipeline, m // count, count))
                 if i >= WARMUP:
                     samples.append(elapsed)
-        return statistics.median(one), statistics.median(many)
+        return one, many
 
     def _timed(self, call: Callable[[], None]) -> float:
         dist.barrier(group=self.group)

@@ -170,6 +170,35 @@ class PiecewiseQuadLinearCost:
         }
 
 
+@dataclass(frozen=True)
+class MeasuredCurve:
+    """A cost curve through measured ``(rows, time)`` points, linear in between.
+
+    A :class:`CostCurve`, so the pipeline model runs on exactly the costs
+    measured (one point: proportional to rows); ``--coc-parallel-num auto``
+    and the perf protocol use it where a fit could go negative between noisy
+    points.
+    """
+
+    rows: tuple[float, ...]
+    times: tuple[float, ...]
+
+    @classmethod
+    def of(cls, points: Mapping[int, float]) -> MeasuredCurve:
+        if not points:
+            raise ValueError("a measured curve needs at least one point")
+        ordered = sorted(points.items())
+        return cls(tuple(float(r) for r, _ in ordered), tuple(float(t) for _, t in ordered))
+
+    def __call__(self, x: float) -> float:
+        if len(self.rows) == 1:
+            return self.times[0] * x / self.rows[0]
+        return float(np.interp(x, self.rows, self.times))
+
+    def solve(self, t: float) -> float:
+        return float(np.interp(t, np.maximum.accumulate(self.times), self.rows))
+
+
 def _real_roots(a: float, b: float, c: float) -> list[float]:
     """Real roots of ``a*x**2 + b*x + c``, stable for tiny or zero ``a``."""
     if a == 0:

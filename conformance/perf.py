@@ -22,7 +22,7 @@ communication ``T_coc - T_mm`` (the two-lane makespan is the matmul time plus
 the communication the overlap failed to hide), and the two-lane pipeline
 model's prediction (:func:`coc_impl.timeline.simulate`, the SPEC §5 model,
 fed with the per-block costs measured in the same run through
-:class:`coc_impl.autotune.MeasuredCurve`) with its error.
+:class:`coc_impl.cost_model.MeasuredCurve`) with its error.
 
 On a CPU the collective's copies and reductions run on the same cores as the
 matmul, so what overlap can hide depends on how much of the collective's time
@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from coc_impl.autotune import MeasuredCurve
+from coc_impl.cost_model import MeasuredCurve
 from coc_impl.timeline import Order, Timeline, simulate
 
 #: Item names reserved by the protocol (everything else is a CoC variant).

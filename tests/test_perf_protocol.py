@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from coc_impl import autotune
+from coc_impl.cost_model import MeasuredCurve
 from coc_impl.timeline import simulate
-from conformance import perf, profiles
+from conformance import hardware, perf
 from conformance.bench.coc import targets
 from tests.dist_helpers import run_threaded
 
@@ -128,10 +129,10 @@ def test_no_prediction_without_the_block_costs():
 
 
 def test_measured_curve_interpolates_and_inverts():
-    curve = autotune.MeasuredCurve.of({100: 10.0, 50: 6.0})
+    curve = MeasuredCurve.of({100: 10.0, 50: 6.0})
     assert curve(75) == pytest.approx(8.0)
     assert curve.solve(8.0) == pytest.approx(75)
-    assert autotune.MeasuredCurve.of({100: 10.0})(50) == pytest.approx(5.0)
+    assert MeasuredCurve.of({100: 10.0})(50) == pytest.approx(5.0)
 
 
 def test_auto_plans_on_measured_points_however_noisy():
@@ -161,25 +162,25 @@ def test_judge_enforces_only_on_matching_hardware():
 
 
 def test_shipped_profiles_parse_and_detect():
-    names = {p.name for p in profiles.shipped()}
+    names = {p.name for p in hardware.shipped()}
     assert {"npu-910b-tp8", "cpu-gloo"} <= names
-    assert profiles.detect("npu", "Ascend910B3", 8, "hccl").name == "npu-910b-tp8"
-    assert profiles.detect("npu", "Ascend910B3", 4, "hccl") is None
-    assert profiles.detect("npu", "Ascend910A", 8, "hccl") is None
-    assert profiles.detect("cpu", "AMD EPYC", 2, "gloo").name == "cpu-gloo"
-    assert profiles.detect("cpu", "AMD EPYC", 2, "threaded") is None
-    assert profiles.detect("cuda", "NVIDIA H100", 8, "nccl") is None
+    assert hardware.detect("npu", "Ascend910B3", 8, "hccl").name == "npu-910b-tp8"
+    assert hardware.detect("npu", "Ascend910B3", 4, "hccl") is None
+    assert hardware.detect("npu", "Ascend910A", 8, "hccl") is None
+    assert hardware.detect("cpu", "AMD EPYC", 2, "gloo").name == "cpu-gloo"
+    assert hardware.detect("cpu", "AMD EPYC", 2, "threaded") is None
+    assert hardware.detect("cuda", "NVIDIA H100", 8, "nccl") is None
 
 
 def test_mismatch_names_what_differs():
-    match = profiles.by_name("npu-910b-tp8").match
+    match = hardware.by_name("npu-910b-tp8").match
     assert match.mismatch("npu", "Ascend910B1", 8, "hccl") == ""
     why = match.mismatch("cpu", "AMD EPYC", 2, "gloo")
     assert "device npu" in why and "TP in [8]" in why and "AMD EPYC" in why
 
 
 def test_npu_profile_has_the_seed_case_and_every_model_layer():
-    profile = profiles.by_name("npu-910b-tp8")
+    profile = hardware.by_name("npu-910b-tp8")
     by_id = {c.id: c for c in profile.cases}
     seed = by_id["mc2-seed"]
     assert (seed.op, seed.m, seed.k, seed.n, seed.tp, seed.dtype) == (
@@ -199,7 +200,7 @@ def test_npu_profile_has_the_seed_case_and_every_model_layer():
 ])
 def test_llama_layers_become_their_overlapped_pipeline(layer, sp, expected):
     llama = {"hidden": 8192, "ffn": 28672, "heads": 64, "kv_heads": 8, "seq": 4096, "gated": True}
-    assert profiles.layer_pipeline(llama, layer, sp, 8) == expected
+    assert hardware.layer_pipeline(llama, layer, sp, 8) == expected
 
 
 def _doc(**case):
@@ -215,15 +216,15 @@ def _doc(**case):
     ({"op": "matmul_reduce_scatter", "m": 7}, "does not fit TP 2"),
 ])
 def test_bad_profiles_are_rejected_with_the_reason(change, message):
-    with pytest.raises(profiles.ProfileError, match=message):
-        profiles.parse(_doc(**change))
+    with pytest.raises(hardware.ProfileError, match=message):
+        hardware.parse(_doc(**change))
 
 
 def test_profile_needs_known_schema_and_dtype():
-    with pytest.raises(profiles.ProfileError, match="schema"):
-        profiles.parse({**_doc(), "schema": 2})
-    with pytest.raises(profiles.ProfileError, match="dtype"):
-        profiles.parse({**_doc(), "dtype": "int4"})
+    with pytest.raises(hardware.ProfileError, match="schema"):
+        hardware.parse({**_doc(), "schema": 2})
+    with pytest.raises(hardware.ProfileError, match="dtype"):
+        hardware.parse({**_doc(), "dtype": "int4"})
 
 
 # ---------------------------------------------------------------- auto planner
@@ -259,8 +260,13 @@ def test_auto_confirmation_rejects_a_candidate_that_is_not_faster():
     mm_us, comm_us = _costs(rows, 1.0, 1.0)
     d = autotune.plan(mm_us, comm_us, {2: 1536.0}, m=1024, collective="all_reduce")
     assert d.candidate == 2
-    assert autotune.confirm(d, 2000.0, 1500.0).chunks == 2
-    assert autotune.confirm(d, 2000.0, 1980.0).chunks == 1
+    assert autotune.confirm(d, [2000.0], [1500.0]).chunks == 2
+    assert autotune.confirm(d, [2000.0], [1980.0]).chunks == 1
+    # Judged per round: the machine slowed down for the candidate's fast rounds too.
+    confirmed = autotune.confirm(d, [2000.0, 4000.0, 2000.0], [1800.0, 3000.0, 1800.0])
+    assert confirmed.chunks == 2 and confirmed.confirmed_us == (2000.0, 1800.0)
+    # Medians alone (4000 vs 1200) would keep it; two of three rounds say it is slower.
+    assert autotune.confirm(d, [1000.0, 4000.0, 4100.0], [1200.0, 4200.0, 1000.0]).chunks == 1
 
 
 def _line(slope):

@@ -25,7 +25,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from conformance import perf, profiles
+from conformance import hardware, perf
 from conformance.bench import overhead
 from conformance.case import Case
 from conformance.cases.perf_cases import pipeline_perf_case
@@ -40,9 +40,9 @@ MIN_BEST_SCRIPTED_SPEEDUP = 1.10
 MAX_AUTO_SLOWDOWN = 0.03
 
 
-def _shapes(profile: profiles.Profile, wanted: Sequence[str] | None) -> dict[str, profiles.PerfCase]:
+def _shapes(profile: hardware.Profile, wanted: Sequence[str] | None) -> dict[str, hardware.PerfCase]:
     """One case per shape id of the profile, in profile order."""
-    shapes: dict[str, profiles.PerfCase] = {}
+    shapes: dict[str, hardware.PerfCase] = {}
     for case in profile.cases:
         shapes.setdefault(case.id, case)
     if wanted:
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--spawns", type=int, default=1, help="spawned cases per TP for the overhead figures")
     args = parser.parse_args(argv)
 
-    profile = profiles.by_name(args.profile)
+    profile = hardware.by_name(args.profile)
     shapes = _shapes(profile, [s for s in args.shapes.split(",") if s])
     tps = [int(t) for t in args.tp.split(",") if t]
     variants = [v for v in args.variants.split(",") if v]

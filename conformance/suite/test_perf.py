@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from conformance import perf, profiles, reporting
+from conformance import hardware, perf, reporting
 from conformance.cases.perf_cases import pipeline_perf_case
 from conformance.errors import PerfRegression
 from conformance.launchers.devices import detect
@@ -38,7 +38,7 @@ PRESENT = detect().name
 
 def _params() -> list[Any]:
     params = []
-    for profile in profiles.shipped():
+    for profile in hardware.shipped():
         marks: list[Any] = [pytest.mark.perf]
         if profile.large:
             marks.append(pytest.mark.large)
@@ -50,7 +50,7 @@ def _params() -> list[Any]:
     return params
 
 
-def _measure(coc_ranks: Any, case: profiles.PerfCase, profile: profiles.Profile) -> dict[str, Any]:
+def _measure(coc_ranks: Any, case: hardware.PerfCase, profile: hardware.Profile) -> dict[str, Any]:
     return coc_ranks.run(
         pipeline_perf_case, case.tp, exclusive=True,
         op=case.op, m=case.m, k=case.k, n=case.n, dtype=case.dtype, variants=list(case.gates),
@@ -58,12 +58,12 @@ def _measure(coc_ranks: Any, case: profiles.PerfCase, profile: profiles.Profile)
     )[0]
 
 
-def _verdicts(result: Mapping[str, Any], case: profiles.PerfCase, profile: profiles.Profile
+def _verdicts(result: Mapping[str, Any], case: hardware.PerfCase, profile: hardware.Profile
               ) -> tuple[perf.Measurement, dict[str, perf.Verdict]]:
     measurement = perf.summarize(result["samples"], result["blocks"], rows=case.m, order=case.order,
                                  cpu=perf.cpu_demand(result))
     identity = result["identity"]
-    matched = profiles.detect(**identity)
+    matched = hardware.detect(**identity)
     matches = matched is not None and matched.name == profile.name and profile.enforce
     why_not = profile.match.mismatch(**identity) or (
         f"this machine matches profile {matched.name}" if matched is not None and matched.name != profile.name
@@ -76,7 +76,7 @@ def _verdicts(result: Mapping[str, Any], case: profiles.PerfCase, profile: profi
     return measurement, verdicts
 
 
-def _report(case: profiles.PerfCase, result: Mapping[str, Any], measurement: perf.Measurement,
+def _report(case: hardware.PerfCase, result: Mapping[str, Any], measurement: perf.Measurement,
             verdicts: Mapping[str, perf.Verdict], record_property: Any, title: str) -> str:
     enforced = any(v.enforced for v in verdicts.values())
     label = "enforced" if enforced else "reported, not gated"
@@ -101,11 +101,11 @@ def _report(case: profiles.PerfCase, result: Mapping[str, Any], measurement: per
 
 
 @pytest.mark.parametrize("case", _params())
-def test_coc_gain_meets_profile(coc_ranks: Any, case: profiles.PerfCase, record_property: Any,
+def test_coc_gain_meets_profile(coc_ranks: Any, case: hardware.PerfCase, record_property: Any,
                                 pytestconfig: pytest.Config) -> None:
     if pytestconfig.getoption("--coc-launcher") == "threaded":
         pytest.skip("the threaded launcher's collectives are synchronous: there is no overlap to measure")
-    profile = profiles.by_name(case.profile)
+    profile = hardware.by_name(case.profile)
     result = _measure(coc_ranks, case, profile)
     if not result["samples"].keys() - {perf.SERIAL, perf.MM, perf.COMM}:
         pytest.skip(f"no variant of {sorted(case.gates)} can run: {result['skipped']}")
