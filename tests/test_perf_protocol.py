@@ -333,3 +333,32 @@ def test_median_ci_brackets_the_median_and_narrows_with_samples():
     assert few[0] <= 0.02 <= few[1] and many[0] <= 0.02 <= many[1]
     assert many[1] - many[0] < few[1] - few[0]
     assert perf.median_ci([1.0, 2.0, 3.0]) == perf.median_ci([1.0, 2.0, 3.0])  # reproducible
+
+
+# ---------------------------------------------------------------- rank side
+
+
+@pytest.fixture(scope="module")
+def gloo_ranks():
+    from conformance.launchers.devices import cpu
+    from conformance.launchers.process_pool import ProcessLauncher
+
+    launcher = ProcessLauncher(cpu(2), max_live_ranks=2)
+    yield launcher
+    launcher.close()
+
+
+@pytest.mark.parametrize("op", ["matmul_all_reduce", "matmul_reduce_scatter", "all_gather_matmul"])
+def test_rank_side_times_every_item_and_the_reused_buffer_reference(gloo_ranks, op):
+    """The serial-reused reference row runs without any implementation capability, on every op."""
+    from conformance.case import Case
+    from conformance.cases.perf_cases import SERIAL_REUSED, pipeline_perf_case, variant_reason
+    assert variant_reason(object(), SERIAL_REUSED, op) is None
+    params = dict(op=op, m=64, k=16, n=32, dtype="float32", variants=["scripted-2", SERIAL_REUSED],
+                  warmup=1, repeats=2)
+    outcomes = gloo_ranks.run(Case(pipeline_perf_case, 2, params), (), "coc_impl.reference:ReferenceCoC")
+    assert all(o.ok for o in outcomes), [o.error.traceback for o in outcomes if o.error]
+    result = outcomes[0].value
+    assert {perf.SERIAL, perf.MM, perf.COMM, "scripted-2", SERIAL_REUSED} <= result["samples"].keys()
+    assert result["blocks"][SERIAL_REUSED] == [64] and len(result["blocks"]["scripted-2"]) == 2
+    assert result["cpu"]["ranks"] == 2 and result["cpu"]["mm_ms"] > 0

@@ -5,7 +5,9 @@ For each shape of a hardware profile (default ``cpu-gloo``) and each TP size
 :mod:`conformance.perf` protocol times side by side, in one rank pool:
 serial, scripted CoC with 2 / 4 / 8 chunks, ``--coc-parallel-num auto``,
 the implementation's fused op with its own plan, the matmul alone and the
-collective alone.  Per variant the table shows time, gain, overlap
+collective alone, and the reference row ``serial-reused`` (serial into
+buffers kept across calls: what skipping fresh outputs saves without any
+overlap).  Per variant the table shows time, gain, overlap
 efficiency, exposed communication, the pipeline model's prediction and its
 error, and the blocks the variant was observed to use.  Then the harness
 overhead figures of :mod:`conformance.bench.overhead` and the targets.
@@ -28,11 +30,11 @@ from typing import Any
 from conformance import hardware, perf
 from conformance.bench import overhead
 from conformance.case import Case
-from conformance.cases.perf_cases import pipeline_perf_case
+from conformance.cases.perf_cases import SERIAL_REUSED, pipeline_perf_case
 from conformance.launchers.devices import cpu
 from conformance.launchers.process_pool import ProcessLauncher
 
-VARIANTS = ("scripted-2", "scripted-4", "scripted-8", "auto", "fused")
+VARIANTS = ("scripted-2", "scripted-4", "scripted-8", "auto", "fused", SERIAL_REUSED)
 #: Target 1: the best scripted chunk count on the balanced all-reduce shape at TP 2.
 BALANCED = ("balanced-ar", 2)
 MIN_BEST_SCRIPTED_SPEEDUP = 1.10

@@ -12,6 +12,12 @@ by the :mod:`conformance.perf` protocol:
   pipeline (row-parallel forward for the all-reduce and, with SP, the
   reduce-scatter; column-parallel SP forward for the all-gather) under the
   implementation's ``patch_megatron`` with ``--coc-parallel-num P|auto``;
+* ``serial-reused`` (a reference row, asked for like a variant): the serial
+  composition into buffers kept from call to call.  A real layer returns a
+  fresh output every call; on a CPU its pages fault in on first touch, a
+  large part of a big matmul's time, so this row shows what skipping that
+  alone saves, with no overlap at all (a loop timed with a persistent output
+  buffer gains this much whatever it overlaps);
 * ``mm`` / ``comm``: the matmul alone and the collective alone, for the whole
   ``m`` and (``mm@b`` / ``comm@b``) for every block size a variant used.  The
   matmul writes a fresh output, as the serial path and the pipelines do (on a
@@ -70,8 +76,14 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+#: The reference row of the serial composition into persistent buffers (not a CoC variant).
+SERIAL_REUSED = "serial-reused"
+
+
 def variant_reason(impl: Any, variant: str, op: str) -> str | None:
     """Why the implementation cannot run ``variant`` (None when it can)."""
+    if variant == SERIAL_REUSED:
+        return None
     return missing_capability(impl, op if variant == "fused" else "patch_megatron")
 
 
@@ -120,7 +132,9 @@ def pipeline_perf_case(ctx: CaseContext, *, op: str, m: int, k: int, n: int, dty
             SERIAL: lambda: serial_composition(serial_ctx, op, x, w_kn, None),
         }
         for variant in runnable:
-            if variant == "fused":
+            if variant == SERIAL_REUSED:
+                items[variant] = costs.serial_reused
+            elif variant == "fused":
                 items[variant] = partial(getattr(impl, op), x, weight, None, group=group,
                                          transpose_weight=True)
             else:
@@ -209,6 +223,8 @@ class _CostItems:
         width = k if op == "all_gather_matmul" else n
         self.sent = rand(rows, width)
         self.received = torch.empty(rows, width, dtype=x.dtype, device=x.device)
+        self.x = x
+        self.kept_product = torch.empty(rows, n, dtype=x.dtype, device=x.device)
 
     def matmul(self, rows: int) -> None:
         import torch
@@ -225,3 +241,19 @@ class _CostItems:
             dist.reduce_scatter_tensor(self.received[:shard], self.sent[:rows], group=self.group)
         else:
             dist.all_gather_into_tensor(self.received[:rows], self.sent[:shard], group=self.group)
+
+    def serial_reused(self) -> None:
+        """The serial composition, every buffer (the output too) kept from the previous call."""
+        import torch
+        import torch.distributed as dist
+
+        if self.op == "all_gather_matmul":
+            dist.all_gather_into_tensor(self.lhs, self.x, group=self.group)
+            torch.matmul(self.lhs, self.w_kn, out=self.kept_product)
+            return
+        torch.matmul(self.x, self.w_kn, out=self.kept_product)
+        if self.op == "matmul_all_reduce":
+            dist.all_reduce(self.kept_product, group=self.group)
+        else:
+            shard = self.kept_product.shape[0] // self.tp
+            dist.reduce_scatter_tensor(self.received[:shard], self.kept_product, group=self.group)
