@@ -68,7 +68,7 @@ MIN_PREDICTED_GAIN = 0.05
 #: Smallest measured gain of the candidate over one block for it to be used.
 MIN_CONFIRMED_GAIN = 0.03
 WARMUP = 1
-REPEATS = 3
+REPEATS = 5
 #: Interleaved rounds of the confirmation (candidate vs. one block).
 CONFIRM_REPEATS = 7
 

@@ -80,9 +80,9 @@ def test_settings_are_validated():
 # ---------------------------------------------------------------- figures
 
 
-def _samples(serial, coc, *, mm=6.0, comm=4.0, block_mm=3.0, block_comm=2.0):
+def _samples(serial, coc, *, mm=6.0, comm=4.0, block_mm=3.0, block_comm=2.0, name="coc"):
     return {perf.SERIAL: serial, perf.MM: [mm] * len(serial), perf.COMM: [comm] * len(serial),
-            "mm@50": [block_mm] * len(serial), "comm@50": [block_comm] * len(serial), "coc": coc}
+            "mm@50": [block_mm] * len(serial), "comm@50": [block_comm] * len(serial), name: coc}
 
 
 def test_summarize_figures_and_prediction_from_measured_blocks():
@@ -325,6 +325,16 @@ def test_bench_targets_report_met_and_missed():
     assert not auto["met"] and auto["worst"] == "balanced-ar@tp4"
     assert auto["certainty"].startswith("within the noise")  # its interval reaches above -3%
     assert auto["clearly_slower"] == ["other@tp2"]
+
+
+def test_bench_measures_again_only_where_a_verdict_is_within_the_noise():
+    from conformance.bench.coc import _undecided
+
+    def auto_run(auto):
+        return perf.summarize(_samples([10.0] * 5, auto, name="auto"), {"auto": [100]}, rows=100, order="compute_first")
+
+    assert not _undecided("any", 2, auto_run([10.0] * 5))  # paired gains all 0: clearly above -3 %
+    assert _undecided("any", 2, auto_run([11.0, 9.0, 10.5, 9.5, 10.0]))  # -10 %..+10 %: straddles -3 %
 
 
 def test_median_ci_brackets_the_median_and_narrows_with_samples():
