@@ -81,10 +81,8 @@ def rows_times(right: torch.Tensor, *, soc_friendly: bool) -> Matmul:
     padded = soc_friendly_k(k, right.element_size()) if soc_friendly else k
     if padded != k:
         right = F.pad(right.t(), (0, padded - k)).t()  # zero rows appended along k
-    if torch.is_autocast_enabled(right.device.type):
-        product = Product(right, pad_k=padded - k)
-        return lambda rows: product(rows)
-    return Product(right, pad_k=padded - k)
+    product = Product(right, pad_k=padded - k)
+    return product.__call__ if torch.is_autocast_enabled(right.device.type) else product
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,7 @@ after warm-up (so ``auto`` has made its decision).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import platform
 from collections.abc import Callable
 from functools import partial
@@ -224,7 +225,6 @@ class _CostItems:
         self.sent = rand(rows, width)
         self.received = torch.empty(rows, width, dtype=x.dtype, device=x.device)
         self.x = x
-        self.kept_product = torch.empty(rows, n, dtype=x.dtype, device=x.device)
 
     def matmul(self, rows: int) -> None:
         import torch
@@ -241,6 +241,14 @@ class _CostItems:
             dist.reduce_scatter_tensor(self.received[:shard], self.sent[:rows], group=self.group)
         else:
             dist.all_gather_into_tensor(self.received[:rows], self.sent[:shard], group=self.group)
+
+    @functools.cached_property
+    def kept_product(self) -> Any:
+        """The serial product's buffer of :meth:`serial_reused` (allocated only if that row is asked for)."""
+        import torch
+
+        n = self.w_kn.shape[1]
+        return torch.empty(self.lhs.shape[0], n, dtype=self.x.dtype, device=self.x.device)
 
     def serial_reused(self) -> None:
         """The serial composition, every buffer (the output too) kept from the previous call."""
