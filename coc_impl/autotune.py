@@ -6,13 +6,13 @@ the live backend and device:
 * ``CostMM(b)``: the matmul of ``b`` rows, and ``CostComm(b)``: the
   collective of those ``b`` rows, for the whole ``m`` and for each candidate
   block ``b = m/p``.  The model is evaluated at exactly these sizes, so it
-  runs on the measured points (:class:`~coc_impl.cost_model.MeasuredCurve`), not on a fit: a line
+  runs on the measured points (:class:`~coc_shared.cost_model.MeasuredCurve`), not on a fit: a line
   through noisy timings can go negative at small blocks;
 * ``T2(b)``: the real two-block pipeline of the overlap engine on ``2b``
   rows (blocks ``[b, b]``): one overlapped step, with everything the engine
   does per block.
 
-The two-lane model (:func:`coc_impl.timeline.simulate`) assumes lanes that do
+The two-lane model (:func:`coc_shared.timeline.simulate`) assumes lanes that do
 not slow each other and blocks that cost nothing beyond their matmul and
 collective; the seed covers the contention of overlapped lanes with a fixed
 inflation of 1.15 (Ascend).  Both are properties of the device: on CPU,
@@ -46,7 +46,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import statistics
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -56,8 +55,9 @@ import torch.distributed as dist
 
 from coc_impl import overlap
 from coc_impl.config import VALID_CHUNKS
-from coc_impl.cost_model import CostCurve, MeasuredCurve
-from coc_impl.timeline import Order, simulate
+from coc_shared import timing
+from coc_shared.cost_model import CostCurve, MeasuredCurve
+from coc_shared.timeline import Order, simulate
 
 Collective = Literal["all_reduce", "reduce_scatter", "all_gather"]
 ORDERS: dict[str, Order] = {
@@ -192,28 +192,23 @@ def _measure_and_plan(m: int, k: int, n: int, group: dist.ProcessGroup, dtype: t
         return Decision(1, 0.0, {})
     rows = [m] + [m // p for p in counts]
     probe = _Probe(m, k, n, group, dtype, collective, device)
+    items: dict[str, Callable[[], None]] = {}
+    for r in rows:
+        items[f"mm@{r}"] = functools.partial(probe.matmul, r)
+        items[f"comm@{r}"] = functools.partial(probe.collective, r)
+    for p in counts:
+        items[f"two@{p}"] = functools.partial(probe.two_blocks, m // p)
     with torch.no_grad():
-        timings = [probe.time(probe.matmul, r) for r in rows]
-        timings += [probe.time(probe.collective, r) for r in rows]
-        timings += [probe.time(probe.two_blocks, m // p) for p in counts]
-    agreed = torch.tensor(timings, dtype=torch.float64, device=device)
-    dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=group)  # one decision on every rank
-    us = agreed.cpu().tolist()
-    mm_us, comm_us, two = us[: len(rows)], us[len(rows): 2 * len(rows)], us[2 * len(rows):]
-    decision = plan(dict(zip(rows, mm_us, strict=True)), dict(zip(rows, comm_us, strict=True)),
-                    dict(zip(counts, two, strict=True)), m=m, collective=collective)
+        us = {name: ms * 1e3 for name, ms in probe.medians(items, REPEATS).items()}
+    decision = plan({r: us[f"mm@{r}"] for r in rows}, {r: us[f"comm@{r}"] for r in rows},
+                    {p: us[f"two@{p}"] for p in counts}, m=m, collective=collective)
     if decision.candidate == 1:
         return decision
+    race = {"one": functools.partial(probe.pipeline, m, 1),
+            "many": functools.partial(probe.pipeline, m // decision.candidate, decision.candidate)}
     with torch.no_grad():
-        one, chosen = probe.race(m, decision.candidate)
-    agreed = torch.tensor(one + chosen, dtype=torch.float64, device=device)
-    dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=group)  # each round as slow as its slowest rank
-    rounds = agreed.cpu().tolist()
-    return confirm(decision, rounds[: len(one)], rounds[len(one):])
-
-
-def _no_sync() -> None:
-    """CPU work is finished when the call returns."""
+        rounds = probe.samples(race, CONFIRM_REPEATS)
+    return confirm(decision, [ms * 1e3 for ms in rounds["one"]], [ms * 1e3 for ms in rounds["many"]])
 
 
 class _Probe:
@@ -233,15 +228,15 @@ class _Probe:
             return torch.randn(*shape, generator=gen).to(device=device, dtype=dtype)
 
         self.x, self.w = rand(m, k), rand(k, n)
-        self.y = torch.empty(m, n, dtype=dtype, device=device)
+        self.device = device
         width = k if collective == "all_gather" else n
         self.sent = rand(m, width)  # what the collective moves (a different buffer from the matmul's)
         self.received = torch.empty(m, width, dtype=dtype, device=device)
         self._sync: Callable[[], None] = (
-            torch.get_device_module(device).synchronize if device.type != "cpu" else _no_sync)
+            torch.get_device_module(device).synchronize if device.type != "cpu" else timing.no_sync)
 
     def matmul(self, rows: int) -> None:
-        torch.matmul(self.x[:rows], self.w, out=self.y[:rows])
+        torch.matmul(self.x[:rows], self.w)  # a fresh output, as the layers' matmuls
 
     def launch(self, rows: int) -> overlap.InFlight[torch.Tensor]:
         if self.collective_kind == "all_reduce":
@@ -270,25 +265,18 @@ class _Probe:
     def two_blocks(self, rows: int) -> None:
         self.pipeline(rows, 2)
 
-    def race(self, m: int, chunks: int) -> tuple[list[float], list[float]]:
-        """Microseconds per round of the one-block and the ``chunks``-block pipeline, interleaved."""
-        one: list[float] = []
-        many: list[float] = []
-        for i in range(WARMUP + CONFIRM_REPEATS):
-            for samples, count in ((one, 1), (many, chunks)):
-                elapsed = self._timed(functools.partial(self.pipeline, m // count, count))
-                if i >= WARMUP:
-                    samples.append(elapsed)
-        return one, many
+    def samples(self, items: dict[str, Callable[[], None]], repeats: int) -> dict[str, list[float]]:
+        """Milliseconds per item and round, interleaved, each the slowest rank's (every rank agrees)."""
+        group, device = self.group, self.device
 
-    def _timed(self, call: Callable[[], None]) -> float:
-        dist.barrier(group=self.group)
-        start = time.perf_counter()
-        call()
-        self._sync()
-        return (time.perf_counter() - start) * 1e6
+        def slowest(values: list[float]) -> list[float]:
+            agreed = torch.tensor(values, dtype=torch.float64, device=device)
+            dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=group)  # one decision on every rank
+            return agreed.cpu().tolist()
 
-    def time(self, call: Callable[[int], None], rows: int) -> float:
-        """Median microseconds of ``call(rows)`` over :data:`REPEATS` (after :data:`WARMUP`)."""
-        samples = [self._timed(functools.partial(call, rows)) for _ in range(WARMUP + REPEATS)]
-        return statistics.median(samples[WARMUP:])
+        return timing.time_interleaved(items, timing.Settings(WARMUP, repeats),
+                                       barrier=lambda: dist.barrier(group=group),
+                                       synchronize=self._sync, max_over_ranks=slowest)
+
+    def medians(self, items: dict[str, Callable[[], None]], repeats: int) -> dict[str, float]:
+        return timing.medians(self.samples(items, repeats))

@@ -26,6 +26,7 @@ from coc_impl.errors import (
     CoCChunkCountError,
     CoCFusedTPError,
     CoCMoEError,
+    CoCSettingValueError,
     CoCTP2DError,
     CoCTransformerEngineError,
     CoCUserCfgError,
@@ -71,11 +72,7 @@ class UserCfgs:
         """Validate a ``coc_cfgs`` dict (or a path to a JSON file holding one)."""
         if cfgs is None:
             return cls()
-        if isinstance(cfgs, (str, os.PathLike)):
-            try:
-                cfgs = json.loads(Path(cfgs).read_text())
-            except (OSError, json.JSONDecodeError) as exc:
-                raise CoCUserCfgError(f"coc_cfgs file {cfgs!s} cannot be read: {exc}") from exc
+        cfgs = read_user_cfgs(cfgs)
         if not isinstance(cfgs, Mapping):
             raise CoCUserCfgError(f"coc_cfgs must be a dict, got {type(cfgs).__name__}")
         known = {f for f in cls.__dataclass_fields__}
@@ -99,6 +96,16 @@ class UserCfgs:
     def chunks_for(self, m: int, k: int, n: int) -> int | None:
         """The customised chunk count for matmul shape ``[m, k, n]``, if any."""
         return self.customized_coc.get((m, k, n))
+
+
+def read_user_cfgs(cfgs: Mapping[str, Any] | str | os.PathLike) -> Any:
+    """The ``coc_cfgs`` mapping itself, read from its JSON file when given a path."""
+    if not isinstance(cfgs, (str, os.PathLike)):
+        return cfgs
+    try:
+        return json.loads(Path(cfgs).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise CoCUserCfgError(f"coc_cfgs file {cfgs!s} cannot be read: {exc}") from exc
 
 
 def _parse_customized(raw: Any) -> Mapping[tuple[int, int, int], int]:
@@ -178,7 +185,7 @@ def _parse_bool_env(raw: str, *, source: str) -> bool:
         return True
     if text in ("0", "false", "no", "off", ""):
         return False
-    raise CoCUserCfgError(f"{source}={raw!r}: expected 0/1 (or true/false)")
+    raise CoCSettingValueError(f"{source}={raw!r}: expected 0/1 (or true/false)")
 
 
 def add_coc_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -288,6 +295,8 @@ def resolve_config(
         fused_kernel=fused_kernel,
     )
     layers = (api, _cli_layer(argv), _env_layer(env))
+    if coc_cfgs is not None:
+        coc_cfgs = read_user_cfgs(coc_cfgs)  # once: the ineffective-setting notes read the same mapping
     user_cfgs = UserCfgs.from_mapping(coc_cfgs)
 
     notes: list[str] = []
@@ -328,7 +337,7 @@ def _check_compatibility(
     tp_2d: bool, transformer_impl: str,
 ) -> None:
     if isinstance(tp_size, bool) or not isinstance(tp_size, int) or tp_size < 1:
-        raise CoCUserCfgError(
+        raise CoCSettingValueError(
             f"--tensor-model-parallel-size must be a positive int, got {tp_size!r}"
         )
     if not config.enabled:

@@ -44,6 +44,10 @@ class CoCUserCfgError(CoCConfigError):
     """An unknown key or a bad value in the user ``coc_cfgs``."""
 
 
+class CoCSettingValueError(CoCConfigError):
+    """A malformed value of a flag, a legacy environment variable or a size (e.g. ``USE_COC_FUSED_KERNEL=maybe``)."""
+
+
 class CoCShapeError(CoCError, ValueError):
     """A tensor shape the chunked pipeline cannot split exactly."""
 

@@ -31,7 +31,7 @@ import torch.distributed as dist
 from coc_impl import scripted
 from coc_impl.config import CoCConfig
 from coc_impl.errors import CoCBackendUnavailable
-from coc_impl.megatron_adapter import (
+from coc_shared.megatron_harness import (
     ColumnParallelLinear,
     RowParallelLinear,
     cpu_device_redirect,

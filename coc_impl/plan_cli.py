@@ -17,10 +17,10 @@ import json
 import sys
 from collections.abc import Sequence
 
-from coc_impl.cost_model import load_costs
 from coc_impl.errors import CoCConfigError, CoCShapeError
 from coc_impl.planner import DEFAULT_INFLATION, plan_blocks
-from coc_impl.timeline import ORDERS, simulate
+from coc_shared.cost_model import load_costs
+from coc_shared.timeline import ORDERS, simulate
 
 DTYPE_SIZES: dict[str, int] = {"float16": 2, "bfloat16": 2, "float32": 4, "int8": 1}
 

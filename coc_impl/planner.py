@@ -31,8 +31,8 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-from coc_impl.cost_model import CommCost, CostCurve, MatmulCost
 from coc_impl.errors import CoCShapeError
+from coc_shared.cost_model import CommCost, CostCurve, MatmulCost
 
 Bound = Literal["comm", "compute"]
 
@@ -82,7 +82,7 @@ def plan_blocks(
     """Plan the chunks of a ``[M, K] @ [K, N]`` matmul overlapped with its collective.
 
     ``mm_cost`` and ``comm_cost`` give microseconds for ``m`` rows of this
-    shape (see :meth:`coc_impl.cost_model.CostModels.bind`); row costs bound to
+    shape (see :meth:`coc_shared.cost_model.CostModels.bind`); row costs bound to
     another shape are rejected.
     """
     for name, value in (("M", M), ("K", K), ("N", N), ("dtype_size", dtype_size)):

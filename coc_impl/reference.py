@@ -13,13 +13,38 @@ from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
+from coc_impl import errors
 from coc_impl.config import CoCConfig, resolve_config
+
+#: Every phase of every layer: its collective cut into the configured chunks, pipelined.
+_CHUNKED = {f"{layer}/{sp}/{phase}": "chunked" for layer, sp, phase in (
+    ("column", "nosp", "backward"), ("column", "sp", "forward"), ("column", "sp", "backward"),
+    ("row", "nosp", "forward"), ("row", "sp", "forward"), ("row", "sp", "backward"))}
 
 
 class ReferenceCoC:
-    """Scripted and fused CoC on gloo, nccl or hccl (``backend`` picks the fused backend)."""
+    """Scripted and fused CoC on gloo, nccl or hccl (``backend`` picks the fused backend).
+
+    Declares itself to the conformance suite (protocol version 2): its error
+    classes, and how each layer phase overlaps -- chunked everywhere in the
+    scripted form; under the fused kernel the column backward's dx collective
+    is one block in flight while the weight-gradient matmul runs (unless
+    ``enable_coc_in_column_backward``), the other phases follow the tiling plan.
+    """
 
     name = "reference"
+    protocol_version = 2
+    error_types = {
+        "config": (errors.CoCChunkCountError, errors.CoCUserCfgError, errors.CoCSettingValueError),
+        "incompatible": (errors.CoCWithMC2Error, errors.CoCMoEError, errors.CoCTP2DError,
+                         errors.CoCTransformerEngineError, errors.CoCFusedTPError),
+        "shape": errors.CoCShapeError,
+        "backend_unavailable": errors.CoCBackendUnavailable,
+        "argument": errors.CoCArgumentError,
+    }
+    overlap = _CHUNKED
+    fused_overlap = {**_CHUNKED, "column/nosp/backward": "overlaps:weight_grad",
+                     "column/sp/backward": "overlaps:weight_grad"}
 
     def __init__(self, backend: str = "portable") -> None:
         self.backend = backend

@@ -1,8 +1,10 @@
-"""pytest plugin (entry point ``pytest11``): options, fixtures and markers of the suite.
+"""pytest plugin (entry point ``pytest11``): the suite's options, fixtures and markers.
 
 Loaded into every pytest run of an environment where the package is installed,
 so it imports nothing heavy at load time: torch, launchers and the
-implementation are imported when a fixture first needs them.
+implementation are imported when a fixture first needs them.  Each feature is
+a small plugin module registered here (``conformance.plugins.*`` and, with
+``--alluredir``, ``conformance.reporting.hooks``).
 """
 
 from __future__ import annotations
@@ -13,118 +15,77 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-if TYPE_CHECKING:
-    from conformance.launchers import Launcher
-    from conformance.ranks import RankRunner
+from conformance import options
+from conformance.options import impl_spec
 
-DEFAULT_IMPL = "coc_impl.reference:ReferenceCoC"
+if TYPE_CHECKING:
+    from conformance.harness.launchers import Launcher
+    from conformance.harness.runner import RankRunner
+    from conformance.protocol import Declarations
 
 runner_key = pytest.StashKey["RankRunner"]()
 launcher_key = pytest.StashKey["Launcher"]()
 
+#: Sub-plugins, in registration order (each is a module of hook implementations).
+SUB_PLUGINS = (
+    "conformance.plugins.levels",
+    "conformance.plugins.scheduling",
+    "conformance.plugins.expectations",
+    "conformance.plugins.breaker",
+    "conformance.plugins.timing",
+    "conformance.plugins.summary",
+)
+
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    group = parser.getgroup("coc-conformance", "CoC conformance suite")
-    group.addoption(
-        "--coc-impl", default=None, metavar="MODULE:ATTR",
-        help=f"CoC implementation under test: an object, class or zero-arg callable "
-        f"(default: ini coc_impl, else {DEFAULT_IMPL}).",
-    )
-    group.addoption(
-        "--coc-launcher", default="process", choices=("process", "threaded", "torchrun"),
-        help="How ranks run: warm gloo/nccl/hccl process pools (default), threads on torch's "
-        "threaded process group (fast CPU numerics, no real overlap), or torchrun (every rank "
-        "runs this session; multi-node).",
-    )
-    group.addoption(
-        "--coc-backend", default=None,
-        help="Collective backend for process ranks (default: hccl on NPU, nccl on CUDA, gloo on CPU).",
-    )
-    group.addoption(
-        "--coc-case-timeout", type=float, default=120.0, metavar="SECONDS",
-        help="A case not finished on every rank by then fails as a hang (default 120).",
-    )
-    group.addoption(
-        "--coc-cpu-slots", type=int, default=8, metavar="N",
-        help="CPU ranks allowed to run at once across all xdist workers of this machine (default 8).",
-    )
-    group.addoption(
-        "--coc-max-live-ranks", type=int, default=None, metavar="N",
-        help="Idle warm rank processes one pytest worker may keep (default: what fits in half "
-        "the machine's memory shared by the xdist workers, at most 16).",
-    )
-    group.addoption(
-        "--coc-lease-dir", default=None, metavar="DIR",
-        help="Directory of device lease locks shared by all workers (default: per-user temp dir).",
-    )
-    group.addoption(
-        "--coc-tp", default=None, metavar="SIZES",
-        help="Comma-separated TP sizes to run (default: every size the case lists).",
-    )
-    parser.addini("coc_impl", "Default CoC implementation under test (MODULE:ATTR).", default=None)
+    options.add_options(parser)
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "coc_requires(*capabilities): skip unless the "
                             "implementation under test provides these ops")
+    config.addinivalue_line("markers", "coc_level(level): the requirement level (MUST, SHOULD, "
+                            "STRUCTURE) of a test's checks that do not name one")
+    config.addinivalue_line("markers", "coc_capability(name): the op or layer kind a case exercises "
+                            "(hang storms are counted per capability)")
     config.addinivalue_line("markers", "perf: performance gate (exclusive device lease)")
     config.addinivalue_line("markers", "large: large shapes, not in the default CPU run")
+    config.addinivalue_line("markers", "smoke: the per-change tier (every capability, mode, level and "
+                            "error kind at TP 2 and 8)")
+    import importlib
+
+    for name in SUB_PLUGINS:
+        if not config.pluginmanager.has_plugin(name):
+            config.pluginmanager.register(importlib.import_module(name), name)
     if config.getoption("allure_report_dir", None):  # allure-pytest writes results: describe the cases
-        from conformance.allure_hooks import AllureHooks
+        from conformance.reporting.hooks import AllureHooks
 
         config.pluginmanager.register(AllureHooks(config), "coc-allure-hooks")
 
 
-def impl_spec(config: pytest.Config) -> str:
-    """The ``--coc-impl`` in force (option, then ini, then the reference)."""
-    return config.getoption("--coc-impl") or config.getini("coc_impl") or DEFAULT_IMPL
-
-
-#: Parameter names that hold a case's TP size (filtered by ``--coc-tp``).
-TP_PARAMS = ("tp", "world_size")
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Deselect cases whose TP size ``--coc-tp`` does not name, or that torchrun cannot host."""
-    raw = config.getoption("--coc-tp")
-    chosen = {int(v) for v in raw.split(",") if v.strip()} if raw else None
-    limit = int(os.environ.get("WORLD_SIZE", "1")) if config.getoption("--coc-launcher") == "torchrun" else None
-    if chosen is None and limit is None:
-        return
-    keep, drop = [], []
-    for item in items:
-        params = getattr(getattr(item, "callspec", None), "params", {})
-        sizes = [params[p] for p in TP_PARAMS if isinstance(params.get(p), int)]
-        unwanted = chosen is not None and not set(sizes) <= chosen
-        too_big = limit is not None and any(size > limit for size in sizes)
-        (drop if unwanted or too_big else keep).append(item)
-    if drop:
-        config.hook.pytest_deselected(items=drop)
-        items[:] = keep
-
-
 def _make_launcher(config: pytest.Config) -> tuple[Launcher, Any]:
-    from conformance.launchers.devices import cpu, detect
-    from conformance.leases import DeviceLeases, default_lease_dir
+    from conformance.harness.launchers.devices import cpu, detect_device_kind
+    from conformance.harness.leases import DeviceLeases, default_lease_dir
 
     name = config.getoption("--coc-launcher")
     backend = config.getoption("--coc-backend")
     lease_dir = Path(config.getoption("--coc-lease-dir") or default_lease_dir())
     if name == "torchrun":
-        from conformance.launchers.torchrun import TorchrunLauncher
+        from conformance.harness.launchers.torchrun import TorchrunLauncher
 
         return TorchrunLauncher(backend), None
     if name == "threaded":
-        from conformance.launchers.threaded import ThreadedLauncher
+        from conformance.harness.launchers.threaded import ThreadedLauncher
 
         kind = cpu(config.getoption("--coc-cpu-slots"))
         return ThreadedLauncher(), DeviceLeases(lease_dir, kind.lease_names())
-    from conformance.launchers.process_pool import ProcessLauncher
+    from conformance.harness.launchers.process_pool import ProcessLauncher
 
-    kind = detect(config.getoption("--coc-cpu-slots"), backend)
+    kind = detect_device_kind(config.getoption("--coc-cpu-slots"), backend)
     max_live = config.getoption("--coc-max-live-ranks") or default_max_live_ranks()
     launcher = ProcessLauncher(kind, max_live_ranks=max_live)
-    return launcher, DeviceLeases(lease_dir / kind.name, kind.lease_names())
+    return launcher, DeviceLeases(lease_dir / kind.name, kind.lease_names(), slots_option="--coc-cpu-slots"
+                                  if kind.name == "cpu" else None)
 
 
 #: Resident memory of one idle CPU rank (torch and megatron imported), measured here.
@@ -149,15 +110,30 @@ def default_max_live_ranks() -> int:
 def rank_runner(config: pytest.Config) -> RankRunner:
     """The session's rank runner, created on first use."""
     if runner_key not in config.stash:
-        from conformance.ranks import RankRunner
+        from conformance.harness.runner import Budget, RankRunner
 
         launcher, leases = _make_launcher(config)
         config.stash[launcher_key] = launcher
         config.stash[runner_key] = RankRunner(
             launcher, leases, impl_spec(config),
             default_timeout=config.getoption("--coc-case-timeout"),
+            budget=Budget(config.getoption("--coc-budget-factor"), config.getoption("--coc-budget-floor")),
         )
     return config.stash[runner_key]
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Refuse a ``--coc-impl`` that cannot be loaded once, up front, instead of once per case."""
+    config = session.config
+    if hasattr(config, "workerinput") or config.getoption("collectonly"):
+        return  # xdist workers: the controller checked already
+    from conformance.harness.impl_loader import ImplementationLoadError, load_implementation
+    from conformance.protocol import DeclarationError, declarations
+
+    try:
+        declarations(load_implementation(impl_spec(config)))
+    except (ImplementationLoadError, DeclarationError) as exc:
+        raise pytest.UsageError(str(exc)) from None
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -175,14 +151,22 @@ def coc_impl_spec(pytestconfig: pytest.Config) -> str:
 @pytest.fixture(scope="session")
 def coc_impl(coc_impl_spec: str) -> Any:
     """The implementation under test, loaded in the pytest process."""
-    from conformance.impl_loader import load_implementation
+    from conformance.harness.impl_loader import load_implementation
 
     return load_implementation(coc_impl_spec)
 
 
 @pytest.fixture(scope="session")
+def coc_declarations(coc_impl: Any) -> Declarations:
+    """What the implementation declares about itself (protocol v2), defaults filled in."""
+    from conformance.protocol import declarations
+
+    return declarations(coc_impl)
+
+
+@pytest.fixture(scope="session")
 def coc_ranks(pytestconfig: pytest.Config) -> RankRunner:
-    """Run a case function on N ranks: ``coc_ranks.run(fn, world_size, **params)``."""
+    """Run a rank task on N ranks: ``coc_ranks.run(fn, world_size, **params)``."""
     return rank_runner(pytestconfig)
 
 
@@ -190,7 +174,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     marks = list(item.iter_markers("coc_requires"))
     if not marks:
         return
-    from conformance.impl_loader import load_implementation, missing_capability
+    from conformance.harness.impl_loader import load_implementation, missing_capability
 
     impl = load_implementation(impl_spec(item.config))
     for mark in marks:

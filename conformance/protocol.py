@@ -1,24 +1,121 @@
-"""The plug-in protocol: what the suite needs from a CoC implementation.
+"""The plug-in protocol (version 2): what the suite needs from a CoC implementation.
 
 The suite reaches an implementation only through this protocol (selected with
 ``--coc-impl module:attr``); the reference implementation is just the default.
-Only ``name`` and ``configure`` are mandatory.  A missing op, or an op that
-raises :class:`NotImplementedError`, is a capability the implementation lacks:
-the cases needing it are skipped with that reason, never failed or passed.
+
+Required: ``name`` and ``configure``.  Everything else is a capability:
+
+* a missing op, or an op that raises :class:`NotImplementedError` for a call,
+  is a capability the implementation lacks: the cases needing it are skipped
+  with that reason (the implementation's own message when it raised), never
+  failed or passed.  This holds per *mode* too: an op that raises
+  ``NotImplementedError`` for ``deterministic=True``, for the w8A16 arguments
+  or for an explicit ``blocks`` tiling skips exactly those cases;
+* ``patch_megatron(config)`` is a context manager replacing (and restoring on
+  exit) the forward of megatron.core's ColumnParallelLinear and
+  RowParallelLinear.
+
+Optional declarations (attributes of the implementation, all new in version 2;
+:func:`declarations` reads them with their defaults):
+
+``protocol_version``
+    ``2``; absent means ``1`` (``configure`` may then lack ``coc_cfgs``, and
+    the cases needing ``coc_cfgs`` skip).
+``error_types``
+    ``{kind: class or tuple of classes}`` for the kinds in :data:`ERROR_KINDS`.
+    A refusal is judged in two parts: that every rank refused, before any
+    collective, with a message naming the setting (MUST, any exception
+    passes) and that the exception is of the declared class (SHOULD; with no
+    declaration for the kind that SHOULD check fails and says so).
+``overlap``
+    ``{"<layer>/<sp|nosp>/<phase>": strategy}`` (:func:`overlap_key`): how
+    each phase of each layer overlaps its collective -- ``"chunked"``,
+    ``"overlaps:<matmul>"`` (one of :data:`MATMULS`) or ``"none"``, or the
+    objects :class:`Chunked`, :class:`OverlapsMatmul`, :class:`NotOverlapped`
+    (plain strings need no import of this suite).  STRUCTURE checks judge the
+    implementation against this; an undeclared phase is only checked to let
+    its collective overlap *some* matmul.
+``fused_overlap``
+    The same for the fused-kernel layers (``--coc-fused-kernel``), which tile
+    by their own plan: a phase declared :class:`Chunked` there is only
+    required to overlap some matmul.
+``fused_layers``
+    ``False`` when the implementation has no fused-kernel layers
+    (``--coc-fused-kernel``): those cases are skipped.  Default ``True``.
+``in_place_ops``
+    Names of ops whose result may share memory with an input.  Default none.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, Union, runtime_checkable
 
+#: The version this suite speaks; it also accepts implementations of :data:`SUPPORTED_VERSIONS`.
+PROTOCOL_VERSION = 2
+SUPPORTED_VERSIONS: tuple[int, ...] = (1, 2)
+
 ParallelNum = Union[int, Literal["auto"]]
+
+ErrorKind = Literal["config", "incompatible", "shape", "backend_unavailable", "argument"]
+#: ``config``: an invalid value (chunk count, coc_cfgs key or value, malformed flag);
+#: ``incompatible``: a valid setting CoC cannot combine with (MC2, MoE, TP 2-D, TE, fused TP != 8);
+#: ``shape``: a token count or tiling the op or layer cannot split;
+#: ``backend_unavailable``: a backend (fused kernels) that cannot run here;
+#: ``argument``: a bad op argument (antiquant scale, offset, group size, dtype).
+ERROR_KINDS: tuple[str, ...] = ("config", "incompatible", "shape", "backend_unavailable", "argument")
+
+Phase = Literal["forward", "backward"]
+LayerKind = Literal["column", "row"]
+#: Matmuls a phase's collective may be declared to overlap (named by what they compute).
+MATMULS: tuple[str, ...] = ("output", "input_grad", "weight_grad")
+
+
+@dataclass(frozen=True)
+class Chunked:
+    """The phase's collective is cut into the configured number of chunks, each issued asynchronously."""
+
+
+@dataclass(frozen=True)
+class OverlapsMatmul:
+    """One asynchronous collective, in flight while the named matmul (:data:`MATMULS`) runs."""
+
+    matmul: str
+
+    def __post_init__(self) -> None:
+        if self.matmul not in MATMULS:
+            raise ValueError(f"OverlapsMatmul: matmul must be one of {MATMULS}, got {self.matmul!r}")
+
+
+@dataclass(frozen=True)
+class NotOverlapped:
+    """The phase's collective is not overlapped (declared honestly, judged as such)."""
+
+
+OverlapStrategy = Union[Chunked, OverlapsMatmul, NotOverlapped]
+
+
+def overlap_key(layer: str, sequence_parallel: bool, phase: str) -> str:
+    """``"column/sp/backward"``: the key of one phase in an ``overlap`` declaration."""
+    return f"{layer}/{'sp' if sequence_parallel else 'nosp'}/{phase}"
+
+
+#: The collective each layer phase overlaps with its matmul (``docs/DESIGN.md#layouts``).
+PHASE_COLLECTIVES: dict[str, str] = {
+    overlap_key("column", False, "backward"): "all_reduce",
+    overlap_key("column", True, "forward"): "all_gather",
+    overlap_key("column", True, "backward"): "reduce_scatter",
+    overlap_key("row", False, "forward"): "all_reduce",
+    overlap_key("row", True, "forward"): "reduce_scatter",
+    overlap_key("row", True, "backward"): "all_gather",
+}
 
 
 @runtime_checkable
 class EffectiveConfig(Protocol):
-    """The configuration an implementation settled on (see SPEC §2)."""
+    """The configuration an implementation settled on (``docs/DESIGN.md#configuration``)."""
 
     enabled: bool
     parallel_num: ParallelNum
@@ -39,11 +136,11 @@ class CoCImplementation(Protocol):
     * ``all_gather_matmul`` -> ``all_gather(x) @ w``, ``[m*tp, n]``
     * ``all_gather_matmul_v2`` -> the same and the gathered ``x``, ``[m*tp, k]``
 
-    ``configure`` raises a subclass of the implementation's config error for
-    invalid or incompatible settings, identically on every rank and before any
-    collective.  ``patch_megatron(config)`` is a context manager replacing (and
-    restoring on exit) the forward of megatron.core's ColumnParallelLinear and
-    RowParallelLinear.
+    Results are values: complete when returned (no collective left pending),
+    never changed afterwards, sharing memory with no other call's result and
+    (unless declared in ``in_place_ops``) with no input; inputs are left
+    unchanged.  ``configure`` refuses invalid or incompatible settings
+    identically on every rank and before any collective.
     """
 
     name: str
@@ -58,6 +155,7 @@ class CoCImplementation(Protocol):
         use_ascend_mc2: bool = False,
         tp_2d: bool = False,
         transformer_impl: str = "local",
+        coc_cfgs: Mapping[str, Any] | None = None,
     ) -> EffectiveConfig: ...
 
     def matmul_all_reduce(
@@ -90,3 +188,76 @@ CAPABILITIES: tuple[str, ...] = (
     "all_gather_matmul_v2",
     "patch_megatron",
 )
+
+
+@dataclass(frozen=True)
+class Declarations:
+    """What an implementation declares about itself, with the defaults filled in."""
+
+    version: int = 1
+    error_types: Mapping[str, tuple[type[BaseException], ...]] = field(default_factory=dict)
+    overlap: Mapping[str, OverlapStrategy] = field(default_factory=dict)
+    fused_overlap: Mapping[str, OverlapStrategy] = field(default_factory=dict)
+    fused_layers: bool = True
+    in_place_ops: frozenset[str] = frozenset()
+
+    def error_type(self, kind: str) -> tuple[type[BaseException], ...] | None:
+        """The classes declared for ``kind`` (one of :data:`ERROR_KINDS`), or None."""
+        if kind not in ERROR_KINDS:
+            raise ValueError(f"unknown error kind {kind!r}; known: {ERROR_KINDS}")
+        return self.error_types.get(kind)
+
+
+class DeclarationError(TypeError):
+    """An implementation's declarations do not follow this protocol."""
+
+
+def declarations(impl: Any) -> Declarations:
+    """Read and validate ``impl``'s optional declarations (module docstring)."""
+    name = getattr(impl, "name", type(impl).__name__)
+    version = getattr(impl, "protocol_version", 1)
+    if version not in SUPPORTED_VERSIONS:
+        raise DeclarationError(f"{name}: protocol_version {version!r} is not one of {SUPPORTED_VERSIONS}")
+    errors: dict[str, tuple[type[BaseException], ...]] = {}
+    for kind, classes in dict(getattr(impl, "error_types", None) or {}).items():
+        group = classes if isinstance(classes, tuple) else (classes,)
+        if kind not in ERROR_KINDS:
+            raise DeclarationError(f"{name}: error_types has unknown kind {kind!r}; known: {ERROR_KINDS}")
+        if not group or not all(isinstance(c, type) and issubclass(c, BaseException) for c in group):
+            raise DeclarationError(f"{name}: error_types[{kind!r}] must be exception classes, got {classes!r}")
+        errors[kind] = group
+    overlap = _overlap(name, "overlap", getattr(impl, "overlap", None))
+    fused_overlap = _overlap(name, "fused_overlap", getattr(impl, "fused_overlap", None))
+    fused = getattr(impl, "fused_layers", True)
+    if not isinstance(fused, bool):
+        raise DeclarationError(f"{name}: fused_layers must be True or False, got {fused!r}")
+    in_place = frozenset(getattr(impl, "in_place_ops", ()) or ())
+    unknown = in_place - set(CAPABILITIES)
+    if unknown:
+        raise DeclarationError(f"{name}: in_place_ops names unknown ops {sorted(unknown)}")
+    return Declarations(version, errors, overlap, fused_overlap, fused, in_place)
+
+
+def parse_strategy(value: Any) -> OverlapStrategy:
+    """``"chunked"``, ``"overlaps:<matmul>"``, ``"none"`` (or a strategy object) as a strategy object."""
+    if isinstance(value, (Chunked, OverlapsMatmul, NotOverlapped)):
+        return value
+    if value == "chunked":
+        return Chunked()
+    if value == "none":
+        return NotOverlapped()
+    if isinstance(value, str) and value.startswith("overlaps:"):
+        return OverlapsMatmul(value.removeprefix("overlaps:"))
+    raise ValueError(f"expected 'chunked', 'overlaps:<{'|'.join(MATMULS)}>' or 'none', got {value!r}")
+
+
+def _overlap(name: str, attr: str, raw: Any) -> dict[str, OverlapStrategy]:
+    found: dict[str, OverlapStrategy] = {}
+    for key, value in dict(raw or {}).items():
+        if key not in PHASE_COLLECTIVES:
+            raise DeclarationError(f"{name}: {attr} has unknown phase {key!r}; known: {sorted(PHASE_COLLECTIVES)}")
+        try:
+            found[key] = parse_strategy(value)
+        except ValueError as exc:
+            raise DeclarationError(f"{name}: {attr}[{key!r}]: {exc}") from None
+    return found

@@ -124,7 +124,8 @@ class Store:
         digest = sha256(path)
         if digest != entry["sha256"]:
             raise GoldenIntegrityError(f"golden file {path} has sha256 {digest}, manifest says "
-                                       f"{entry['sha256']}; restore it or regenerate deliberately")
+                                       f"{entry['sha256']}; restore it, or regenerate deliberately with "
+                                       "`python -m golden.generate`")
         with np.load(path, allow_pickle=False) as npz:
             arrays = {name: npz[name] for name in npz.files}
         specs = entry["tensors"]
@@ -147,10 +148,16 @@ class Store:
             tensor_dtypes=MappingProxyType({n: s["dtype"] for n, s in specs.items()}))
 
 
+#: Environment variable naming another store root (a copy under test, a regenerated store).
+ROOT_ENV = "COC_GOLDEN_DIR"
+
+
 @functools.cache
 def default_store() -> Store:
-    """The store shipped inside the package, created on first use."""
-    return Store()
+    """The store shipped inside the package (or at ``$COC_GOLDEN_DIR``), created on first use."""
+    import os
+
+    return Store(os.environ.get(ROOT_ENV) or DEFAULT_ROOT)
 
 
 def load(case_id: str) -> GoldenCase:

@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from conformance.leases import DeviceLeases
+from conformance.harness.leases import DeviceLeases
 
 
 def main(argv: list[str]) -> None:

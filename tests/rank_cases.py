@@ -5,10 +5,10 @@ from __future__ import annotations
 import os
 import time
 
-from conformance.case import CaseContext
+from conformance.harness.case import RankContext
 
 
-def rank_sum(ctx: CaseContext, n: int = 4) -> list[float]:
+def rank_sum(ctx: RankContext, n: int = 4) -> list[float]:
     import torch
     import torch.distributed as dist
 
@@ -17,11 +17,11 @@ def rank_sum(ctx: CaseContext, n: int = 4) -> list[float]:
     return t.tolist()
 
 
-def whoami(ctx: CaseContext) -> tuple[int, int, str]:
+def whoami(ctx: RankContext) -> tuple[int, int, str]:
     return ctx.rank, ctx.world_size, ctx.launcher
 
 
-def rank0_raises_others_wait(ctx: CaseContext) -> None:
+def rank0_raises_others_wait(ctx: RankContext) -> None:
     import torch
     import torch.distributed as dist
 
@@ -30,38 +30,38 @@ def rank0_raises_others_wait(ctx: CaseContext) -> None:
     dist.all_reduce(torch.ones(1), group=ctx.group)
 
 
-def sleep_forever(ctx: CaseContext) -> None:
+def sleep_forever(ctx: RankContext) -> None:
     while True:
         time.sleep(0.05)
 
 
-def rank1_dies(ctx: CaseContext) -> None:
+def rank1_dies(ctx: RankContext) -> None:
     if ctx.rank == 1:
         print("rank 1 about to exit", flush=True)
         os._exit(7)
     time.sleep(60)
 
 
-def every_rank_raises(ctx: CaseContext) -> None:
+def every_rank_raises(ctx: RankContext) -> None:
     raise KeyError(f"rank {ctx.rank}")
 
 
-def logs_and_prints(ctx: CaseContext) -> str:
+def logs_and_prints(ctx: RankContext) -> str:
     import logging
 
     logging.getLogger("coc.test").warning("rank %d logged", ctx.rank)
     return "ok"
 
 
-def unpicklable_result(ctx: CaseContext) -> object:
+def unpicklable_result(ctx: RankContext) -> object:
     return lambda: None
 
 
-def count_collectives(ctx: CaseContext, chunks: int, use_async: bool) -> list[tuple[str, bool, bool]]:
+def count_collectives(ctx: RankContext, chunks: int, use_async: bool) -> list[tuple[str, bool, bool]]:
     import torch
     import torch.distributed as dist
 
-    from conformance.probes import record_collectives
+    from conformance.harness.probes import record_collectives
 
     with record_collectives() as log:
         works = [dist.all_reduce(torch.ones(2), group=ctx.group, async_op=use_async) for _ in range(chunks)]
@@ -73,5 +73,5 @@ def count_collectives(ctx: CaseContext, chunks: int, use_async: bool) -> list[tu
     return [(c.kind, c.async_op is True, c.overlappable) for c in log.calls]
 
 
-def pid(ctx: CaseContext) -> int:
+def pid(ctx: RankContext) -> int:
     return os.getpid()

@@ -61,6 +61,25 @@ def test_settings_without_effect_are_reported() -> None:
     assert "fused kernel only" in str(warned[0].message)
 
 
+def test_ineffective_settings_warn_for_a_coc_cfgs_file_too(tmp_path: Path) -> None:
+    """A ``coc_cfgs`` JSON path gets the same warnings as the dict it holds (nothing ignored silently)."""
+    path = tmp_path / "coc_cfgs.json"
+    path.write_text(json.dumps({"enable_coc_in_column_backward": True}))
+    _, from_dict = resolve(ON + ["--coc-parallel-num", "2"], {}, coc_cfgs={"enable_coc_in_column_backward": True})
+    _, from_file = resolve(ON + ["--coc-parallel-num", "2"], {}, coc_cfgs=str(path))
+    assert [str(w.message) for w in from_file] == [str(w.message) for w in from_dict]
+    assert len(from_file) == 1 and "fused kernel only" in str(from_file[0].message)
+
+
+@pytest.mark.parametrize("env, tp_size", [({"USE_COC_FUSED_KERNEL": "maybe"}, 8), ({}, 0), ({}, True), ({}, "2")])
+def test_malformed_values_are_value_errors_not_user_cfg_errors(env: dict[str, str], tp_size: object) -> None:
+    """A bad flag / variable value or size has its own type, not the one documented for coc_cfgs."""
+    with pytest.raises(errors.CoCSettingValueError) as info:
+        resolve(ON, env, tp_size=tp_size)
+    assert not isinstance(info.value, errors.CoCUserCfgError)
+    assert "USE_COC_FUSED_KERNEL" in str(info.value) or "tensor-model-parallel-size" in str(info.value)
+
+
 @pytest.mark.parametrize("kwargs, error", [
     ({"use_ascend_mc2": True}, errors.CoCWithMC2Error),
     ({"num_experts": 4}, errors.CoCMoEError),
@@ -68,7 +87,7 @@ def test_settings_without_effect_are_reported() -> None:
     ({"transformer_impl": "transformer_engine"}, errors.CoCTransformerEngineError),
     ({"fused_kernel": True, "tp_size": 4}, errors.CoCFusedTPError),
     ({"parallel_num": 3}, errors.CoCChunkCountError),
-    ({"tp_size": 0}, errors.CoCUserCfgError),
+    ({"tp_size": 0}, errors.CoCSettingValueError),
 ])
 def test_incompatibilities_are_typed(kwargs, error) -> None:
     with pytest.raises(error) as info:

@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coc_impl.cost_model import (
+from coc_impl.errors import CoCConfigError
+from coc_shared.cost_model import (
     MB,
     SEED_COSTS_FILE,
     CommCost,
@@ -23,7 +24,6 @@ from coc_impl.cost_model import (
     load_costs,
     save_costs,
 )
-from coc_impl.errors import CoCConfigError
 
 SEED_COMM = PiecewiseQuadLinearCost(8.0, (-0.9698202, 27.0622573, 14.769), (13.58491263, 61.508333))
 

@@ -8,13 +8,13 @@ import torch.distributed as dist
 
 from coc_impl import fused, overlap
 from coc_impl.backends import ascend, portable
-from coc_impl.cost_model import SEED_COSTS_FILE, load_costs
 from coc_impl.errors import (
     CoCArgumentError,
     CoCBackendUnavailable,
     CoCFusedTPError,
     CoCShapeError,
 )
+from coc_shared.cost_model import SEED_COSTS_FILE, load_costs
 from tests.dist_helpers import GlooPool, run_threaded
 
 OPS = ("ar", "rs", "ag", "ag2")

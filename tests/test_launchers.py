@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from conformance.case import Case
-from conformance.errors import CaseTimeout, RankCrashed, RankRaised
-from conformance.launchers.devices import cpu
-from conformance.launchers.process_pool import ProcessLauncher
-from conformance.launchers.threaded import ThreadedLauncher
-from conformance.ranks import RankRunner
+from conformance.harness.case import RankTask
+from conformance.harness.errors import CaseTimeout, RankCrashed, RankRaised
+from conformance.harness.launchers.devices import cpu
+from conformance.harness.launchers.process_pool import ProcessLauncher
+from conformance.harness.launchers.threaded import ThreadedLauncher
+from conformance.harness.runner import RankRunner
 from tests import rank_cases
 
 IMPL = "coc_impl.reference:ReferenceCoC"
@@ -36,13 +36,13 @@ def launcher(request: pytest.FixtureRequest, pool: ProcessLauncher) -> ProcessLa
 
 
 def test_collective_results_per_rank(launcher: ProcessLauncher | ThreadedLauncher) -> None:
-    outcomes = launcher.run(Case(rank_cases.rank_sum, 4, {"n": 3}), (), IMPL)
+    outcomes = launcher.run(RankTask(rank_cases.rank_sum, 4, {"n": 3}), (), IMPL)
     assert [o.rank for o in outcomes] == [0, 1, 2, 3]
     assert all(o.value == [6.0, 6.0, 6.0] for o in outcomes)
 
 
 def test_context_names_rank_world_and_launcher(launcher: ProcessLauncher | ThreadedLauncher) -> None:
-    outcomes = launcher.run(Case(rank_cases.whoami, 2), (), IMPL)
+    outcomes = launcher.run(RankTask(rank_cases.whoami, 2), (), IMPL)
     assert [o.value for o in outcomes] == [(0, 2, launcher.name), (1, 2, launcher.name)]
 
 
@@ -57,7 +57,7 @@ def test_rank_errors_come_back_with_tracebacks(launcher: ProcessLauncher | Threa
 
 
 def test_rank_logs_are_captured_per_rank(launcher: ProcessLauncher | ThreadedLauncher) -> None:
-    outcomes = launcher.run(Case(rank_cases.logs_and_prints, 2), (), IMPL)
+    outcomes = launcher.run(RankTask(rank_cases.logs_and_prints, 2), (), IMPL)
     assert "rank 0 logged" in outcomes[0].log and "rank 1" not in outcomes[0].log
     assert "rank 1 logged" in outcomes[1].log
 
@@ -65,10 +65,10 @@ def test_rank_logs_are_captured_per_rank(launcher: ProcessLauncher | ThreadedLau
 def test_rank_left_waiting_is_a_hang_and_next_case_passes(
     launcher: ProcessLauncher | ThreadedLauncher,
 ) -> None:
-    launcher.run(Case(rank_cases.rank_sum, 4), (), IMPL)  # the clock is for the hang, not the pool's start
+    launcher.run(RankTask(rank_cases.rank_sum, 4), (), IMPL)  # the clock is for the hang, not the pool's start
     start = time.monotonic()
     with pytest.raises(CaseTimeout) as info:
-        launcher.run(Case(rank_cases.rank0_raises_others_wait, 4, timeout=3.0), (), IMPL)
+        launcher.run(RankTask(rank_cases.rank0_raises_others_wait, 4, timeout=3.0), (), IMPL)
     assert time.monotonic() - start < 3.0 + 5.0
     text = str(info.value)
     assert "only rank 0 saw bad input" in text  # the rank that raised is named with its error
@@ -76,43 +76,43 @@ def test_rank_left_waiting_is_a_hang_and_next_case_passes(
         # Every still-running rank's Python stack shows where it waits.
         assert {1, 2, 3} <= set(info.value.stacks)
         assert all("all_reduce" in info.value.stacks[r] for r in (1, 2, 3))
-    outcomes = launcher.run(Case(rank_cases.rank_sum, 4), (), IMPL)
+    outcomes = launcher.run(RankTask(rank_cases.rank_sum, 4), (), IMPL)
     assert outcomes[0].value == [6.0] * 4
 
 
 def test_hung_case_fails_within_timeout_with_stacks(launcher: ProcessLauncher | ThreadedLauncher) -> None:
     start = time.monotonic()
     with pytest.raises(CaseTimeout) as info:
-        launcher.run(Case(rank_cases.sleep_forever, 2, timeout=1.5), (), IMPL)
+        launcher.run(RankTask(rank_cases.sleep_forever, 2, timeout=1.5), (), IMPL)
     assert 1.5 <= time.monotonic() - start < 1.5 + 5.0
     assert all("sleep_forever" in info.value.stacks[r] for r in (0, 1))
     if launcher.name == "process":
-        assert launcher.run(Case(rank_cases.rank_sum, 2), (), IMPL)[1].value == [1.0] * 4
+        assert launcher.run(RankTask(rank_cases.rank_sum, 2), (), IMPL)[1].value == [1.0] * 4
 
 
 def test_dead_rank_fails_the_case_and_pool_is_rebuilt(pool: ProcessLauncher) -> None:
     start = time.monotonic()
     with pytest.raises(RankCrashed) as info:
-        pool.run(Case(rank_cases.rank1_dies, 2, timeout=30.0), (), IMPL)
+        pool.run(RankTask(rank_cases.rank1_dies, 2, timeout=30.0), (), IMPL)
     assert time.monotonic() - start < 10.0, "a dead rank must not wait for the case timeout"
     assert "exit code 7" in str(info.value)
     assert "rank 1 about to exit" in info.value.stacks[1]
     assert "rank1_dies" in info.value.stacks[0]  # the survivor's stack
-    assert pool.run(Case(rank_cases.rank_sum, 2), (), IMPL)[0].value == [1.0] * 4
+    assert pool.run(RankTask(rank_cases.rank_sum, 2), (), IMPL)[0].value == [1.0] * 4
 
 
 def test_unpicklable_result_is_that_ranks_error(pool: ProcessLauncher) -> None:
-    outcomes = pool.run(Case(rank_cases.unpicklable_result, 2), (), IMPL)
+    outcomes = pool.run(RankTask(rank_cases.unpicklable_result, 2), (), IMPL)
     assert all(o.error is not None and "pickle" in o.error.message for o in outcomes)
-    assert pool.run(Case(rank_cases.whoami, 2), (), IMPL)[0].value == (0, 2, "process")
+    assert pool.run(RankTask(rank_cases.whoami, 2), (), IMPL)[0].value == (0, 2, "process")
 
 
 def test_pools_are_warm_and_bounded(pool: ProcessLauncher) -> None:
-    pids = [o.value for o in pool.run(Case(rank_cases.pid, 2), (), IMPL)]
-    assert [o.value for o in pool.run(Case(rank_cases.pid, 2), (), IMPL)] == pids, "pool not reused"
-    pool.run(Case(rank_cases.whoami, 8), (), IMPL)  # 2 + 8 > max_live_ranks=8: evicts size 2
+    pids = [o.value for o in pool.run(RankTask(rank_cases.pid, 2), (), IMPL)]
+    assert [o.value for o in pool.run(RankTask(rank_cases.pid, 2), (), IMPL)] == pids, "pool not reused"
+    pool.run(RankTask(rank_cases.whoami, 8), (), IMPL)  # 2 + 8 > max_live_ranks=8: evicts size 2
     assert sum(key.world_size for key in pool._pools) <= 8
-    assert [o.value for o in pool.run(Case(rank_cases.pid, 2), (), IMPL)] != pids
+    assert [o.value for o in pool.run(RankTask(rank_cases.pid, 2), (), IMPL)] != pids
 
 
 @pytest.mark.parametrize("use_async", [True, False])
@@ -120,7 +120,7 @@ def test_probe_sees_collectives_on_every_launcher(
     launcher: ProcessLauncher | ThreadedLauncher, use_async: bool,
 ) -> None:
     outcomes = launcher.run(
-        Case(rank_cases.count_collectives, 2, {"chunks": 3, "use_async": use_async}), (), IMPL)
+        RankTask(rank_cases.count_collectives, 2, {"chunks": 3, "use_async": use_async}), (), IMPL)
     for outcome in outcomes:
         assert outcome.value == [("all_reduce", use_async, use_async)] * 3 + [("all_gather", False, False)]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from coc_impl import megatron_adapter as adapter
+from coc_shared import megatron_harness as adapter
 from tests.dist_helpers import GlooPool, LinearProblem
 
 S, B, H = 8, 2, 16  # square weights: a transposed shard cannot pass
@@ -87,22 +87,31 @@ def test_mapping_paths_run_on_cpu(pools) -> None:
         torch.testing.assert_close(row_out.double(), PROBLEM.y, **FP32)
 
 
-def state_after_exit(rank: int, tp: int) -> tuple[bool, bool]:
+def state_after_exit(rank: int, tp: int) -> tuple[bool, bool, bool, bool]:
     from megatron.core import parallel_state
 
     with adapter.model_parallel(tp):
-        inside = parallel_state.model_parallel_is_initialized()
-    return inside, parallel_state.model_parallel_is_initialized()
+        group = parallel_state.get_tensor_model_parallel_group()
+    kept = parallel_state.model_parallel_is_initialized()
+    with adapter.model_parallel(tp, keep=False):
+        reused = parallel_state.get_tensor_model_parallel_group() is group
+    released = parallel_state.model_parallel_is_initialized()
+    with adapter.model_parallel(tp):
+        pass
+    adapter.release_model_parallel()
+    return kept, reused, released, parallel_state.model_parallel_is_initialized()
 
 
-def test_model_parallel_destroys_state_on_exit(pools) -> None:
-    assert pools(2).run(state_after_exit) == [(True, False)] * 2
+def test_model_parallel_is_kept_for_the_next_block_and_released_on_request(pools) -> None:
+    """The state stays for the next case of the same size (its groups are reused); keep=False releases it."""
+    assert pools(2).run(state_after_exit) == [(True, True, False, False)] * 2
 
 
 def sp_without_redirect(rank: int, tp: int) -> str:
     """What the redirect is for: megatron's SP buffers ask ``torch.cuda`` for a device."""
     from megatron.core import parallel_state
 
+    adapter.release_model_parallel()
     parallel_state.initialize_model_parallel(tp, create_gloo_process_groups=False)
     try:
         module = build("column", True, PROBLEM)

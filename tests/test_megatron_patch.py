@@ -15,13 +15,13 @@ import types
 import pytest
 import torch
 
-from coc_impl import megatron_adapter as adapter
 from coc_impl import scripted
 from coc_impl.backends import portable
 from coc_impl.config import CoCConfig, UserCfgs
 from coc_impl.errors import CoCBackendUnavailable
-from coc_impl.megatron_adapter import ColumnParallelLinear, RowParallelLinear
 from coc_impl.megatron_patch import backend_for, patch_megatron
+from coc_shared import megatron_harness as adapter
+from coc_shared.megatron_harness import ColumnParallelLinear, RowParallelLinear
 from tests.dist_helpers import GlooPool, LinearProblem, record_collectives
 
 S, B, H = 16, 2, 16  # m = 32; square weights

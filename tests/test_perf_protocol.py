@@ -9,10 +9,11 @@ import pytest
 import torch
 
 from coc_impl import autotune
-from coc_impl.cost_model import MeasuredCurve
-from coc_impl.timeline import simulate
-from conformance import hardware, perf
+from coc_shared import timing
+from coc_shared.cost_model import MeasuredCurve
+from coc_shared.timeline import simulate
 from conformance.bench.coc import targets
+from conformance.judge import hardware, perf
 from tests.dist_helpers import run_threaded
 
 # ---------------------------------------------------------------- statistics
@@ -59,8 +60,8 @@ def test_time_interleaved_warms_up_rotates_and_takes_the_slowest_rank():
         reduced.append(list(values))
         return [v + 1.0 for v in values]  # another rank was 1 ms slower everywhere
 
-    samples = perf.time_interleaved(
-        items, perf.Settings(warmup=1, repeats=3), barrier=lambda: barriers.append(1),
+    samples = timing.time_interleaved(
+        items, timing.Settings(warmup=1, repeats=3), barrier=lambda: barriers.append(1),
         synchronize=lambda: syncs.append(1), max_over_ranks=max_over_ranks,
         clock=lambda: next(ticks) / 1e3,  # every timed call takes 1 ms
     )
@@ -72,9 +73,9 @@ def test_time_interleaved_warms_up_rotates_and_takes_the_slowest_rank():
 
 def test_settings_are_validated():
     with pytest.raises(ValueError):
-        perf.Settings(warmup=-1)
+        timing.Settings(warmup=-1)
     with pytest.raises(ValueError):
-        perf.Settings(repeats=0)
+        timing.Settings(repeats=0)
 
 
 # ---------------------------------------------------------------- figures
@@ -164,12 +165,12 @@ def test_judge_enforces_only_on_matching_hardware():
 def test_shipped_profiles_parse_and_detect():
     names = {p.name for p in hardware.shipped()}
     assert {"npu-910b-tp8", "cpu-gloo"} <= names
-    assert hardware.detect("npu", "Ascend910B3", 8, "hccl").name == "npu-910b-tp8"
-    assert hardware.detect("npu", "Ascend910B3", 4, "hccl") is None
-    assert hardware.detect("npu", "Ascend910A", 8, "hccl") is None
-    assert hardware.detect("cpu", "AMD EPYC", 2, "gloo").name == "cpu-gloo"
-    assert hardware.detect("cpu", "AMD EPYC", 2, "threaded") is None
-    assert hardware.detect("cuda", "NVIDIA H100", 8, "nccl") is None
+    assert hardware.matching_profile("npu", "Ascend910B3", 8, "hccl").name == "npu-910b-tp8"
+    assert hardware.matching_profile("npu", "Ascend910B3", 4, "hccl") is None
+    assert hardware.matching_profile("npu", "Ascend910A", 8, "hccl") is None
+    assert hardware.matching_profile("cpu", "AMD EPYC", 2, "gloo").name == "cpu-gloo"
+    assert hardware.matching_profile("cpu", "AMD EPYC", 2, "threaded") is None
+    assert hardware.matching_profile("cuda", "NVIDIA H100", 8, "nccl") is None
 
 
 def test_mismatch_names_what_differs():
@@ -270,7 +271,7 @@ def test_auto_confirmation_rejects_a_candidate_that_is_not_faster():
 
 
 def _line(slope):
-    from coc_impl.cost_model import LinearCost
+    from coc_shared.cost_model import LinearCost
 
     return LinearCost(slope, 0.0)
 
@@ -350,8 +351,8 @@ def test_median_ci_brackets_the_median_and_narrows_with_samples():
 
 @pytest.fixture(scope="module")
 def gloo_ranks():
-    from conformance.launchers.devices import cpu
-    from conformance.launchers.process_pool import ProcessLauncher
+    from conformance.harness.launchers.devices import cpu
+    from conformance.harness.launchers.process_pool import ProcessLauncher
 
     launcher = ProcessLauncher(cpu(2), max_live_ranks=2)
     yield launcher
@@ -361,12 +362,12 @@ def gloo_ranks():
 @pytest.mark.parametrize("op", ["matmul_all_reduce", "matmul_reduce_scatter", "all_gather_matmul"])
 def test_rank_side_times_every_item_and_the_reused_buffer_reference(gloo_ranks, op):
     """The serial-reused reference row runs without any implementation capability, on every op."""
-    from conformance.case import Case
     from conformance.cases.perf_cases import SERIAL_REUSED, pipeline_perf_case, variant_reason
+    from conformance.harness.case import RankTask
     assert variant_reason(object(), SERIAL_REUSED, op) is None
     params = dict(op=op, m=64, k=16, n=32, dtype="float32", variants=["scripted-2", SERIAL_REUSED],
                   warmup=1, repeats=2)
-    outcomes = gloo_ranks.run(Case(pipeline_perf_case, 2, params), (), "coc_impl.reference:ReferenceCoC")
+    outcomes = gloo_ranks.run(RankTask(pipeline_perf_case, 2, params), (), "coc_impl.reference:ReferenceCoC")
     assert all(o.ok for o in outcomes), [o.error.traceback for o in outcomes if o.error]
     result = outcomes[0].value
     assert {perf.SERIAL, perf.MM, perf.COMM, "scripted-2", SERIAL_REUSED} <= result["samples"].keys()

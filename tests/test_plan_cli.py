@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from coc_impl.cost_model import SEED_COSTS_FILE
 from coc_impl.plan_cli import main
+from coc_shared.cost_model import SEED_COSTS_FILE
 
 SEED_ARGS = [
     "--m",
@@ -100,7 +100,7 @@ def test_malformed_cost_file_exits_2(capsys, tmp_path):
 def test_module_entry_point():
     root = Path(__file__).resolve().parents[1]
     proc = subprocess.run(
-        [sys.executable, "-m", "coc_impl.plan_cli", *SEED_ARGS[:-1], "coc_impl/data/seed_mc2_costs.json"],
+        [sys.executable, "-m", "coc_impl.plan_cli", *SEED_ARGS[:-1], "coc_shared/data/seed_mc2_costs.json"],
         cwd=root,
         capture_output=True,
         text=True,

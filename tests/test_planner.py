@@ -6,20 +6,20 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from coc_impl.cost_model import (
-    SEED_COSTS_FILE,
-    CommCost,
-    LinearCost,
-    MatmulCost,
-    PiecewiseQuadLinearCost,
-    load_costs,
-)
 from coc_impl.errors import CoCShapeError
 from coc_impl.planner import (
     Plan,
     plan_blocks,
     short_block_candidates,
     short_block_rows,
+)
+from coc_shared.cost_model import (
+    SEED_COSTS_FILE,
+    CommCost,
+    LinearCost,
+    MatmulCost,
+    PiecewiseQuadLinearCost,
+    load_costs,
 )
 
 

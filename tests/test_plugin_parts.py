@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from coc_impl.reference import ReferenceCoC
-from conformance.impl_loader import ImplementationLoadError, load_implementation, missing_capability
+from conformance.harness.impl_loader import ImplementationLoadError, load_implementation, missing_capability
 from conformance.protocol import CoCImplementation
 
 INSTANCE = ReferenceCoC()
@@ -31,7 +31,7 @@ def test_impl_spec_forms() -> None:
 
 @pytest.mark.parametrize("spec, match", [
     ("coc_impl.reference", "expected 'module:attr'"),
-    ("no_such_module_xyz:Impl", "cannot import"),
+    ("no_such_module_xyz:Impl", "no module named 'no_such_module_xyz'"),
     ("coc_impl.reference:Nope", "has no 'Nope'"),
     ("tests.test_plugin_parts:pytest", "lacks 'name' and 'configure'"),
 ])

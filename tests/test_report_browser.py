@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance import report_build
+from conformance.reporting import build as report_build
 
 ROOT = Path(__file__).resolve().parents[1]
 ARTEFACT = ROOT / "reports" / "browser" / "report-summary.png"
@@ -70,7 +70,7 @@ def _build(results: Path, out: Path, history: Path) -> dict[str, object]:
     """The README's one command, in a subprocess (the first build may run ``npm ci``)."""
     path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     done = subprocess.run(
-        [sys.executable, "-m", "conformance.report_build", "--results", str(results), "--out", str(out),
+        [sys.executable, "-m", "conformance.reporting.build", "--results", str(results), "--out", str(out),
          "--history", str(history)],
         cwd=ROOT, capture_output=True, text=True, timeout=900, env={**os.environ, "PYTHONPATH": path},
     )

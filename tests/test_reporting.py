@@ -23,7 +23,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from conformance import plots, report_build, report_meta, reporting
+from conformance.reporting import allure as reporting
+from conformance.reporting import build as report_build
+from conformance.reporting import meta as report_meta
+from conformance.reporting import plots
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -33,9 +36,11 @@ import os
 import numpy as np
 import pytest
 
-from coc_impl.timeline import simulate
-from conformance import errors, numerics, reporting
-from conformance.case import RankOutcome, RemoteError
+from coc_shared.timeline import simulate
+from conformance.harness import errors
+from conformance.judge import failures, numerics
+from conformance.reporting import allure as reporting
+from conformance.harness.case import RankOutcome, CapturedError
 
 DEVICE = os.environ["SYNTH_DEVICE"]
 
@@ -61,7 +66,7 @@ def test_numerics(op, tp, device):
                             chunks=4, dtype="float32", shape=(24, 16, 8))
     reporting.attach_comparison(result)
     if not result.stats.ok:
-        raise errors.NumericMismatch(result.stats.summary())
+        raise failures.NumericMismatch(result.stats.summary())
 
 
 @pytest.mark.parametrize("tp", [4])
@@ -73,10 +78,10 @@ def test_hang(tp):
 
 @pytest.mark.parametrize("tp", [2])
 def test_rank_raised(tp):
-    error = RemoteError("conformance.errors.DeterminismViolation", "runs differ",
+    error = CapturedError("conformance.judge.failures.DeterminismViolation", "runs differ",
                         "Traceback (most recent call last):\\nDeterminismViolation: runs differ")
     raise errors.RankRaised(
-        "rank(s) [1] raised; rank 1: conformance.errors.DeterminismViolation: runs differ",
+        "rank(s) [1] raised; rank 1: conformance.judge.failures.DeterminismViolation: runs differ",
         outcomes=[RankOutcome(0, value=1, log="rank 0 done"), RankOutcome(1, error=error, log="rank 1 log")])
 
 
@@ -228,7 +233,8 @@ def test_categories(runs: tuple[Run, Run]) -> None:
     for run in runs:
         rules = json.loads((run.results / "categories.json").read_text())
         assert [r["name"] for r in rules] == ["Numeric mismatch", "Determinism violation",
-                                              "Missing or wrong error", "Perf regression", report_meta.HANG]
+                                              "Missing or wrong error", "Result contract", "Overlap structure",
+                                              "Perf regression", report_meta.HANG]
         for name, (_, category, _) in EXPECTED.items():
             assert _category(rules, run.cases[name]) == category, name
 
@@ -291,11 +297,11 @@ def test_heatmap_view_and_pooling() -> None:
 
 
 @pytest.mark.parametrize("message, category", [
-    ("conformance.errors.PerfRegression: gain 1% < 3%", "Perf regression"),
-    ("conformance.errors.RankCrashed: rank 3 died (signal 9)", report_meta.HANG),
-    ("conformance.errors.RankRaised: rank(s) [0] raised; rank 0: conformance.errors.NumericMismatch: x",
+    ("conformance.judge.failures.PerfRegression: gain 1% < 3%", "Perf regression"),
+    ("conformance.harness.errors.RankCrashed: rank 3 died (signal 9)", report_meta.HANG),
+    ("conformance.harness.errors.RankRaised: rank(s) [0] raised; rank 0: conformance.judge.failures.NumericMismatch: x",
      "Numeric mismatch"),
-    ("conformance.errors.RankRaised: rank(s) [0] raised; rank 0: builtins.ValueError: x", None),
+    ("conformance.harness.errors.RankRaised: rank(s) [0] raised; rank 0: builtins.ValueError: x", None),
     ("AssertionError: NumericMismatch mentioned later", None),
     ("Failed: DID NOT RAISE <class 'Exception'>", "Missing or wrong error"),
 ])

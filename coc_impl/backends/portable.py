@@ -28,10 +28,10 @@ import torch
 import torch.distributed as dist
 
 from coc_impl import overlap
-from coc_impl.cost_model import CommCost, CostModels
 from coc_impl.deterministic import RankOrderedReducer, finish, fp32_partial, fp32_weight, stable_product
 from coc_impl.planner import ROW_ALIGN, plan_blocks
 from coc_impl.quant import check_antiquant, dequantize
+from coc_shared.cost_model import CommCost, CostModels
 
 Tensor = torch.Tensor
 

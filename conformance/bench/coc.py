@@ -2,7 +2,7 @@
 
 For each shape of a hardware profile (default ``cpu-gloo``) and each TP size
 (default 2 and 4, gloo ranks with one torch thread each), the
-:mod:`conformance.perf` protocol times side by side, in one rank pool:
+:mod:`conformance.judge.perf` protocol times side by side, in one rank pool:
 serial, scripted CoC with 2 / 4 / 8 chunks, ``--coc-parallel-num auto``,
 the implementation's fused op with its own plan, the matmul alone and the
 collective alone, and the reference row ``serial-reused`` (serial into
@@ -31,12 +31,12 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from conformance import hardware, perf
 from conformance.bench import overhead
-from conformance.case import Case
 from conformance.cases.perf_cases import SERIAL_REUSED, pipeline_perf_case
-from conformance.launchers.devices import cpu
-from conformance.launchers.process_pool import ProcessLauncher
+from conformance.harness.case import RankTask
+from conformance.harness.launchers.devices import cpu
+from conformance.harness.launchers.process_pool import ProcessLauncher
+from conformance.judge import hardware, perf
 
 VARIANTS = ("scripted-2", "scripted-4", "scripted-8", "auto", "fused", SERIAL_REUSED)
 #: Target 1: the best scripted chunk count on the balanced all-reduce shape at TP 2.
@@ -107,12 +107,12 @@ def targets(figures: dict[str, dict[str, dict[str, Any]]]) -> dict[str, dict[str
     return out
 
 
-def _measure(launcher: ProcessLauncher, case: Case, impl: str) -> dict[str, Any]:
+def _measure(launcher: ProcessLauncher, task: RankTask, impl: str) -> dict[str, Any]:
     """One interleaved measurement on the ranks (rank 0's result: every figure is a max over ranks)."""
-    outcome = launcher.run(case, (), impl)
+    outcome = launcher.run(task, (), impl)
     failed = [o for o in outcome if not o.ok]
     if failed:
-        raise SystemExit(f"{case.params.get('op')} TP {case.world_size}: rank {failed[0].rank} raised:\n"
+        raise SystemExit(f"{task.params.get('op')} TP {task.world_size}: rank {failed[0].rank} raised:\n"
                          f"{failed[0].error.traceback if failed[0].error else ''}")
     return outcome[0].value
 
@@ -130,8 +130,8 @@ def _undecided(name: str, tp: int, measurement: perf.Measurement) -> bool:
 
 def _overhead(launcher: ProcessLauncher, world_size: int, cases: int, spawns: int) -> dict[str, float]:
     """The foundation benchmark's per-case figures at ``world_size`` (warm pool vs. spawning)."""
-    pool_ms = overhead.pool_per_case_ms(launcher, Case(overhead.empty_case, world_size), cases)
-    allreduce_ms = overhead.pool_per_case_ms(launcher, Case(overhead.tiny_case, world_size), cases)
+    pool_ms = overhead.pool_per_case_ms(launcher, RankTask(overhead.empty_case, world_size), cases)
+    allreduce_ms = overhead.pool_per_case_ms(launcher, RankTask(overhead.tiny_case, world_size), cases)
     spawn_ms = statistics.median(overhead.spawn_per_case_ms(world_size) for _ in range(spawns))
     return {"pool_ms": round(pool_ms, 3), "pool_allreduce_ms": round(allreduce_ms, 3),
             "spawn_ms": round(spawn_ms, 1)}
@@ -167,13 +167,13 @@ def main(argv: list[str] | None = None) -> int:
             for name, case in shapes.items():
                 params = dict(op=case.op, m=case.m, k=case.k, n=case.n, dtype=case.dtype,
                               variants=variants, warmup=args.warmup, repeats=args.repeats)
-                result = _measure(launcher, Case(pipeline_perf_case, tp, params, timeout=1800.0), args.impl)
+                result = _measure(launcher, RankTask(pipeline_perf_case, tp, params, timeout=1800.0), args.impl)
                 measurement = _summary(result, case)
                 rounds = args.repeats
                 for _ in range(args.resample):
                     if not _undecided(name, tp, measurement):
                         break
-                    again = _measure(launcher, Case(pipeline_perf_case, tp, params, timeout=1800.0), args.impl)
+                    again = _measure(launcher, RankTask(pipeline_perf_case, tp, params, timeout=1800.0), args.impl)
                     result = {**result, "samples": perf.pooled(result["samples"], again["samples"])}
                     measurement, rounds = _summary(result, case), rounds + args.repeats
                 identity = result["identity"]

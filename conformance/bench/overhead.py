@@ -18,16 +18,17 @@ import tempfile
 import time
 from datetime import timedelta
 
-from conformance.case import Case, CaseContext
-from conformance.launchers.devices import cpu
-from conformance.launchers.process_pool import ProcessLauncher
+from conformance.harness.case import RankContext, RankTask
+from conformance.harness.launchers.devices import cpu
+from conformance.harness.launchers.process_pool import ProcessLauncher
+from conformance.options import DEFAULT_IMPL
 
 
-def empty_case(ctx: CaseContext) -> int:
+def empty_case(ctx: RankContext) -> int:
     return ctx.rank
 
 
-def tiny_case(ctx: CaseContext) -> float:
+def tiny_case(ctx: RankContext) -> float:
     import torch
     import torch.distributed as dist
 
@@ -59,15 +60,15 @@ def spawn_per_case_ms(world_size: int) -> float:
         return (time.perf_counter() - start) * 1e3
 
 
-IMPL = "coc_impl.reference:ReferenceCoC"
+IMPL = DEFAULT_IMPL
 
 
-def pool_per_case_ms(launcher: ProcessLauncher, case: Case, cases: int) -> float:
+def pool_per_case_ms(launcher: ProcessLauncher, task: RankTask, cases: int) -> float:
     """Median wall time of one case on a warm pool."""
     times = []
     for _ in range(cases):
         t0 = time.perf_counter()
-        launcher.run(case, (), IMPL)
+        launcher.run(task, (), IMPL)
         times.append((time.perf_counter() - t0) * 1e3)
     return statistics.median(times)
 
@@ -86,10 +87,10 @@ def main(argv: list[str] | None = None) -> int:
         launcher = ProcessLauncher(cpu(max(sizes)), max_live_ranks=world_size)
         try:
             start = time.perf_counter()
-            launcher.run(Case(empty_case, world_size), (), IMPL)
+            launcher.run(RankTask(empty_case, world_size), (), IMPL)
             startup = (time.perf_counter() - start) * 1e3
-            pool_ms = pool_per_case_ms(launcher, Case(empty_case, world_size), args.cases)
-            allreduce_ms = pool_per_case_ms(launcher, Case(tiny_case, world_size), args.cases)
+            pool_ms = pool_per_case_ms(launcher, RankTask(empty_case, world_size), args.cases)
+            allreduce_ms = pool_per_case_ms(launcher, RankTask(tiny_case, world_size), args.cases)
         finally:
             launcher.close()
         spawn_ms = statistics.median(spawn_per_case_ms(world_size) for _ in range(args.spawns))

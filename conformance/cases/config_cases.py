@@ -1,21 +1,19 @@
-"""Rank-side cases for configuration checks."""
+"""Rank-side tasks of the configuration checks."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
-from conformance.case import CaseContext
-from conformance.probes import record_collectives
+from conformance.cases.results import ConfigOutcome
+from conformance.harness.case import RankContext, call_capturing_errors
+from conformance.harness.probes import record_collectives
 
 
-def configure_on_rank(ctx: CaseContext, *, argv: list[str], env: Mapping[str, str],
-                      kwargs: Mapping[str, Any]) -> dict[str, Any]:
+def configure_on_rank(ctx: RankContext, *, argv: list[str], env: Mapping[str, str],
+                      kwargs: Mapping[str, Any]) -> ConfigOutcome:
     """Call ``configure`` on this rank; report the error it raised and the collectives issued."""
+    ctx.budget_from(0.0)
     with record_collectives() as log:
-        try:
-            ctx.impl.configure(argv, dict(env), **kwargs)
-            error: tuple[str, str, list[str]] | None = None
-        except Exception as exc:  # noqa: BLE001 - the error is the result
-            error = (type(exc).__qualname__, str(exc), [c.__name__ for c in type(exc).__mro__])
-    return {"error": error, "collectives": [c.op for c in log.calls]}
+        _, error = call_capturing_errors(ctx.impl.configure, argv, dict(env), **kwargs)
+    return ConfigOutcome(error, tuple(c.op for c in log.calls))

@@ -1,22 +1,39 @@
-"""Rank-side cases for the Megatron layer checks (SPEC §1, §3).
+"""Rank-side tasks of the Megatron layer checks (``docs/DESIGN.md#layouts``).
 
-One case builds the real megatron.core layers of a golden case on this rank,
-runs them unpatched (the live serial reference in the same dtype) and then
-under the implementation's ``patch_megatron`` (the CoC result), forward and
-backward, and returns this rank's pieces of every tensor with the collectives
-each phase issued.  Megatron is reached through ``coc_impl.megatron_adapter``,
-the environment adapter (CPU device redirect, parallel state), not through the
-implementation under test.
+:func:`layer_task` builds the real megatron.core layers of a
+:class:`~conformance.cases.data.LayerProblem` twice on this rank -- one left
+alone (the live serial reference in the same dtype), one run under the
+implementation's ``patch_megatron`` (the CoC result) -- and trains both the
+same way: per optimizer step, every micro-batch forward back to back (results
+kept), then every backward, then the same in-place weight update.  Under
+gradient-accumulation fusion the CoC layer's weights carry a pre-filled fp32
+``main_grad`` that its backward must accumulate into, as Megatron's DDP sets
+up.  It returns this rank's pieces of every output and gradient, and for the
+first micro-batch the collectives of each layer and phase.
+
+Megatron is reached through :mod:`coc_shared.megatron_harness` (CPU device
+redirect, parallel state), never through the implementation under test.  With
+a world larger than TP, Megatron's own ``initialize_model_parallel`` puts
+the other ranks in data-parallel replicas, each with its own data.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import logging
+import time
+import warnings
+import zlib
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
-from conformance.case import CaseContext
-from conformance.layouts import layout, shard
-from conformance.probes import record_collectives
+from conformance.cases.data import LayerProblem, layer_batch, layer_deltas, layer_weights
+from conformance.cases.op_cases import _clone, _overlaps, poisoned_allocations
+from conformance.cases.results import LayerOutcome, StepRun, Timeline, timeline_of
+from conformance.harness.case import IMPL, REFERENCE, RankContext, call_capturing_errors
+from conformance.harness.probes import CollectiveLog, Straggler, record_collectives
+from conformance.judge.layouts import layout, shard
 
 
 def coc_argv(chunks: int | str) -> list[str]:
@@ -24,140 +41,250 @@ def coc_argv(chunks: int | str) -> list[str]:
     return ["--use-ascend-coc", "--coc-parallel-num", str(chunks)]
 
 
-def _build(layer: str, golden_case: Any, sp: bool, dtype: Any, tp: int) -> tuple[Any, dict[str, Any]]:
-    """The megatron module(s) of ``layer`` with the golden weights; params by golden name."""
+@dataclass(frozen=True)
+class LayerJob:
+    """What :func:`layer_task` runs: a problem, its TP size, the implementation's flags."""
+
+    problem: LayerProblem
+    tp: int
+    argv: tuple[str, ...]
+    coc_cfgs: Mapping[str, Any] | None = None
+    runs: int = 1  #: CoC repeats of the whole thing (determinism)
+    serial: bool = True
+    steps: int = 1
+    main_grad: bool = False  #: gradient-accumulation fusion into a pre-filled fp32 main_grad
+    straggler_s: float = 0.0
+    straggler_rank: int | None = None  #: None with ``straggler_s``: random ranks
+    poison: bool = True
+
+
+class _Mlp:
+    """Column (fc1) -> exact gelu -> row (fc2), marking each layer's phases in the timeline."""
+
+    def __init__(self, fc1: Any, fc2: Any) -> None:
+        self.fc1, self.fc2 = fc1, fc2
+
+    def __call__(self, x: Any, log: CollectiveLog | None, tag: str) -> Any:
+        import torch
+
+        _mark(log, "column/forward", tag)
+        h, _ = self.fc1(x)
+        if log is not None and h.requires_grad:
+            h.register_hook(lambda grad: _mark(log, "column/backward", tag))
+        _mark(log, "row/forward", tag)
+        y, _ = self.fc2(torch.nn.functional.gelu(h))  # exact (erf) gelu, as the golden
+        return y
+
+
+def _mark(log: CollectiveLog | None, phase: str, tag: str) -> None:
+    """Mark where ``phase`` (``"<layer kind>/<forward|backward>"``) of micro-batch ``tag`` starts."""
+    if log is not None:
+        log.mark(f"{phase}@{tag}")
+
+
+def _build(problem: LayerProblem, weights: Mapping[str, Any], tp: int) -> tuple[Any, dict[str, Any]]:
+    """The megatron module(s) of ``problem`` loaded with the global ``weights``; params by golden name."""
     import torch
 
-    from coc_impl.megatron_adapter import build_column, build_row
+    from coc_shared.megatron_harness import build_column, build_row
 
-    p = golden_case.params
-    bias = p["with_bias"]
-
-    def tensor(name: str) -> Any:
-        return golden_case.tensor(name, dtype=dtype) if name in golden_case.inputs else None
-
-    if layer == "column":
-        module = build_column(p["h_in"], p["h_out"], bias=bias, sequence_parallel=sp, dtype=dtype,
-                              weight=tensor("w"), bias_value=tensor("b"))
-        return module, {"w": module.weight, "b": module.bias}
-    if layer == "row":
-        module = build_row(p["h_in"], p["h_out"], bias=bias, sequence_parallel=sp, dtype=dtype,
-                           weight=tensor("w"), bias_value=tensor("b"))
-        return module, {"w": module.weight, "b": module.bias}
-    fc1 = build_column(p["h_in"], p["ffn"], bias=bias, sequence_parallel=sp, dtype=dtype,
-                       weight=tensor("w1"), bias_value=tensor("b1"))
-    fc2 = build_row(p["ffn"], p["h_out"], bias=bias, sequence_parallel=sp, dtype=dtype,
-                    weight=tensor("w2"), bias_value=tensor("b2"))
-
-    class _Mlp(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.fc1, self.fc2 = fc1, fc2
-
-        def forward(self, x: Any) -> tuple[Any, None]:
-            h, _ = self.fc1(x)
-            return self.fc2(torch.nn.functional.gelu(h))  # exact (erf) gelu, as the golden
-
-    return _Mlp(), {"w1": fc1.weight, "b1": fc1.bias, "w2": fc2.weight, "b2": fc2.bias}
+    dtype = getattr(torch, problem.dtype)
+    sp, bias = problem.sequence_parallel, problem.bias
+    if problem.layer == "mlp":
+        assert problem.ffn is not None
+        fc1 = build_column(problem.h_in, problem.ffn, bias=bias, sequence_parallel=sp, dtype=dtype,
+                           weight=weights["w1"], bias_value=weights["b1"])
+        fc2 = build_row(problem.ffn, problem.h_out, bias=bias, sequence_parallel=sp, dtype=dtype,
+                        weight=weights["w2"], bias_value=weights["b2"])
+        return _Mlp(fc1, fc2), {"w1": fc1.weight, "b1": fc1.bias, "w2": fc2.weight, "b2": fc2.bias}
+    build = build_column if problem.layer == "column" else build_row
+    module = build(problem.h_in, problem.h_out, bias=bias, sequence_parallel=sp, dtype=dtype,
+                   weight=weights["w"], bias_value=weights["b"])
+    return module, {"w": module.weight, "b": module.bias}
 
 
-def _run_once(module: Any, params: Mapping[str, Any], x: Any, dy: Any) -> dict[str, Any]:
-    for param in params.values():
-        if param is not None:
-            param.grad = None
-    x = x.detach().clone().requires_grad_(True)
-    with record_collectives() as fwd:
-        y, _ = module(x)
-    with record_collectives() as bwd:
-        y.backward(dy)
-    result = {"y": y.detach().clone(), "dx": x.grad.detach().clone()}
-    for name, param in params.items():
-        if param is not None:
-            result["d" + name] = param.grad.detach().clone()
-    result["collectives"] = {
-        "forward": [(c.kind, c.overlappable) for c in fwd.calls],
-        "backward": [(c.kind, c.overlappable) for c in bwd.calls],
-    }
-    return result
+def _call(module: Any, kind: str, x: Any, log: CollectiveLog | None, tag: str) -> Any:
+    if isinstance(module, _Mlp):
+        return module(x, log, tag)
+    _mark(log, f"{kind}/forward", tag)
+    y, _ = module(x)
+    return y
 
 
-def layer_case(ctx: CaseContext, *, case_id: str, chunks: int | str, runs: int = 1,
-               serial: bool = True, coc_cfgs: Mapping[str, Any] | None = None,
-               argv: Sequence[str] | None = None) -> dict[str, Any]:
-    """Serial and CoC results of one golden layer case on this rank (``runs`` CoC repeats).
-
-    ``argv`` configures the implementation (default: :func:`coc_argv` of ``chunks``).
-    """
-    import golden
-    from coc_impl.megatron_adapter import model_parallel
-
-    g = golden.load(case_id)
-    layer, sp, tp = g.params["layer"], g.params["sequence_parallel"], ctx.world_size
-    dtype = g.dtype
-    splits = layout(layer, sp)
-    kwargs: dict[str, Any] = {"tp_size": tp}
-    if coc_cfgs is not None:
-        kwargs["coc_cfgs"] = dict(coc_cfgs)
-    config = ctx.impl.configure(coc_argv(chunks) if argv is None else list(argv), {}, **kwargs)
-    x = shard(g.tensor("x", dtype=dtype), splits["x"], ctx.rank, tp)
-    dy = shard(g.tensor("dy", dtype=dtype), splits["dy"], ctx.rank, tp)
-    with model_parallel(tp, sequence_parallel=sp):
-        module, params = _build(layer, g, sp, dtype, tp)
-        out: dict[str, Any] = {}
-        if serial:
-            out["serial"] = _run_once(module, params, x, dy)
-        with ctx.impl.patch_megatron(config):
-            out["coc"] = [_run_once(module, params, x, dy) for _ in range(runs)]
-    return out
+def _shard_weights(problem: LayerProblem, tensors: Mapping[str, Any], rank: int, tp: int) -> dict[str, Any]:
+    splits = layout(problem.layer, problem.sequence_parallel)
+    return {n: None if t is None else shard(t, splits[n], rank, tp) for n, t in tensors.items()}
 
 
-def shape_rule_case(ctx: CaseContext, *, layer: str, sp: bool, s: int, b: int, h: int,
-                    chunks: int) -> dict[str, Any]:
-    """Run one layer on ``s*b`` tokens under ``chunks`` chunks; report the outcome.
-
-    Returns the error the patched layer raised (type names of its MRO and the
-    message), the UserWarnings and WARNING log records it emitted, how many
-    collectives it issued, and -- when it ran -- its output and the serial one.
-    """
-    import logging
-    import warnings
-
+def _main_grad_prefill(problem: LayerProblem, name: str, shape: Sequence[int], step: int) -> Any:
     import torch
 
-    from coc_impl.megatron_adapter import build_column, build_row, model_parallel
+    gen = torch.Generator().manual_seed(zlib.crc32(f"{problem.seed}/{name}/{step}".encode()))
+    return torch.randn(*shape, generator=gen, dtype=torch.float32)
 
-    tp = ctx.world_size
-    config = ctx.impl.configure(coc_argv(chunks), {}, tp_size=tp)
-    generator = torch.Generator().manual_seed(1234)
-    splits = layout(layer, sp)
-    x = shard(torch.randn(s, b, h * (1 if layer == "column" else tp), generator=generator),
-              splits["x"], ctx.rank, tp)
-    logged: list[str] = []
+
+def main_grad_prefill(problem: LayerProblem, step: int) -> dict[str, Any]:
+    """The global fp32 ``main_grad`` each weight starts step ``step`` with (fusion cases)."""
+    return {n: _main_grad_prefill(problem, n, shape, step) for n, shape in problem.weight_shapes().items()
+            if n.startswith("w")}
+
+
+@contextmanager
+def _observed_warnings(into: list[str]) -> Iterator[None]:
+    """UserWarnings and WARNING+ log records raised inside the block (fallback notices)."""
     handler = logging.Handler(logging.WARNING)
-    handler.emit = lambda record: logged.append(record.getMessage())  # type: ignore[method-assign]
-    with model_parallel(tp, sequence_parallel=sp):
-        build = build_column if layer == "column" else build_row
-        torch.manual_seed(0)
-        module = build(h, h * tp, sequence_parallel=sp) if layer == "column" else build(
-            h * tp, h, sequence_parallel=sp)
-        serial, _ = module(x)
-        logging.getLogger().addHandler(handler)
-        try:
-            with warnings.catch_warnings(record=True) as caught, record_collectives() as log:
-                warnings.simplefilter("always")
+    handler.emit = lambda record: into.append(record.getMessage())  # type: ignore[method-assign]
+    root = logging.getLogger()
+    root.addHandler(handler)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            yield
+    finally:
+        root.removeHandler(handler)
+        into.extend(str(w.message) for w in caught
+                    if issubclass(w.category, UserWarning) and "deterministic" not in str(w.message))
+
+
+def layer_task(ctx: RankContext, *, job: LayerJob) -> LayerOutcome:
+    """Serial and CoC training of ``job`` on this rank (module docstring)."""
+    import torch
+
+    from coc_shared.megatron_harness import model_parallel
+
+    problem, tp = job.problem, job.tp
+    kwargs: dict[str, Any] = {"tp_size": tp}
+    if job.coc_cfgs is not None:
+        kwargs["coc_cfgs"] = dict(job.coc_cfgs)
+    config, error = call_capturing_errors(ctx.impl.configure, list(job.argv), {}, **kwargs)
+    with model_parallel(tp, sequence_parallel=problem.sequence_parallel) as par:
+        from megatron.core import parallel_state
+
+        replica = parallel_state.get_data_parallel_rank() if ctx.world_size > tp else 0
+        outcome = LayerOutcome(None, [], replica=replica, tp_rank=par.rank, error=error)
+        if error is not None:
+            return outcome
+        splits = layout(problem.layer, problem.sequence_parallel)
+        micros = 1 if problem.case_id is not None else len(problem.tokens)
+        batches = [[{n: shard(t, splits[n], par.rank, tp)
+                     for n, t in layer_batch(problem, i, step, replica).items()} for i in range(micros)]
+                   for step in range(job.steps)]
+        kept_batches = _clone(batches)
+        started = time.perf_counter()
+        if job.serial:
+            with ctx.timer(REFERENCE):
+                outcome.serial = _train(problem, job, par, batches, log=None, fusion=False)
+        serial_s = (time.perf_counter() - started) if job.serial else 0.5
+        ctx.budget_from(serial_s, calls=job.runs * 2)
+        straggler = _straggler(ctx, job)
+        seen: list[str] = []
+        for run in range(job.runs):
+            def patched(log: CollectiveLog, first: bool = run == 0) -> list[StepRun]:
                 with ctx.impl.patch_megatron(config):
-                    try:
-                        y, _ = module(x.clone().requires_grad_(True))
-                        y.backward(torch.ones_like(y))
-                        error = None
-                    except Exception as exc:  # noqa: BLE001 - the error is the result
-                        y, error = None, ([c.__name__ for c in type(exc).__mro__], str(exc))
-        finally:
-            logging.getLogger().removeHandler(handler)
-    return {
-        "error": error,
-        "warnings": [str(w.message) for w in caught if issubclass(w.category, UserWarning)] + logged,
-        "collectives": len(log.calls),
-        "y": None if y is None else y.detach(),
-        "serial": serial.detach(),
-    }
+                    return _train(problem, job, par, batches, log=log, fusion=job.main_grad,
+                                  straggler=straggler, outcome=outcome if first else None)
+
+            with _observed_warnings(seen), record_collectives(straggler) as log, \
+                    poisoned_allocations(job.poison), ctx.timer(IMPL):
+                steps, error = call_capturing_errors(patched, log)
+            if error is not None:
+                outcome.error = error
+                break
+            outcome.coc.append(steps)
+            if run == 0:
+                outcome.timelines = _phases(log)
+        outcome.warnings = tuple(seen)
+        for step, (before, now) in enumerate(zip(kept_batches, batches)):
+            for micro, (was, is_) in enumerate(zip(before, now)):
+                for name in was:
+                    if not torch.equal(was[name], is_[name]):
+                        outcome.mutated.append(f"step {step} micro-batch {micro}: input {name!r}")
+    return outcome
+
+
+def _straggler(ctx: RankContext, job: LayerJob) -> Straggler | None:
+    if job.straggler_s <= 0:
+        return None
+    seed = zlib.crc32(f"{ctx.rank}/{job.problem.layer}/{job.tp}".encode())
+    if job.straggler_rank is not None:
+        return Straggler(job.straggler_s, seed) if ctx.rank == job.straggler_rank else None
+    return Straggler(job.straggler_s, seed, probability=0.5)
+
+
+def _phases(log: CollectiveLog) -> dict[str, Timeline]:
+    """The timeline of each phase of the first micro-batch of the first step: from its mark to the next."""
+    marks = [(i, e.label) for i, e in enumerate(log.events) if e.what == "mark"]
+    phases: dict[str, Timeline] = {}
+    for (start, label), end in zip(marks, [i for i, _ in marks[1:]] + [len(log.events)]):
+        phase, _, tag = label.partition("@")
+        if tag == "0.0":
+            phases[phase] = timeline_of(log, start, end)
+    return phases
+
+
+def _train(problem: LayerProblem, job: LayerJob, par: Any, batches: list[list[dict[str, Any]]], *,
+           log: CollectiveLog | None, fusion: bool, straggler: Straggler | None = None,
+           outcome: LayerOutcome | None = None) -> list[StepRun]:
+    """Every step of ``job`` on fresh layers; CoC when called inside ``patch_megatron``."""
+    import torch
+
+    tp, rank = par.size, par.rank
+    module, params = _build(problem, layer_weights(problem, 0), tp)
+    if fusion:
+        for part in (module.fc1, module.fc2) if isinstance(module, _Mlp) else (module,):
+            part.gradient_accumulation_fusion = True
+    kind = problem.layer
+    steps: list[StepRun] = []
+    for step, micro_batches in enumerate(batches):
+        prefill = _shard_weights(problem, main_grad_prefill(problem, step), rank, tp) if fusion else {}
+        for name, param in params.items():
+            if param is None:
+                continue
+            param.grad = None
+            if name in prefill:
+                param.main_grad = prefill[name].clone()
+                param.grad_added_to_main_grad = False
+        xs, ys, returned = [], [], []
+        for i, batch in enumerate(micro_batches):
+            if straggler is not None:
+                straggler()  # arrive late at the call itself
+            x = batch["x"].detach().clone().requires_grad_(True)
+            y = _call(module, kind, x, log, f"{step}.{i}")
+            xs.append(x)
+            ys.append(y)
+            returned.append(y.detach().clone())
+        for i, (y, batch) in enumerate(zip(ys, micro_batches)):
+            _mark(log, "row/backward" if kind in ("row", "mlp") else "column/backward", f"{step}.{i}")
+            y.backward(batch["dy"])
+        outputs = [{"y": y.detach().cpu(), "dx": x.grad.detach().cpu().clone()} for x, y in zip(xs, ys)]
+        if outcome is not None:
+            for i, (y, copy) in enumerate(zip(ys, returned)):
+                if not torch.equal(y.detach(), copy):
+                    outcome.changed_after_return.append(f"step {step} micro-batch {i}: y")
+                for j, other in enumerate(ys[:i]):
+                    if _overlaps(y, other):
+                        outcome.shared_memory.append(f"step {step}: y of micro-batches {j} and {i}")
+        grads: dict[str, Any] = {}
+        weight_grad: dict[str, str] = {}
+        for name, param in params.items():
+            if param is None:
+                continue
+            if name in prefill:
+                grads["d" + name] = param.main_grad.detach().cpu().clone()
+                weight_grad["d" + name] = ("None" if param.grad is None else
+                                           "values" if not getattr(param, "grad_added_to_main_grad", False)
+                                           else "dummy")
+            elif fusion is False and job.main_grad and name.startswith("w"):
+                # The serial reference of a fusion case: what main_grad must hold afterwards.
+                start = _shard_weights(problem, main_grad_prefill(problem, step), rank, tp)[name]
+                grads["d" + name] = start + param.grad.detach().cpu().float()
+            else:
+                grads["d" + name] = None if param.grad is None else param.grad.detach().cpu().clone()
+        steps.append(StepRun(outputs, grads, weight_grad))
+        if step + 1 < len(batches):
+            deltas = _shard_weights(problem, layer_deltas(problem, step), rank, tp)
+            with torch.no_grad():
+                for name, param in params.items():
+                    if param is not None:
+                        param.add_(deltas[name])
+    return steps

@@ -3,7 +3,7 @@
 The pipeline is one of the fused ops (``op``) on a per-rank matmul
 ``[m, k] @ [k, n]`` (``m`` counts the gathered rows for ``all_gather_matmul``
 and the rows before the scatter for ``matmul_reduce_scatter``).  Items timed
-by the :mod:`conformance.perf` protocol:
+by the :mod:`conformance.judge.perf` protocol:
 
 * ``serial``: the live serial composition of :mod:`conformance.cases.op_cases`
   (matmul, then the collective, or the reverse);
@@ -24,37 +24,38 @@ by the :mod:`conformance.perf` protocol:
   CPU, faulting in a fresh output's pages is a visible part of its cost).
 
 On a CPU device the case also measures the CPU time the matmul and the
-collective burn (:class:`~conformance.perf.CpuDemand`): the collective's
+collective burn (:class:`~conformance.judge.perf.CpuDemand`): the collective's
 copies and reductions compete with the matmul for the same cores.
 
 Every item multiplies the same weight storage (megatron's ``[out, in]``
 shard) on the same process group.  Which blocks a variant used is observed,
-not assumed: one untimed call under :func:`~conformance.probes.record_collectives`
+not assumed: one untimed call under :func:`~conformance.harness.probes.record_collectives`
 after warm-up (so ``auto`` has made its decision).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import platform
 from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-from conformance.case import CaseContext
+from coc_shared.timing import Settings, time_interleaved, warm_up
+from conformance.cases.groups import TPPlace
 from conformance.cases.layer_cases import coc_argv
 from conformance.cases.op_cases import serial_composition
-from conformance.impl_loader import missing_capability
-from conformance.perf import COMM, MM, SERIAL, Settings, block_key, time_interleaved, warm_up
-from conformance.probes import record_collectives
+from conformance.harness.case import RankContext
+from conformance.harness.impl_loader import missing_capability
+from conformance.harness.probes import record_collectives
+from conformance.judge.perf import COMM, MM, SERIAL, block_key
 
-#: The collective each op pipelines (as :class:`~conformance.probes.CollectiveCall` kinds).
+#: The collective each op pipelines (as :class:`~conformance.harness.probes.CollectiveCall` kinds).
 KINDS = {"matmul_all_reduce": "all_reduce", "matmul_reduce_scatter": "reduce_scatter",
          "all_gather_matmul": "all_gather"}
 
 
-def device_identity(ctx: CaseContext, backend: str) -> dict[str, Any]:
+def device_identity(ctx: RankContext, backend: str) -> dict[str, Any]:
     """What a hardware profile matches on: device kind, device name, backend, TP."""
     kind = ctx.device.split(":")[0]
     if kind == "cpu":
@@ -93,13 +94,13 @@ def chunk_flag(variant: str) -> str:
     return "auto" if variant == "auto" else variant.removeprefix("scripted-")
 
 
-def pipeline_perf_case(ctx: CaseContext, *, op: str, m: int, k: int, n: int, dtype: str,
+def pipeline_perf_case(ctx: RankContext, *, op: str, m: int, k: int, n: int, dtype: str,
                        variants: list[str], warmup: int, repeats: int) -> dict[str, Any]:
     """Interleaved timings (ms, max over ranks) of serial, each variant and the costs alone."""
     import torch
     import torch.distributed as dist
 
-    from coc_impl.megatron_adapter import build_column, build_row, model_parallel
+    from coc_shared.megatron_harness import build_column, build_row, model_parallel
 
     tp, impl = ctx.world_size, ctx.impl
     torch_dtype = getattr(torch, dtype)
@@ -124,13 +125,13 @@ def pipeline_perf_case(ctx: CaseContext, *, op: str, m: int, k: int, n: int, dty
         weight = layer.weight  # megatron's [out, in] shard, i.e. [n, k]
         w_kn = weight.t()
         x_layer = x.unsqueeze(1)  # [s, b=1, h]
-        serial_ctx = dataclasses.replace(ctx, subgroup=group)
+        place = TPPlace(group, par.rank, tp, 0, tuple(range(tp)))
         synchronize: Callable[[], None] = (
             torch.get_device_module(device).synchronize if device.type != "cpu" else _no_sync)
         costs = _CostItems(op, x, w_kn, group, rand)
 
         items: dict[str, Callable[[], Any]] = {
-            SERIAL: lambda: serial_composition(serial_ctx, op, x, w_kn, None),
+            SERIAL: lambda: serial_composition(place, op, x, w_kn, None),
         }
         for variant in runnable:
             if variant == SERIAL_REUSED:

@@ -1,16 +1,26 @@
-"""Configuration conformance (SPEC §2): precedence, warnings, typed errors, every rank.
+"""Configuration conformance (``docs/DESIGN.md#configuration``): precedence, refusals, warnings, every rank.
 
-Effective settings are read through the protocol's ``configure``.  A
-"warning" is either a ``warnings.warn`` of a UserWarning or a log record at
-WARNING or above: implementations may use either, but must use exactly one
-per conflict and none when nothing conflicts.
+Effective settings are read through the protocol's ``configure``.
+
+* MUST: the command-line flags set what they say (API over command line);
+  invalid or incompatible settings are refused -- any exception -- with a
+  message naming the setting, identically on every rank and before any
+  collective; nothing is refused while CoC is off.
+* SHOULD: the legacy environment variables (and the command line over them),
+  one warning per overridden or ineffective setting, the declared error type
+  (protocol v2 ``error_types``), one error type per cause, the documented
+  ``coc_cfgs`` defaults.
+
+A "warning" is a ``warnings.warn`` of a UserWarning or a log record at WARNING
+or above, raised *by configure* (``configure`` is called once unobserved
+first, so what its dependencies warn about while being imported does not
+count).
 """
 
 from __future__ import annotations
 
 import inspect
 import logging
-import re
 import warnings
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -20,6 +30,11 @@ from typing import Any
 import pytest
 
 from conformance.cases.config_cases import configure_on_rank
+from conformance.harness.case import CapturedError, call_capturing_errors
+from conformance.judge import checks
+from conformance.judge.failures import WrongError
+from conformance.judge.levels import Level
+from conformance.protocol import Declarations
 
 ON = ["--use-ascend-coc"]
 
@@ -35,6 +50,8 @@ class Setting:
     expect: dict[str, Any] = field(default_factory=dict)
     warnings: int = 0
     warning_names: tuple[str, ...] = ()  # each must appear in the warning text
+    level: Level = Level.MUST  # of the effective values (legacy environment variables: SHOULD)
+    fused: bool = False  # needs fused-kernel layers
 
 
 PRECEDENCE = [
@@ -42,26 +59,26 @@ PRECEDENCE = [
     Setting("cli-scripted", ON + ["--coc-parallel-num", "4"],
             expect={"enabled": True, "parallel_num": 4, "fused_kernel": False}),
     Setting("cli-auto", ON + ["--coc-parallel-num", "auto"],
-            expect={"enabled": True, "parallel_num": "auto"}),
+            expect={"enabled": True, "parallel_num": "auto"}, level=Level.SHOULD),
     Setting("env-scripted-enables", [], {"COC_PARALLEL_NUM": "2", "USE_COC_FUSED_KERNEL": "0"},
-            expect={"enabled": True, "parallel_num": 2, "fused_kernel": False}),
+            expect={"enabled": True, "parallel_num": 2, "fused_kernel": False}, level=Level.SHOULD),
     Setting("env-off", [], {"COC_PARALLEL_NUM": "1", "USE_COC_FUSED_KERNEL": "0"},
-            expect={"enabled": False, "fused_kernel": False}),
+            expect={"enabled": False, "fused_kernel": False}, level=Level.SHOULD),
     Setting("env-fused", [], {"USE_COC_FUSED_KERNEL": "1"}, tp=8,
-            expect={"enabled": True, "fused_kernel": True}),
+            expect={"enabled": True, "fused_kernel": True}, level=Level.SHOULD, fused=True),
     Setting("cli-fused", ON + ["--coc-fused-kernel"], tp=8,
-            expect={"enabled": True, "fused_kernel": True}),
+            expect={"enabled": True, "fused_kernel": True}, fused=True),
     Setting("cli-over-env", ON + ["--coc-parallel-num", "4"], {"COC_PARALLEL_NUM": "2"},
             expect={"enabled": True, "parallel_num": 4}, warnings=1,
-            warning_names=("COC_PARALLEL_NUM",)),
+            warning_names=("COC_PARALLEL_NUM",), level=Level.SHOULD),
     Setting("cli-agrees-env", ON + ["--coc-parallel-num", "4"], {"COC_PARALLEL_NUM": "4"},
-            expect={"enabled": True, "parallel_num": 4}),
+            expect={"enabled": True, "parallel_num": 4}, level=Level.SHOULD),
     Setting("fused-over-num-cli", ON + ["--coc-fused-kernel", "--coc-parallel-num", "4"], tp=8,
             expect={"enabled": True, "fused_kernel": True}, warnings=1,
-            warning_names=("parallel",)),
+            warning_names=("parallel",), fused=True),
     Setting("fused-over-num-env", [], {"COC_PARALLEL_NUM": "4", "USE_COC_FUSED_KERNEL": "1"}, tp=8,
             expect={"enabled": True, "fused_kernel": True}, warnings=1,
-            warning_names=("parallel",)),
+            warning_names=("parallel",), level=Level.SHOULD, fused=True),
     Setting("num-without-enable", ["--coc-parallel-num", "4"],
             expect={"enabled": False}, warnings=1, warning_names=("--use-ascend-coc",)),
 ]
@@ -69,34 +86,45 @@ PRECEDENCE = [
 
 @dataclass(frozen=True)
 class BadSetting:
-    """A configuration that must be refused with a typed error naming ``names``."""
+    """A configuration that must be refused, with a message naming ``names``."""
 
     id: str
-    category: str
+    cause: str  # one error type per cause (SHOULD)
+    kind: str  # the protocol's error kind the refusal is declared under
     argv: list[str]
     env: dict[str, str] = field(default_factory=dict)
     kwargs: dict[str, Any] = field(default_factory=dict)
     names: str = ""  # regex the message must match (the flags involved)
+    fused: bool = False  # needs fused-kernel layers
+    level: Level = Level.MUST  # of the refusal itself (legacy environment variables: SHOULD)
 
 
 SCRIPTED = ON + ["--coc-parallel-num", "2"]
 ERRORS = [
-    BadSetting("mc2", "mc2", SCRIPTED, kwargs={"use_ascend_mc2": True}, names=r"--use-ascend-mc2"),
-    BadSetting("moe", "moe", SCRIPTED, kwargs={"num_experts": 8}, names=r"num[-_]experts|MoE"),
-    BadSetting("tp-2d", "tp2d", SCRIPTED, kwargs={"tp_2d": True}, names=r"tp[-_]2d|2-?D"),
-    BadSetting("transformer-engine", "te", SCRIPTED, kwargs={"transformer_impl": "transformer_engine"},
-               names=r"transformer[-_ ]?(impl|engine)"),
-    BadSetting("chunks-cli-3", "chunks", ON + ["--coc-parallel-num", "3"], names=r"--coc-parallel-num"),
-    BadSetting("chunks-cli-16", "chunks", ON + ["--coc-parallel-num", "16"], names=r"--coc-parallel-num"),
-    BadSetting("chunks-cli-word", "chunks", ON + ["--coc-parallel-num", "many"], names=r"--coc-parallel-num"),
-    BadSetting("chunks-env-6", "chunks", [], {"COC_PARALLEL_NUM": "6"}, names=r"COC_PARALLEL_NUM"),
-    BadSetting("fused-tp4-cli", "fused_tp", ON + ["--coc-fused-kernel"], kwargs={"tp_size": 4},
-               names=r"--coc-fused-kernel"),
-    BadSetting("fused-tp2-env", "fused_tp", [], {"USE_COC_FUSED_KERNEL": "1"}, kwargs={"tp_size": 2},
-               names=r"USE_COC_FUSED_KERNEL|--coc-fused-kernel"),
+    BadSetting("mc2", "mc2", "incompatible", SCRIPTED, kwargs={"use_ascend_mc2": True}, names=r"--use-ascend-mc2"),
+    BadSetting("moe", "moe", "incompatible", SCRIPTED, kwargs={"num_experts": 8}, names=r"num[-_]experts|MoE"),
+    BadSetting("tp-2d", "tp2d", "incompatible", SCRIPTED, kwargs={"tp_2d": True}, names=r"tp[-_]2d|2-?D"),
+    BadSetting("transformer-engine", "te", "incompatible", SCRIPTED,
+               kwargs={"transformer_impl": "transformer_engine"}, names=r"transformer[-_ ]?(impl|engine)"),
+    BadSetting("chunks-cli-3", "chunks", "config", ON + ["--coc-parallel-num", "3"], names=r"--coc-parallel-num"),
+    BadSetting("chunks-cli-16", "chunks", "config", ON + ["--coc-parallel-num", "16"],
+               names=r"--coc-parallel-num"),
+    BadSetting("chunks-cli-word", "chunks", "config", ON + ["--coc-parallel-num", "many"],
+               names=r"--coc-parallel-num"),
+    BadSetting("chunks-env-6", "chunks", "config", [], {"COC_PARALLEL_NUM": "6"}, names=r"COC_PARALLEL_NUM",
+               level=Level.SHOULD),
+    BadSetting("fused-env-value", "env-value", "config", [], {"USE_COC_FUSED_KERNEL": "maybe"},
+               names=r"USE_COC_FUSED_KERNEL", level=Level.SHOULD),
+    BadSetting("tp-size-zero", "tp-size", "config", SCRIPTED, kwargs={"tp_size": 0},
+               names=r"tensor[-_ ]model[-_ ]parallel[-_ ]size|tp[-_ ]size"),
+    BadSetting("fused-tp4-cli", "fused_tp", "incompatible", ON + ["--coc-fused-kernel"], kwargs={"tp_size": 4},
+               names=r"--coc-fused-kernel", fused=True),
+    BadSetting("fused-tp2-env", "fused_tp", "incompatible", [], {"USE_COC_FUSED_KERNEL": "1"},
+               kwargs={"tp_size": 2}, names=r"USE_COC_FUSED_KERNEL|--coc-fused-kernel", fused=True,
+               level=Level.SHOULD),
 ]
-#: The six causes SPEC §2 lists; each must have its own error type.
-CATEGORIES = ("mc2", "moe", "tp2d", "te", "chunks", "fused_tp")
+#: The causes that must each have their own error type (SHOULD).
+CAUSES = ("mc2", "moe", "tp2d", "te", "chunks", "fused_tp")
 
 USER_CFG_ERRORS = [
     ("unknown-key", {"bogus_key": True}, r"bogus_key"),
@@ -128,28 +156,48 @@ def observed_warnings() -> Iterator[list[str]]:
         seen.extend(str(w.message) for w in caught if issubclass(w.category, UserWarning))
 
 
-def _configure(impl: Any, argv: list[str], env: Mapping[str, str], **kwargs: Any) -> Any:
+def takes_coc_cfgs(impl: Any) -> bool:
+    params = inspect.signature(impl.configure).parameters
+    return "coc_cfgs" in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+
+def _configure(impl: Any, argv: list[str], env: Mapping[str, str], **kwargs: Any) -> tuple[Any, CapturedError | None]:
     kwargs.setdefault("tp_size", 2)
-    return impl.configure(argv, dict(env), **kwargs)
+    call_capturing_errors(impl.configure, [], {}, tp_size=2)  # imports whatever configure imports lazily
+    return call_capturing_errors(impl.configure, argv, dict(env), **kwargs)
 
 
-def _is_config_error(exc: BaseException) -> bool:
-    return any(cls.__name__ == "CoCConfigError" for cls in type(exc).__mro__)
+def _needs_fused(declared: Declarations, fused: bool, impl: Any) -> None:
+    if fused and not declared.fused_layers:
+        pytest.skip(f"{impl.name} declares no fused-kernel layers (fused_layers = False)")
 
 
 @pytest.mark.parametrize("setting", PRECEDENCE, ids=lambda s: s.id)
-def test_effective_config_and_warnings(coc_impl: Any, setting: Setting) -> None:
+def test_effective_config_and_warnings(coc_impl: Any, coc_declarations: Declarations, verdicts: Any,
+                                       setting: Setting) -> None:
+    _needs_fused(coc_declarations, setting.fused, coc_impl)
     with observed_warnings() as seen:
-        config = _configure(coc_impl, setting.argv, setting.env, tp_size=setting.tp)
-    actual = {key: getattr(config, key) for key in setting.expect}
-    assert actual == setting.expect, f"argv={setting.argv} env={setting.env}"
-    assert len(seen) == setting.warnings, f"expected {setting.warnings} warning(s), got {seen}"
-    for name in setting.warning_names:
-        assert name in seen[0], f"warning does not name {name!r}: {seen[0]!r}"
+        config, error = _configure(coc_impl, setting.argv, setting.env, tp_size=setting.tp)
+    with verdicts.check("effective settings", setting.level):
+        if error is not None:
+            raise WrongError(f"argv={setting.argv} env={setting.env}: configure refused a valid setting: "
+                             f"{error.describe()}")
+        actual = {key: getattr(config, key, "<missing>") for key in setting.expect}
+        assert actual == setting.expect, f"argv={setting.argv} env={setting.env}: expected {setting.expect}, " \
+                                         f"got {actual}"
+    with verdicts.check("one warning per overridden or ineffective setting", Level.SHOULD):
+        assert len(seen) == setting.warnings, f"expected {setting.warnings} warning(s), got {seen}"
+        for name in setting.warning_names:
+            assert name in seen[0], f"warning does not name {name!r}: {seen[0]!r}"
 
 
+@pytest.mark.coc_level("SHOULD")
 def test_user_cfgs_defaults(coc_impl: Any) -> None:
-    cfgs = _configure(coc_impl, SCRIPTED, {}).user_cfgs
+    config, error = _configure(coc_impl, SCRIPTED, {})
+    assert error is None, error.describe() if error else ""
+    cfgs = getattr(config, "user_cfgs", None)
+    if cfgs is None:
+        pytest.skip(f"{coc_impl.name} reports no user_cfgs")
     get = (lambda k: cfgs[k]) if isinstance(cfgs, Mapping) else (lambda k: getattr(cfgs, k))
     assert get("matmul_soc_friendly") is True
     assert not get("customized_coc")
@@ -158,58 +206,71 @@ def test_user_cfgs_defaults(coc_impl: Any) -> None:
 
 
 @pytest.mark.parametrize("bad", ERRORS, ids=lambda b: b.id)
-def test_typed_error_names_flags(coc_impl: Any, bad: BadSetting) -> None:
-    with pytest.raises(Exception) as info:
-        _configure(coc_impl, bad.argv, bad.env, **bad.kwargs)
-    assert _is_config_error(info.value), f"{type(info.value).__mro__} is not a CoCConfigError"
-    assert re.search(bad.names, str(info.value), re.IGNORECASE), (
-        f"message does not name the flags ({bad.names}): {info.value}"
-    )
+def test_refused_naming_the_setting(coc_impl: Any, coc_declarations: Declarations, verdicts: Any,
+                                    bad: BadSetting) -> None:
+    _needs_fused(coc_declarations, bad.fused, coc_impl)
+    _, error = _configure(coc_impl, bad.argv, bad.env, **bad.kwargs)
+    what = f"argv={bad.argv} env={bad.env} {bad.kwargs}"
+    with verdicts.check("refused, naming the setting", bad.level):
+        checks.check_refused_on_every_rank([error], what=what, patterns=[bad.names])
+    if error is not None:
+        with verdicts.check("declared error type", Level.SHOULD):
+            checks.check_declared_error(error, coc_declarations.error_type(bad.kind), kind=bad.kind, what=what)
 
 
-def test_each_cause_has_its_own_error_type(coc_impl: Any) -> None:
-    types: dict[str, set[type]] = {}
+@pytest.mark.coc_level("SHOULD")
+def test_each_cause_has_its_own_error_type(coc_impl: Any, coc_declarations: Declarations) -> None:
+    types: dict[str, set[str]] = {}
     for bad in ERRORS:
-        with pytest.raises(Exception) as info:
-            _configure(coc_impl, bad.argv, bad.env, **bad.kwargs)
-        types.setdefault(bad.category, set()).add(type(info.value))
-    assert set(types) == set(CATEGORIES)
-    for category, found in types.items():
-        assert len(found) == 1, f"{category} raised several types: {found}"
-    distinct = {next(iter(found)) for found in types.values()}
-    assert len(distinct) == len(CATEGORIES), f"causes share error types: {types}"
+        if bad.cause not in CAUSES or (bad.fused and not coc_declarations.fused_layers):
+            continue
+        _, error = _configure(coc_impl, bad.argv, bad.env, **bad.kwargs)
+        if error is not None:
+            types.setdefault(bad.cause, set()).add(error.type_name)
+    for cause, found in types.items():
+        assert len(found) == 1, f"{cause} raised several types: {found}"
+    owners: dict[str, list[str]] = {}
+    for cause, found in types.items():
+        owners.setdefault(next(iter(found)), []).append(cause)
+    shared = {t: c for t, c in owners.items() if len(c) > 1}
+    assert not shared, f"causes share error types: {shared}"
 
 
 def test_incompatibilities_only_apply_when_enabled(coc_impl: Any) -> None:
-    config = _configure(coc_impl, [], {}, use_ascend_mc2=True, num_experts=8, tp_2d=True,
-                        transformer_impl="transformer_engine")
+    config, error = _configure(coc_impl, [], {}, use_ascend_mc2=True, num_experts=8, tp_2d=True,
+                               transformer_impl="transformer_engine")
+    assert error is None, f"configure refused settings although CoC is off: {error.describe() if error else ''}"
     assert config.enabled is False
 
 
 @pytest.mark.parametrize("case_id, cfgs, names", USER_CFG_ERRORS, ids=[c[0] for c in USER_CFG_ERRORS])
-def test_user_cfgs_validated(coc_impl: Any, case_id: str, cfgs: dict[str, Any], names: str) -> None:
-    params = inspect.signature(coc_impl.configure).parameters
-    takes_kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-    if "coc_cfgs" not in params and not takes_kwargs:
-        pytest.skip(f"{coc_impl.name}.configure takes no coc_cfgs")
-    with pytest.raises(Exception) as info:
-        _configure(coc_impl, SCRIPTED, {}, coc_cfgs=cfgs)
-    assert _is_config_error(info.value)
-    assert re.search(names, str(info.value)), str(info.value)
+def test_user_cfgs_validated(coc_impl: Any, coc_declarations: Declarations, verdicts: Any, case_id: str,
+                             cfgs: dict[str, Any], names: str) -> None:
+    if not takes_coc_cfgs(coc_impl):
+        pytest.skip(f"{coc_impl.name}.configure takes no coc_cfgs (protocol v1)")
+    _, error = _configure(coc_impl, SCRIPTED, {}, coc_cfgs=cfgs)
+    with verdicts.check("refused, naming the setting", Level.MUST):
+        checks.check_refused_on_every_rank([error], what=f"coc_cfgs={cfgs}", patterns=[names])
+    if error is not None:
+        with verdicts.check("declared error type", Level.SHOULD):
+            checks.check_declared_error(error, coc_declarations.error_type("config"), kind="config",
+                                        what=f"coc_cfgs={cfgs}")
 
 
 @pytest.mark.parametrize("world_size", [2, 8])
-@pytest.mark.parametrize("bad", [b for b in ERRORS if b.id in ("mc2", "chunks-env-6", "fused-tp4-cli")],
+@pytest.mark.parametrize("bad", [b for b in ERRORS if b.id in ("mc2", "chunks-cli-3", "fused-tp4-cli")],
                          ids=lambda b: b.id)
-def test_config_error_on_every_rank_before_any_collective(coc_ranks: Any, bad: BadSetting,
+def test_config_error_on_every_rank_before_any_collective(coc_ranks: Any, coc_impl: Any,
+                                                          coc_declarations: Declarations, bad: BadSetting,
                                                           world_size: int) -> None:
+    _needs_fused(coc_declarations, bad.fused, coc_impl)
     kwargs = {"tp_size": world_size, **bad.kwargs}
-    if bad.category == "fused_tp":
+    if bad.cause == "fused_tp":
         kwargs["tp_size"] = 4 if world_size == 8 else world_size
     results = coc_ranks.run(configure_on_rank, world_size, argv=bad.argv, env=bad.env, kwargs=kwargs)
-    errors = [r["error"] for r in results]
-    assert all(e is not None for e in errors), f"rank(s) accepted the config: {errors}"
-    assert all("CoCConfigError" in e[2] for e in errors), errors
-    assert len({(e[0], e[1]) for e in errors}) == 1, f"ranks disagree: {errors}"
-    issued = {rank: r["collectives"] for rank, r in enumerate(results) if r["collectives"]}
-    assert not issued, f"collectives issued before the config error: {issued}"
+    checks.check_refused_on_every_rank([r.error for r in results], what=f"argv={bad.argv} {bad.kwargs}",
+                                       patterns=[bad.names])
+    issued = {rank: r.collectives for rank, r in enumerate(results) if r.collectives}
+    if issued:
+        raise WrongError(f"collectives were issued before the config error (a peer still in one would hang): "
+                         f"{issued}")

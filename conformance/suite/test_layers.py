@@ -1,12 +1,18 @@
-"""Layer conformance (SPEC §1, §3, §6): the patched Megatron layers, forward and backward.
+"""Layer conformance (``docs/DESIGN.md#layouts``): the patched Megatron layers, forward and backward.
 
 For every golden layer case (column, row, column -> gelu -> row; SP on and
-off; fp32 / bf16 / fp16), every TP size and every chunk count, the patched
-layers' output, input grad, weight grads and bias grads must lie within the
-principled bound of the float64 golden (with the live unpatched layers as the
-serial reference), ranks holding replicated tensors must agree bitwise, and
-the collectives overlapped with the matmul must really be chunked as
-configured and issued asynchronously.
+off; fp32 / bf16 / fp16), every TP size and every chunk count:
+
+* MUST: the patched layers' output, input grad, weight grads and bias grads
+  lie within the error bound of the float64 golden (the live unpatched layers
+  are the serial reference); ranks holding replicated tensors agree bitwise;
+  results are values;
+* STRUCTURE: each layer phase overlaps its collective the way the
+  implementation declares (``docs/DESIGN.md#overlap-structure``).
+
+Token counts no chunking divides (odd, prime, smaller than the chunk count, 1)
+get correct numbers or a clear refusal on every rank (MUST), never silent
+wrong rows: fresh allocations are poisoned while the implementation runs.
 """
 
 from __future__ import annotations
@@ -17,150 +23,147 @@ from typing import Any
 import pytest
 
 import golden
-from conformance import checks, numerics
-from conformance.cases.layer_cases import layer_case, shape_rule_case
-from conformance.errors import CheckFailure, WrongError
-from conformance.layouts import assemble, layout
+from conformance.cases.data import LayerProblem
+from conformance.cases.layer_cases import LayerJob, coc_argv, layer_task
+from conformance.cases.results import LayerOutcome
+from conformance.judge import checks, structure
+from conformance.judge import layers as judge
+from conformance.judge.failures import StructureMismatch, WrongError
+from conformance.judge.levels import Level
+from conformance.protocol import PHASE_COLLECTIVES, Chunked, Declarations, OverlapsMatmul, overlap_key
+from golden.catalogue import TP_SIZES
 
 pytestmark = pytest.mark.coc_requires("patch_megatron")
 
-TP_SIZES = (2, 4, 8)
 CHUNKS = (1, 2, 4, 8)
-LAYER_CASES = [c.id for c in golden.catalogue("layer")]
-#: Backends whose collectives are deterministic run to run.
+LAYER_CASES = golden.catalogue("layer")
+#: Launchers whose collectives are deterministic run to run.
 DETERMINISTIC_LAUNCHERS = ("process", "threaded")
 
-#: The collective each layer overlaps with its matmul, per SP mode and phase (SPEC §1).
-OVERLAPPED: dict[tuple[str, bool], dict[str, str]] = {
-    ("column", False): {"backward": "all_reduce"},
-    ("column", True): {"forward": "all_gather", "backward": "reduce_scatter"},
-    ("row", False): {"forward": "all_reduce"},
-    ("row", True): {"forward": "reduce_scatter", "backward": "all_gather"},
-}
+
+def _cases(**wanted: Any) -> list[str]:
+    """Golden layer case ids whose catalogue parameters have the ``wanted`` values."""
+    return [c.id for c in LAYER_CASES if all(
+        c.params[k] in v if isinstance(v, tuple) else c.params[k] == v for k, v in wanted.items())]
 
 
-def _envelopes(g: Any) -> dict[str, tuple[Any, int]]:
-    i = g.inputs
-    if g.params["layer"] == "mlp":
-        return numerics.mlp_envelope(i["x"], i["w1"], i.get("b1"), i["w2"], i.get("b2"), i["dy"])
-    return numerics.linear_envelope(i["x"], i["w"], i.get("b"), i["dy"])
-
-
-def _expected_collectives(layer: str, sp: bool, chunks: int) -> dict[str, dict[str, int]]:
-    """Phase -> {collective kind: count} the patched layers must issue."""
-    parts = ["column", "row"] if layer == "mlp" else [layer]
-    expected: dict[str, dict[str, int]] = {"forward": {}, "backward": {}}
-    for part in parts:
-        for phase, kind in OVERLAPPED[(part, sp)].items():
-            expected[phase][kind] = expected[phase].get(kind, 0) + chunks
-    if layer == "mlp" and sp:
-        # The column backward may also all-gather x again (recompute_all_gather).
-        expected["backward"].pop("all_gather")
-    return expected
-
-
-def check_collectives(observed: Mapping[str, Sequence[tuple[str, bool]]], layer: str, sp: bool,
-                      chunks: int) -> None:
-    for phase, kinds in _expected_collectives(layer, sp, chunks).items():
-        calls = observed[phase]
-        for kind, count in kinds.items():
-            issued = [overlappable for k, overlappable in calls if k == kind]
-            if len(issued) != count:
-                raise CheckFailure(
-                    f"{phase}: expected {count} chunked {kind} collective(s) for {chunks} chunk(s), "
-                    f"the patched layer issued {len(issued)} (all collectives: {calls})")
-            if chunks > 1 and not all(issued):
-                raise CheckFailure(f"{phase}: chunked {kind} issued synchronously; nothing can "
-                                   f"overlap (collectives: {calls})")
-
-
-def _supports(g: Any, tp: int, chunks: int) -> bool:
-    m = g.params["s"] * g.params["b"]
-    rows = m // tp if g.params["sequence_parallel"] else m
+def _supports(case_id: str, tp: int, chunks: int) -> bool:
+    p = next(c for c in LAYER_CASES if c.id == case_id).params
+    m = p["s"] * p["b"]
+    rows = m // tp if p["sequence_parallel"] else m
     return m % tp == 0 and rows % chunks == 0
 
 
-def roundings(tp: int, chunks: int, layer: str) -> int:
-    """R of the bound: TP partials, chunked weight-grad sums, bias and cast, per linear layer."""
-    return (tp + chunks + 2) * (2 if layer == "mlp" else 1)
+def _parts(layer: str) -> list[str]:
+    return ["column", "row"] if layer == "mlp" else [layer]
 
 
-def _check_results(g: Any, results: Sequence[Mapping[str, Any]], chunks: int, run: int = 0) -> None:
-    """CoC pieces of every rank against the float64 golden, with the serial bound."""
-    splits = layout(g.params["layer"], g.params["sequence_parallel"])
-    envelopes = _envelopes(g)
-    for name, truth in g.outputs.items():
-        serial = assemble([r["serial"][name] for r in results], splits[name], f"serial {name}")
-        coc = assemble([r["coc"][run][name] for r in results], splits[name], f"CoC {name}")
-        checks.check_close(name, coc, truth, serial, envelopes[name], g.dtype,
-                           roundings=roundings(len(results), chunks, g.params["layer"]))
+def _matmuls(problem: LayerProblem, kind: str, tp: int) -> dict[str, tuple[int, ...]]:
+    """Output shapes (this rank's) of the matmuls a phase of layer part ``kind`` may overlap."""
+    if problem.layer == "mlp":
+        assert problem.ffn is not None
+        out, inp = (problem.ffn, problem.h_in) if kind == "column" else (problem.h_out, problem.ffn)
+    else:
+        out, inp = problem.h_out, problem.h_in
+    w = (out // tp, inp) if kind == "column" else (out, inp // tp)
+    return {"weight_grad": w, "output": (w[0],), "input_grad": (w[1],)}
 
 
-def _params() -> list[Any]:
-    params = []
-    for case_id in LAYER_CASES:
-        g = golden.load(case_id)
-        for tp in TP_SIZES:
-            for chunks in CHUNKS:
-                if _supports(g, tp, chunks):
-                    params.append(pytest.param(case_id, tp, chunks, id=f"{case_id}-tp{tp}-p{chunks}"))
-    return params
+def check_structure(problem: LayerProblem, outcomes: Sequence[LayerOutcome], overlap: Mapping[str, Any], *,
+                    chunks: int | Mapping[str, int], tp: int, fused: bool = False) -> None:
+    """STRUCTURE on every rank: each phase of each layer part overlaps as declared.
+
+    ``chunks`` is the configured count, or one per phase key.  Fused layers
+    tile by their own plan, so a phase declared chunked is only required to
+    overlap some matmul there.
+    """
+    for rank, outcome in enumerate(outcomes):
+        for kind in _parts(problem.layer):
+            for phase in ("forward", "backward"):
+                key = overlap_key(kind, problem.sequence_parallel, phase)
+                if key not in PHASE_COLLECTIVES:
+                    continue
+                declared = overlap.get(key)
+                if fused and isinstance(declared, Chunked):
+                    declared = None
+                count = chunks if isinstance(chunks, int) else chunks.get(key, 1)
+                try:
+                    structure.check_phase(outcome.timelines.get(f"{kind}/{phase}"), key, declared, chunks=count,
+                                          matmuls=_matmuls(problem, kind, tp))
+                except StructureMismatch as failure:
+                    raise StructureMismatch(f"rank {rank}: {failure}") from None
 
 
-@pytest.mark.parametrize("case_id, tp, chunks", _params())
-def test_layer_matches_golden(coc_ranks: Any, case_id: str, tp: int, chunks: int) -> None:
-    g = golden.load(case_id)
-    results = coc_ranks.run(layer_case, tp, case_id=case_id, chunks=chunks)
-    _check_results(g, results, chunks)
-    for rank, result in enumerate(results):
-        try:
-            check_collectives(result["coc"][0]["collectives"], g.params["layer"],
-                              g.params["sequence_parallel"], chunks)
-        except CheckFailure as failure:
-            raise type(failure)(f"rank {rank}: {failure}") from None
+def _layer_params() -> list[Any]:
+    return [pytest.param(case_id, tp, chunks, id=f"{case_id}-tp{tp}-p{chunks}")
+            for case_id in _cases() for tp in TP_SIZES for chunks in CHUNKS if _supports(case_id, tp, chunks)]
 
 
-def _sp_cases(layers: tuple[str, ...] = ("column", "mlp")) -> list[str]:
-    return [c for c in LAYER_CASES if golden.load(c).params["sequence_parallel"]
-            and golden.load(c).params["layer"] in layers]
+def _run(coc_ranks: Any, job: LayerJob, world: int | None = None) -> list[LayerOutcome]:
+    outcomes = coc_ranks.run(layer_task, world or job.tp, job=job)
+    judge.check_no_errors(outcomes, f"{job.problem.layer} layer, argv {list(job.argv)}")
+    return outcomes
+
+
+@pytest.mark.parametrize("case_id, tp, chunks", _layer_params())
+def test_layer_matches_golden(coc_ranks: Any, verdicts: Any, coc_declarations: Declarations, case_id: str, tp: int,
+                              chunks: int) -> None:
+    problem = judge.golden_problem(case_id)
+    outcomes = _run(coc_ranks, LayerJob(problem, tp, tuple(coc_argv(chunks))))
+    with verdicts.check("numerics", Level.MUST):
+        judge.check_training(problem, outcomes, tp=tp, chunks=chunks)
+    with verdicts.check("results are values", Level.MUST):
+        judge.check_values(outcomes)
+    if chunks > 1:
+        with verdicts.check("overlap structure", Level.STRUCTURE):
+            check_structure(problem, outcomes, coc_declarations.overlap, chunks=chunks, tp=tp)
+
+
+def _needs_coc_cfgs(coc_impl: Any) -> None:
+    from conformance.suite.test_config import takes_coc_cfgs
+
+    if not takes_coc_cfgs(coc_impl):
+        pytest.skip(f"{coc_impl.name}.configure takes no coc_cfgs (protocol v1)")
 
 
 @pytest.mark.parametrize("tp", [2, 4], ids=lambda tp: f"tp{tp}")
-@pytest.mark.parametrize("case_id", _sp_cases())
-def test_saved_all_gather_matches_golden(coc_ranks: Any, case_id: str, tp: int) -> None:
-    """``recompute_all_gather=False`` saves the gathered input: same numbers, no backward gather."""
-    g = golden.load(case_id)
-    results = coc_ranks.run(layer_case, tp, case_id=case_id, chunks=2,
-                            coc_cfgs={"recompute_all_gather": False})
-    _check_results(g, results, 2)
-    if g.params["layer"] == "column":
-        for result in results:
-            gathers = [k for k, _ in result["coc"][0]["collectives"]["backward"] if k == "all_gather"]
+@pytest.mark.parametrize("case_id", _cases(sequence_parallel=True, layer=("column", "mlp")))
+def test_saved_all_gather_matches_golden(coc_ranks: Any, coc_impl: Any, verdicts: Any, case_id: str,
+                                         tp: int) -> None:
+    """``recompute_all_gather=False`` saves the gathered input: same numbers, no backward re-gather."""
+    _needs_coc_cfgs(coc_impl)
+    problem = judge.golden_problem(case_id)
+    outcomes = _run(coc_ranks, LayerJob(problem, tp, tuple(coc_argv(2)), coc_cfgs={"recompute_all_gather": False}))
+    with verdicts.check("numerics", Level.MUST):
+        judge.check_training(problem, outcomes, tp=tp, chunks=2)
+    with verdicts.check("recompute_all_gather=False honoured", Level.SHOULD):
+        for rank, outcome in enumerate(outcomes):
+            timeline = outcome.timelines.get("column/backward")
+            gathers = timeline.of_kind("all_gather") if timeline else []
             if gathers:
-                raise CheckFailure("recompute_all_gather=False, yet the column backward all-gathered "
-                                   f"its input again ({len(gathers)} all-gather(s))")
+                raise WrongError(f"rank {rank}: recompute_all_gather=False, yet the column backward all-gathered "
+                                 f"its input again ({len(gathers)} all-gather(s))")
 
 
-@pytest.mark.parametrize("case_id", [c for c in LAYER_CASES if "float32" in c or "bfloat16" in c])
-def test_layer_is_deterministic(coc_ranks: Any, pytestconfig: pytest.Config, case_id: str) -> None:
+@pytest.mark.coc_level("SHOULD")
+@pytest.mark.parametrize("tp", [4], ids=lambda tp: f"tp{tp}")
+@pytest.mark.parametrize("case_id", _cases(dtype=("float32", "bfloat16")))
+def test_layer_is_deterministic(coc_ranks: Any, pytestconfig: pytest.Config, case_id: str, tp: int) -> None:
     launcher = pytestconfig.getoption("--coc-launcher")
     if launcher not in DETERMINISTIC_LAUNCHERS:
         pytest.skip(f"collectives of the {launcher} launcher's backend are not bitwise reproducible")
-    results = coc_ranks.run(layer_case, 4, case_id=case_id, chunks=4, runs=3, serial=False)
-    for rank, result in enumerate(results):
-        runs = [{k: v for k, v in run.items() if k != "collectives"} for run in result["coc"]]
+    problem = judge.golden_problem(case_id)
+    outcomes = _run(coc_ranks, LayerJob(problem, tp, tuple(coc_argv(4)), runs=3, serial=False))
+    for rank, outcome in enumerate(outcomes):
+        runs = [[(s.outputs, s.grads) for s in steps] for steps in outcome.coc]
         checks.check_bitwise_equal(f"{case_id} rank {rank}", runs)
 
 
-def _layer_shapes(g: Any) -> tuple[int, int, int]:
-    p = g.params
-    return p["s"] * p["b"], p["h_in"], p["h_out"]
-
-
-@pytest.mark.parametrize("base, custom", [(2, 1), (2, 4), (1, 4)], ids=["p2-custom1", "p2-custom4",
-                                                                      "p1-custom4"])
-@pytest.mark.parametrize("case_id", [c for c in LAYER_CASES if "float32" in c and "mlp" not in c])
-def test_customized_coc_is_honoured(coc_ranks: Any, case_id: str, base: int, custom: int) -> None:
+@pytest.mark.parametrize("tp", [2], ids=lambda tp: f"tp{tp}")
+@pytest.mark.parametrize("base, custom", [(2, 1), (2, 4), (1, 4)], ids=["p2-custom1", "p2-custom4", "p1-custom4"])
+@pytest.mark.parametrize("case_id", _cases(dtype="float32", layer=("column", "row")))
+def test_customized_coc_is_honoured(coc_ranks: Any, coc_impl: Any, verdicts: Any, coc_declarations: Declarations,
+                                    case_id: str, base: int, custom: int, tp: int) -> None:
     """``customized_coc`` overrides ``parallel_num`` for its matmul shapes, in every layer and mode.
 
     Keys are ``[m, k, n]`` of each matmul on one rank, ``m`` the full token
@@ -168,84 +171,122 @@ def test_customized_coc_is_honoured(coc_ranks: Any, case_id: str, base: int, cus
     ``x @ W.T`` is ``[m, in, out]`` and the input-grad ``dy @ W`` is
     ``[m, out, in]``, with this rank's shard of the sharded dimension.
     """
-    g = golden.load(case_id)
-    tp = 2
-    m, h_in, h_out = _layer_shapes(g)
-    k, n = (h_in, h_out // tp) if g.params["layer"] == "column" else (h_in // tp, h_out)
+    _needs_coc_cfgs(coc_impl)
+    problem = judge.golden_problem(case_id)
+    m = problem.tokens[0] * problem.b
+    k, n = (problem.h_in, problem.h_out // tp) if problem.layer == "column" else (problem.h_in // tp, problem.h_out)
     customized = {f"[{m}, {k}, {n}]": custom, f"[{m}, {n}, {k}]": custom}
-    results = coc_ranks.run(layer_case, tp, case_id=case_id, chunks=base,
-                            coc_cfgs={"customized_coc": customized})
-    _check_results(g, results, max(custom, base))
-    for result in results:
-        check_collectives(result["coc"][0]["collectives"], g.params["layer"],
-                          g.params["sequence_parallel"], custom)
+    outcomes = _run(coc_ranks, LayerJob(problem, tp, tuple(coc_argv(base)), coc_cfgs={"customized_coc": customized}))
+    with verdicts.check("numerics", Level.MUST):
+        judge.check_training(problem, outcomes, tp=tp, chunks=max(custom, base))
+    overlap = {key: s for key, s in coc_declarations.overlap.items() if not isinstance(s, OverlapsMatmul)}
+    phases = {key: Chunked() for key in PHASE_COLLECTIVES if key not in coc_declarations.overlap}
+    with verdicts.check("customized_coc honoured in every phase", Level.SHOULD):
+        check_structure(problem, outcomes, {**phases, **overlap}, chunks=custom, tp=tp)
 
 
-SHAPE_ERRORS = [
-    # layer, sp, s, b, chunks, tp: m % p != 0, or per-rank rows % p != 0 under SP
-    pytest.param("row", False, 6, 2, 8, 2, id="row-nosp-m12-p8"),
-    pytest.param("column", False, 6, 2, 8, 2, id="column-nosp-m12-p8"),
-    pytest.param("column", True, 12, 2, 4, 4, id="column-sp-rows6-p4"),
-    pytest.param("row", True, 10, 2, 4, 2, id="row-sp-rows10-p4"),
-]
+#: (sequence length on each rank, batch, chunks) per SP mode: an odd prime, one token, fewer
+#: tokens than chunks, rows no chunk count divides.
+UNEVEN_TOKENS = {False: ((7, 1, 2), (1, 1, 4), (3, 2, 4), (13, 1, 8)),
+                 True: ((6, 1, 4), (2, 1, 8), (10, 1, 4), (18, 1, 8))}
 
 
-@pytest.mark.parametrize("layer, sp, s, b, chunks, tp", SHAPE_ERRORS)
-def test_unsplittable_tokens_raise_shape_error_on_every_rank(
-    coc_ranks: Any, layer: str, sp: bool, s: int, b: int, chunks: int, tp: int,
-) -> None:
-    results = coc_ranks.run(shape_rule_case, tp, layer=layer, sp=sp, s=s, b=b, h=8, chunks=chunks)
-    m = s * b
-    checks.check_error_on_every_rank(
-        results, type_name="CoCShapeError",
-        patterns=[rf"\b{m}\b", rf"\b{chunks}\b", r"\btp\b", layer])
+def _uneven_params() -> list[Any]:
+    return [pytest.param(layer, sp, tp, id=f"{layer}-{'sp' if sp else 'nosp'}-tp{tp}")
+            for layer in ("column", "row", "mlp") for sp in (False, True) for tp in (2, 8)]
 
 
-@pytest.mark.parametrize("layer, sp", [("column", False), ("row", False), ("row", True)])
-def test_fewer_tokens_than_chunks_falls_back_with_one_warning(coc_ranks: Any, layer: str, sp: bool) -> None:
-    tp, chunks = 2, 8
-    s, b = (2, 2) if sp else (2, 1)  # m = 4 (SP) or 2 tokens < 8 chunks
-    results = coc_ranks.run(shape_rule_case, tp, layer=layer, sp=sp, s=s, b=b, h=8, chunks=chunks)
-    for rank, result in enumerate(results):
-        if result["error"] is not None:
-            raise WrongError(f"rank {rank} raised instead of falling back: {result['error']}")
-        fallback = [w for w in result["warnings"] if "chunk" in w.lower()]
-        if len(fallback) != 1:
-            raise WrongError(f"rank {rank}: expected one fallback warning, got {result['warnings']}")
-        if not _close(result["y"], result["serial"]):
-            raise CheckFailure(f"rank {rank}: the fallback output differs from the serial layer")
+@pytest.mark.parametrize("layer, sp, tp", _uneven_params())
+def test_uneven_token_counts(coc_ranks: Any, verdicts: Any, coc_declarations: Declarations, layer: str, sp: bool,
+                             tp: int) -> None:
+    """Correct numbers or a clear refusal on every rank -- never silent wrong rows.
+
+    With fewer tokens than chunks an implementation should fall back to one
+    chunk and say so once (SHOULD); a refusal should be the declared shape
+    error naming the token count and the chunk count (SHOULD).
+    """
+    for s, b, chunks in UNEVEN_TOKENS[sp]:
+        s_total = s * tp if sp else s  # SP shards the sequence: every rank holds s (times b) tokens
+        problem = LayerProblem(layer, sp, 16, 16, "float32", b=b, tokens=(s_total,),
+                               ffn=32 if layer == "mlp" else None, seed=s * 10 + chunks)
+        rows = s * b  # on each rank: all of them (no SP) or the rank's sequence shard (SP)
+        m = s_total * b
+        outcomes = coc_ranks.run(layer_task, tp, job=LayerJob(problem, tp, tuple(coc_argv(chunks))))
+        label = f"m={m} ({rows} rows per rank), {chunks} chunks"
+        errors = [o.error for o in outcomes]
+        if all(e is not None and e.is_a("builtins.NotImplementedError") for e in errors):
+            pytest.skip(f"not implemented: {errors[0].message}")  # type: ignore[union-attr]
+        if any(e is not None for e in errors):
+            with verdicts.check(f"{label}: refused clearly on every rank", Level.MUST):
+                checks.check_refused_on_every_rank(errors, what=f"{layer} layer {label}")
+            with verdicts.check(f"{label}: declared shape error naming m and p", Level.SHOULD):
+                first = next(e for e in errors if e is not None)
+                checks.check_declared_error(first, coc_declarations.error_type("shape"), kind="shape",
+                                            what=f"{layer} layer {label}")
+                checks.check_refused_on_every_rank(errors, what=f"{layer} layer {label}",
+                                                   patterns=[rf"\b({m}|{rows})\b", rf"\b{chunks}\b"],
+                                                   level=Level.SHOULD)
+            continue
+        with verdicts.check(f"{label}: numerics", Level.MUST):
+            judge.check_training(problem, outcomes, tp=tp, chunks=chunks)
+        if rows < chunks:
+            with verdicts.check(f"{label}: one fallback warning per layer", Level.SHOULD):
+                expected = len(_parts(layer))
+                for rank, outcome in enumerate(outcomes):
+                    fallback = [w for w in outcome.warnings if "chunk" in w.lower()]
+                    if len(fallback) != expected:
+                        raise WrongError(f"rank {rank}: {label}: expected {expected} warning(s) that the layer runs "
+                                         f"unchunked (one per layer call), got {list(outcome.warnings)}",
+                                         level=Level.SHOULD)
 
 
-def _close(a: Any, b: Any) -> bool:
-    import torch
+def _fused_or_skip(coc_impl: Any, coc_declarations: Declarations, tp: int) -> tuple[str, ...]:
+    from conformance.harness.case import call_capturing_errors
 
-    return bool(torch.allclose(a.double(), b.double(), rtol=1e-5, atol=1e-6))
+    if not coc_declarations.fused_layers:
+        pytest.skip(f"{coc_impl.name} declares no fused-kernel layers (fused_layers = False)")
+    argv = ("--use-ascend-coc", "--coc-fused-kernel")
+    _, error = call_capturing_errors(coc_impl.configure, list(argv), {}, tp_size=tp)
+    unavailable = coc_declarations.error_type("backend_unavailable")
+    if error is not None and (error.is_a(*unavailable) if unavailable else error.is_a("CoCBackendUnavailable")):
+        pytest.skip(f"{coc_impl.name}: fused-kernel layers unavailable here: {error.message}")
+    return argv
 
 
 @pytest.mark.parametrize("tp", [8], ids=lambda tp: f"tp{tp}")
-@pytest.mark.parametrize("case_id", [c for c in LAYER_CASES if "float32" in c or "bfloat16" in c])
-def test_fused_kernel_layers_match_golden(coc_impl: Any, coc_ranks: Any, case_id: str, tp: int) -> None:
-    """``--coc-fused-kernel`` (TP 8 only) patches the layers within the golden bound.
+@pytest.mark.parametrize("case_id", _cases(dtype=("float32", "bfloat16")))
+def test_fused_kernel_layers_match_golden(coc_impl: Any, coc_declarations: Declarations, coc_ranks: Any,
+                                          case_id: str, tp: int) -> None:
+    """``--coc-fused-kernel`` (TP 8 only) patches the layers within the golden bound."""
+    argv = _fused_or_skip(coc_impl, coc_declarations, tp)
+    problem = judge.golden_problem(case_id)
+    outcomes = _run(coc_ranks, LayerJob(problem, tp, argv))
+    judge.check_training(problem, outcomes, tp=tp, chunks=8)
 
-    An implementation without fused layers refuses the flag with a
-    CoCBackendUnavailable-like error: the case is skipped saying so.
+
+@pytest.mark.parametrize("tp", [8], ids=lambda tp: f"tp{tp}")
+@pytest.mark.parametrize("layer, sp", [("column", False), ("column", True), ("row", False), ("row", True)],
+                         ids=["column-nosp", "column-sp", "row-nosp", "row-sp"])
+def test_fused_kernel_layers_overlap(coc_impl: Any, coc_declarations: Declarations, coc_ranks: Any, verdicts: Any,
+                                     layer: str, sp: bool, tp: int) -> None:
+    """The fused path really ran: every phase overlaps its collective (or a fused op ran), as declared.
+
+    Run on a token count large enough for any tiling plan to split (2048 tokens, 256 per rank with SP).
     """
-    argv = ["--use-ascend-coc", "--coc-fused-kernel"]
-    try:
-        coc_impl.configure(argv, {}, tp_size=tp)
-    except Exception as exc:
-        if "CoCBackendUnavailable" not in [c.__name__ for c in type(exc).__mro__]:
-            raise
-        pytest.skip(f"{coc_impl.name} has no fused-kernel layers: {exc}")
-    g = golden.load(case_id)
-    results = coc_ranks.run(layer_case, tp, case_id=case_id, chunks=8, argv=argv)
-    _check_results(g, results, chunks=8)
+    argv = _fused_or_skip(coc_impl, coc_declarations, tp)
+    problem = LayerProblem(layer, sp, 32, 32, "float32", tokens=(2048,), seed=2)
+    outcomes = _run(coc_ranks, LayerJob(problem, tp, argv))
+    with verdicts.check("numerics", Level.MUST):
+        judge.check_training(problem, outcomes, tp=tp, chunks=8)
+    with verdicts.check("the fused path overlaps", Level.STRUCTURE):
+        check_structure(problem, outcomes, coc_declarations.fused_overlap, chunks=1, tp=tp, fused=True)
 
 
 @pytest.mark.parametrize("tp", [2], ids=lambda tp: f"tp{tp}")
-@pytest.mark.parametrize("case_id", [c for c in LAYER_CASES if "float32" in c])
+@pytest.mark.parametrize("case_id", _cases(dtype="float32"))
 def test_auto_chunk_count_matches_golden(coc_ranks: Any, case_id: str, tp: int) -> None:
     """``--coc-parallel-num auto``: whatever count the implementation picks, the numbers hold."""
-    g = golden.load(case_id)
-    results = coc_ranks.run(layer_case, tp, case_id=case_id, chunks="auto")
-    _check_results(g, results, 8)
+    problem = judge.golden_problem(case_id)
+    outcomes = _run(coc_ranks, LayerJob(problem, tp, tuple(coc_argv("auto"))))
+    judge.check_training(problem, outcomes, tp=tp, chunks=8)
+

@@ -1,7 +1,7 @@
 """Perf gates (SPEC §7): CoC against serial, per hardware profile.
 
 One test per profile case: serial and every gated variant timed side by side
-by the :mod:`conformance.perf` protocol on an exclusive lease of the node,
+by the :mod:`conformance.judge.perf` protocol on an exclusive lease of the node,
 judged on the median paired gain (each serial / CoC pair ran back to back).
 A gate is *enforced* only when the ranks' hardware (device kind, device
 name, backend, TP) matches the case's profile; everywhere else the case still
@@ -28,12 +28,13 @@ from typing import Any
 
 import pytest
 
-from conformance import hardware, perf, reporting
 from conformance.cases.perf_cases import pipeline_perf_case
-from conformance.errors import PerfRegression
-from conformance.launchers.devices import detect
+from conformance.harness.launchers.devices import detect_device_kind
+from conformance.judge import hardware, perf
+from conformance.judge.failures import PerfRegression
+from conformance.reporting import allure as reporting
 
-PRESENT = detect().name
+PRESENT = detect_device_kind().name
 
 
 def _params() -> list[Any]:
@@ -63,7 +64,7 @@ def _verdicts(result: Mapping[str, Any], case: hardware.PerfCase, profile: hardw
     measurement = perf.summarize(result["samples"], result["blocks"], rows=case.m, order=case.order,
                                  cpu=perf.cpu_demand(result))
     identity = result["identity"]
-    matched = hardware.detect(**identity)
+    matched = hardware.matching_profile(**identity)
     matches = matched is not None and matched.name == profile.name and profile.enforce
     why_not = profile.match.mismatch(**identity) or (
         f"this machine matches profile {matched.name}" if matched is not None and matched.name != profile.name

@@ -1,0 +1,306 @@
+"""The one place that talks to megatron-core: CPU redirection, groups, layers.
+
+What breaks when megatron-core 0.16.1's tensor-parallel layers run on a
+CPU-only torch with gloo (found by running them): only
+``torch.cuda.current_device()``, which megatron uses as the ``device=`` of the
+buffers it allocates (the global all-gather buffer of the SP column forward,
+the reduce-scatter output of the SP column backward, the outputs of the
+``mappings`` gathers / scatters).  On a torch without CUDA it raises
+"Torch not compiled with CUDA enabled".  :func:`cpu_device_redirect` makes it
+return ``torch.device("cpu")`` for as long as it is active and nothing else.
+
+Not needed on CPU, hence not touched: megatron's CUDA RNG tracker (layers built
+with ``use_cpu_initialization=True`` draw their weights from the CPU generator),
+``torch.amp.custom_fwd(device_type="cuda")`` (a no-op without CUDA autocast) and
+``gradient_accumulation_fusion`` (its CUDA kernel is absent; megatron refuses
+the flag at construction, see :func:`build_column`).
+
+Megatron's forward and backward must run while the redirect is active:
+inside :func:`model_parallel` (or :func:`cpu_device_redirect`).  Everything
+else in ``coc_impl`` imports megatron names from here.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, TypeAlias, TypeVar
+
+import torch
+import torch.distributed as dist
+
+try:
+    from megatron.core import parallel_state
+    from megatron.core.model_parallel_config import ModelParallelConfig
+    from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
+    from megatron.core.tensor_parallel.mappings import (
+        gather_from_tensor_model_parallel_region,
+        scatter_to_tensor_model_parallel_region,
+    )
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "coc_shared.megatron_harness needs megatron-core (tested with 0.16.1): "
+        f"pip install megatron-core ({exc})"
+    ) from exc
+
+__all__ = [
+    "ColumnParallelLinear",
+    "RowParallelLinear",
+    "ParallelLinear",
+    "TensorParallel",
+    "build_column",
+    "build_row",
+    "cpu_device_redirect",
+    "gather_from_tensor_model_parallel_region",
+    "load_global_weights",
+    "model_parallel",
+    "release_model_parallel",
+    "parallel_config",
+    "scatter_to_tensor_model_parallel_region",
+]
+
+ParallelLinear: TypeAlias = ColumnParallelLinear | RowParallelLinear
+#: A megatron TP linear class (column- or row-parallel).
+LinearT = TypeVar("LinearT", ColumnParallelLinear, RowParallelLinear)
+
+_redirect_lock = threading.Lock()
+_redirect_depth = 0
+_saved_current_device: Any = None
+
+
+def _cpu_current_device() -> torch.device:
+    return torch.device("cpu")
+
+
+@contextmanager
+def cpu_device_redirect() -> Iterator[None]:
+    """While active, ``torch.cuda.current_device()`` returns the CPU device.
+
+    Only when CUDA is unavailable (otherwise a no-op).  Reference counted, so
+    nested use and one use per threaded rank are safe; the original function
+    is restored when the outermost user exits, also on exceptions.
+    """
+    global _redirect_depth, _saved_current_device
+    if torch.cuda.is_available():
+        yield
+        return
+    with _redirect_lock:
+        if _redirect_depth == 0:
+            _saved_current_device = torch.cuda.current_device
+            torch.cuda.current_device = _cpu_current_device  # type: ignore[assignment]
+        _redirect_depth += 1
+    try:
+        yield
+    finally:
+        with _redirect_lock:
+            _redirect_depth -= 1
+            if _redirect_depth == 0:
+                torch.cuda.current_device = _saved_current_device
+                _saved_current_device = None
+
+
+@dataclass(frozen=True)
+class TensorParallel:
+    """The tensor-parallel group set up by :func:`model_parallel`."""
+
+    size: int
+    rank: int
+    group: dist.ProcessGroup
+    sequence_parallel: bool
+
+
+#: ``(tp, world size)`` of the parallel state this module initialised and keeps (None: none).
+_kept: tuple[int, int] | None = None
+
+
+@contextmanager
+def model_parallel(
+    tp_size: int, *, sequence_parallel: bool = False, seed: int = 1234, keep: bool = True,
+) -> Iterator[TensorParallel]:
+    """Megatron's model-parallel state for TP ``tp_size`` over the whole default group.
+
+    Needs an initialised default process group (gloo on CPU) whose world size
+    is a multiple of ``tp_size`` (the rest is data parallel); pipeline and
+    context parallel sizes are 1.  Initialising it creates a dozen process
+    groups, a large part of a small case's time, so with ``keep`` (default)
+    the state stays for the next block of the same sizes and is released only
+    when other sizes are asked for (or by :func:`release_model_parallel`).
+    On CUDA the megatron RNG tracker is seeded (tensor-parallel dropout and GPU
+    weight initialisation need it); on CPU neither is used.  The CPU device
+    redirect is active for the whole block.
+    """
+    global _kept
+    if not dist.is_initialized():
+        raise RuntimeError("model_parallel needs torch.distributed.init_process_group() first")
+    sizes = (tp_size, dist.get_world_size())
+    with cpu_device_redirect():
+        if _kept != sizes or not parallel_state.model_parallel_is_initialized():
+            release_model_parallel()
+            parallel_state.initialize_model_parallel(
+                tensor_model_parallel_size=tp_size,
+                # Megatron's extra gloo groups serve its distributed optimizer and
+                # checkpointing, not the TP layers.
+                create_gloo_process_groups=False,
+            )
+            _kept = sizes
+        try:
+            if torch.cuda.is_available():
+                from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+
+                model_parallel_cuda_manual_seed(seed)
+            yield TensorParallel(
+                size=parallel_state.get_tensor_model_parallel_world_size(),
+                rank=parallel_state.get_tensor_model_parallel_rank(),
+                group=parallel_state.get_tensor_model_parallel_group(),
+                sequence_parallel=sequence_parallel,
+            )
+        finally:
+            if not keep:
+                release_model_parallel()
+
+
+def release_model_parallel() -> None:
+    """Destroy megatron's parallel state and the process groups it created (if any)."""
+    global _kept
+    _kept = None
+    if not parallel_state.model_parallel_is_initialized():
+        return
+    # destroy_model_parallel() only forgets megatron's groups; destroy the
+    # process groups themselves too, or every use leaks their threads and sockets.
+    created = [g for g in parallel_state._global_process_group_list or () if g is not None]
+    parallel_state.destroy_model_parallel()
+    for group in created:
+        dist.destroy_process_group(group)
+
+
+def parallel_config(
+    *, tp_size: int, sequence_parallel: bool, dtype: torch.dtype = torch.float32
+) -> ModelParallelConfig:
+    """A ``ModelParallelConfig`` for standalone TP linear layers.
+
+    ``ModelParallelConfig`` (the type the layers declare) rather than the full
+    ``TransformerConfig``: the latter also validates model dimensions (heads,
+    hidden size) that a single linear layer does not have.  Weights are
+    initialised on the CPU when CUDA is absent (``use_cpu_initialization``),
+    on the current GPU otherwise; gradient-accumulation fusion is off (see
+    :func:`build_column`).
+    """
+    return ModelParallelConfig(
+        tensor_model_parallel_size=tp_size,
+        sequence_parallel=sequence_parallel,
+        params_dtype=dtype,
+        use_cpu_initialization=not torch.cuda.is_available(),
+        perform_initialization=True,
+        gradient_accumulation_fusion=False,
+    )
+
+
+def _tp_group(tp_group: dist.ProcessGroup | None) -> dist.ProcessGroup:
+    return tp_group if tp_group is not None else parallel_state.get_tensor_model_parallel_group()
+
+
+def build_column(
+    in_features: int,
+    out_features: int,
+    *,
+    bias: bool = True,
+    sequence_parallel: bool = False,
+    dtype: torch.dtype = torch.float32,
+    gather_output: bool = False,
+    skip_bias_add: bool = False,
+    gradient_accumulation_fusion: bool = False,
+    init_method: Callable[[torch.Tensor], object] = torch.nn.init.xavier_normal_,
+    weight: torch.Tensor | None = None,
+    bias_value: torch.Tensor | None = None,
+    tp_group: dist.ProcessGroup | None = None,
+) -> ColumnParallelLinear:
+    """A real megatron ``ColumnParallelLinear`` (W is ``[out, in]``, sharded on out).
+
+    ``weight`` / ``bias_value`` are the *global* tensors; this rank's shards
+    are loaded (:func:`load_global_weights`).  Otherwise ``init_method`` runs
+    on the global weight from the torch RNG, so equal seeds give equal layers.
+    ``gradient_accumulation_fusion=True`` is set on the layer after
+    construction: megatron refuses it at construction without its CUDA
+    extension, and the serial megatron backward would still need that
+    extension, but the CoC path implements the fusion itself.
+    """
+    return _build(
+        ColumnParallelLinear, in_features, out_features, sequence_parallel, dtype,
+        gradient_accumulation_fusion, weight, bias_value, tp_group,
+        init_method=init_method, bias=bias, gather_output=gather_output, skip_bias_add=skip_bias_add,
+    )
+
+
+def build_row(
+    in_features: int,
+    out_features: int,
+    *,
+    bias: bool = True,
+    sequence_parallel: bool = False,
+    dtype: torch.dtype = torch.float32,
+    input_is_parallel: bool = True,
+    skip_bias_add: bool = False,
+    gradient_accumulation_fusion: bool = False,
+    init_method: Callable[[torch.Tensor], object] = torch.nn.init.xavier_normal_,
+    weight: torch.Tensor | None = None,
+    bias_value: torch.Tensor | None = None,
+    tp_group: dist.ProcessGroup | None = None,
+) -> RowParallelLinear:
+    """A real megatron ``RowParallelLinear`` (W is ``[out, in]``, sharded on in).
+
+    Same conventions as :func:`build_column`; the bias is not sharded.
+    """
+    return _build(
+        RowParallelLinear, in_features, out_features, sequence_parallel, dtype,
+        gradient_accumulation_fusion, weight, bias_value, tp_group,
+        init_method=init_method, bias=bias, input_is_parallel=input_is_parallel, skip_bias_add=skip_bias_add,
+    )
+
+
+def _build(
+    cls: type[LinearT],
+    in_features: int,
+    out_features: int,
+    sequence_parallel: bool,
+    dtype: torch.dtype,
+    gradient_accumulation_fusion: bool,
+    weight: torch.Tensor | None,
+    bias_value: torch.Tensor | None,
+    tp_group: dist.ProcessGroup | None,
+    **layer_options: Any,
+) -> LinearT:
+    """Construct a megatron TP linear of ``cls`` on the TP group and load global weights if given."""
+    group = _tp_group(tp_group)
+    config = parallel_config(tp_size=group.size(), sequence_parallel=sequence_parallel, dtype=dtype)
+    layer = cls(in_features, out_features, config=config, tp_group=group, **layer_options)
+    layer.gradient_accumulation_fusion = gradient_accumulation_fusion
+    if weight is not None:
+        load_global_weights(layer, weight, bias_value)
+    return layer
+
+
+def load_global_weights(
+    layer: ParallelLinear, weight: torch.Tensor, bias: torch.Tensor | None = None
+) -> None:
+    """Copy this rank's shards of the global ``weight [out, in]`` (and ``bias``) in.
+
+    Column rank ``r`` owns rows ``r*out/tp : (r+1)*out/tp`` of W and the same
+    slice of the bias; Row rank ``r`` owns columns ``r*in/tp : (r+1)*in/tp`` of W
+    and the whole bias.
+    """
+    group = layer.tp_group
+    tp, rank = group.size(), group.rank()
+    shard_dim = 0 if isinstance(layer, ColumnParallelLinear) else 1
+    if weight.dim() != 2 or weight.shape[shard_dim] % tp != 0:
+        raise ValueError(
+            f"global weight of shape {tuple(weight.shape)} cannot be split {tp} ways along dim "
+            f"{shard_dim} for {type(layer).__name__}"
+        )
+    with torch.no_grad():
+        layer.weight.copy_(weight.chunk(tp, dim=shard_dim)[rank])
+        if bias is not None:
+            if layer.bias is None:
+                raise ValueError(f"{type(layer).__name__} was built without a bias")
+            layer.bias.copy_(bias.chunk(tp)[rank] if shard_dim == 0 else bias)

@@ -1,0 +1,152 @@
+"""Inputs of the generated cases: the same tensors on every rank and in the test process.
+
+A case that does not use the stored goldens names its inputs by a
+:class:`Problem` (shape, dtype, seed, data kind); :func:`global_operands`
+rebuilds them anywhere from that alone, so ranks shard them and the test
+process computes the float64 truth from them, without shipping tensors.
+
+Two kinds of data (``docs/DESIGN.md#exact-data``):
+
+* ``normal``: standard normal values rounded to the dtype (the error bound
+  does the judging);
+* ``exact``: small integers whose every product and every partial sum is
+  exactly representable in the dtype, so a result is exact in any summation
+  order and a misplaced, duplicated or stale block fails *bitwise*.
+
+Each data-parallel replica gets different data (``replica`` shifts the seed),
+so a collective over the wrong group gives wrong numbers, not the same ones.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+
+#: Largest |value| of exact data, per dtype: products and sums over k stay exact
+#: (float16: 11 significand bits, bfloat16: 8, float32: 24).
+EXACT_MAX = {"float32": 3, "float16": 2, "bfloat16": 1}
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Global operands ``X [m, k] @ W [k, n] (+ bias [n])`` of an op call, by recipe."""
+
+    m: int
+    k: int
+    n: int
+    dtype: str
+    bias: bool = True
+    seed: int = 0
+    exact: bool = False
+    case_id: str | None = None  #: take X, W and bias from this golden case instead
+
+    def with_m(self, m: int) -> Problem:
+        return replace(self, m=m)
+
+
+def _values(shape: tuple[int, ...], dtype: str, gen: torch.Generator, exact: bool) -> torch.Tensor:
+    if exact:
+        top = EXACT_MAX[dtype]
+        return torch.randint(-top, top + 1, shape, generator=gen).to(getattr(torch, dtype))
+    return torch.randn(*shape, generator=gen).to(getattr(torch, dtype))
+
+
+def global_operands(problem: Problem, replica: int = 0) -> dict[str, Any]:
+    """``x``, ``w`` and ``bias`` (None without one) of ``problem`` for data-parallel ``replica``."""
+    if problem.case_id is not None:
+        import golden
+
+        g = golden.load(problem.case_id)
+        x, w = g.tensor("x"), g.tensor("w")
+        bias = g.tensor("bias") if "bias" in g.inputs else None
+        if replica:
+            x = x * 2.0 ** replica  # exact in every dtype, and different per replica
+        return {"x": x, "w": w, "bias": bias}
+    gen = torch.Generator().manual_seed(problem.seed * 1009 + replica * 7919 + problem.m)
+    x = _values((problem.m, problem.k), problem.dtype, gen, problem.exact)
+    w = _values((problem.k, problem.n), problem.dtype, gen, problem.exact)
+    bias = _values((problem.n,), problem.dtype, gen, problem.exact) if problem.bias else None
+    return {"x": x, "w": w, "bias": bias}
+
+
+def exact_limit_ok(problem: Problem) -> bool:
+    """Whether exact data of ``problem`` really is exact (every sum below the dtype's integer range)."""
+    top = EXACT_MAX[problem.dtype]
+    largest = problem.k * top * top + (top if problem.bias else 0)
+    return largest <= {"float32": 2**24, "float16": 2**11, "bfloat16": 2**8}[problem.dtype]
+
+
+@dataclass(frozen=True)
+class LayerProblem:
+    """Global tensors of a layer case (``docs/DESIGN.md#layouts``), by recipe or from a golden case.
+
+    ``layer`` is column, row or mlp (column -> gelu -> row); weights are Megatron's
+    ``[out, in]``.  ``tokens`` lists the sequence length of each micro-batch
+    (``b`` is shared); ``steps`` optimizer steps each change every weight by a
+    seeded ``delta`` in place, as an optimizer would.
+    """
+
+    layer: str
+    sequence_parallel: bool
+    h_in: int
+    h_out: int
+    dtype: str
+    b: int = 1
+    tokens: tuple[int, ...] = (64,)
+    ffn: int | None = None
+    bias: bool = True
+    seed: int = 0
+    exact: bool = False
+    case_id: str | None = None  #: take every tensor from this golden case (one micro-batch, one step)
+
+    @property
+    def weights(self) -> tuple[str, ...]:
+        return ("w1", "b1", "w2", "b2") if self.layer == "mlp" else ("w", "b")
+
+    def weight_shapes(self) -> dict[str, tuple[int, ...]]:
+        if self.layer == "mlp":
+            assert self.ffn is not None
+            return {"w1": (self.ffn, self.h_in), "b1": (self.ffn,), "w2": (self.h_out, self.ffn), "b2": (self.h_out,)}
+        return {"w": (self.h_out, self.h_in), "b": (self.h_out,)}
+
+
+def layer_weights(problem: LayerProblem, step: int = 0) -> dict[str, Any]:
+    """The global weights (and biases, None without) at the start of optimizer ``step``."""
+    if problem.case_id is not None:
+        import golden
+
+        g = golden.load(problem.case_id)
+        return {n: g.tensor(n) if n in g.inputs else None for n in problem.weights}
+    gen = torch.Generator().manual_seed(problem.seed * 31 + 1)
+    weights: dict[str, Any] = {}
+    for name, shape in problem.weight_shapes().items():
+        weights[name] = _values(shape, problem.dtype, gen, problem.exact) if (
+            problem.bias or not name.startswith("b")) else None
+    for s in range(step):
+        for name, delta in layer_deltas(problem, s).items():
+            weights[name] = (weights[name].double() + delta.double()).to(weights[name].dtype)
+    return weights
+
+
+def layer_deltas(problem: LayerProblem, step: int) -> dict[str, Any]:
+    """What optimizer step ``step`` adds to each weight (an eighth of the weights' scale)."""
+    gen = torch.Generator().manual_seed(problem.seed * 31 + 1000 + step)
+    return {name: (_values(shape, problem.dtype, gen, False).double() / 8).to(getattr(torch, problem.dtype))
+            for name, shape in problem.weight_shapes().items()
+            if problem.bias or not name.startswith("b")}
+
+
+def layer_batch(problem: LayerProblem, micro: int, step: int = 0, replica: int = 0) -> dict[str, Any]:
+    """``x [s, b, h_in]`` and ``dy [s, b, h_out]`` of one micro-batch of one step and replica."""
+    if problem.case_id is not None:
+        import golden
+
+        g = golden.load(problem.case_id)
+        scale = 2.0 ** replica  # exact, and different per replica
+        return {"x": g.tensor("x") * scale, "dy": g.tensor("dy") * scale}
+    s = problem.tokens[micro]
+    gen = torch.Generator().manual_seed(problem.seed * 7 + 100003 * replica + 1009 * step + 31 * micro + s)
+    return {"x": _values((s, problem.b, problem.h_in), problem.dtype, gen, problem.exact),
+            "dy": _values((s, problem.b, problem.h_out), problem.dtype, gen, problem.exact)}

@@ -1,0 +1,130 @@
+"""What rank tasks return: the typed contract between ``conformance.cases`` and ``conformance.suite``.
+
+Every result crosses a process boundary, so each is a plain picklable
+dataclass of tensors, :class:`~conformance.harness.case.CapturedError` and
+:class:`Timeline` values (a summary of :class:`~conformance.harness.probes.CollectiveLog`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from conformance.harness.case import CapturedError
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One collective as a check needs it (from :class:`~conformance.harness.probes.CollectiveCall`)."""
+
+    kind: str
+    op: str
+    api: str | None
+    overlappable: bool
+    group_ranks: tuple[int, ...] | None
+    shapes: tuple[tuple[int, ...], ...]
+    #: Shapes of the matmuls that ran while it was in flight (launched, not yet waited for).
+    overlapped: tuple[tuple[int, ...] | None, ...]
+    pending: bool  #: launched asynchronously and never waited for
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """The collectives of one phase of one layer (or one op call), in launch order."""
+
+    collectives: tuple[Collective, ...] = ()
+    fused_ops: tuple[str, ...] = ()  #: vendor ops that multiply and communicate in one
+
+    def of_kind(self, kind: str) -> list[Collective]:
+        return [c for c in self.collectives if c.kind == kind]
+
+    def describe(self) -> str:
+        parts = [f"{c.kind}{'(async)' if c.overlappable else '(sync)'}"
+                 f"{'+' + str(len(c.overlapped)) + 'mm' if c.overlapped else ''}" for c in self.collectives]
+        return "[" + ", ".join(parts) + "]" + (f" fused ops {list(self.fused_ops)}" if self.fused_ops else "")
+
+
+def timeline_of(log: Any, start: int = 0, end: int | None = None) -> Timeline:
+    """The :class:`Timeline` of the collectives ``log`` launched between two event indices."""
+    end = len(log.events) if end is None else end
+    found = []
+    for index, call in enumerate(log.calls):
+        if not start <= call.launched < end:
+            continue
+        found.append(Collective(
+            kind=call.kind, op=call.op, api=call.api, overlappable=call.overlappable,
+            group_ranks=call.group_ranks, shapes=tuple(call.shapes),
+            overlapped=tuple(e.shape for e in log.matmuls_while_in_flight(index)),
+            pending=call.overlappable and call.waited is None and not call.functional,
+        ))
+    fused = tuple(e.op for e in log.events[start:end] if e.what == "matmul" and e.label == "fused")
+    return Timeline(tuple(found), fused)
+
+
+@dataclass(frozen=True)
+class ConfigOutcome:
+    """``configure`` on one rank: the error it raised, the collectives it issued, its warnings."""
+
+    error: CapturedError | None
+    collectives: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()
+
+
+@dataclass
+class StepRun:
+    """One optimizer step of patched or unpatched layers on one rank."""
+
+    #: Per micro-batch: ``y`` and ``dx`` (this rank's pieces).
+    outputs: list[dict[str, Any]]
+    #: Parameter gradients by golden name (``dw``, ``db``, ``dw1`` ...); a weight's is its
+    #: ``main_grad`` under gradient-accumulation fusion.
+    grads: dict[str, Any]
+    #: Under fusion: what the weight's ``.grad`` held after the backward ("None", "dummy", "values").
+    weight_grad: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class LayerOutcome:
+    """The serial (unpatched) and CoC runs of one layer case on one rank."""
+
+    serial: list[StepRun] | None  #: per step
+    coc: list[list[StepRun]]  #: per CoC run, per step
+    replica: int = 0
+    tp_rank: int = 0
+    #: ``"<layer kind>/<phase>"`` -> its collectives, for the first micro-batch of the first CoC run.
+    timelines: dict[str, Timeline] = field(default_factory=dict)
+    error: CapturedError | None = None  #: what the patched layers (or configure) raised
+    warnings: tuple[str, ...] = ()
+    changed_after_return: list[str] = field(default_factory=list)
+    mutated: list[str] = field(default_factory=list)
+    shared_memory: list[str] = field(default_factory=list)
+
+    def tensors(self, run: int | None = 0, step: int = 0, micro: int = 0) -> dict[str, Any]:
+        """``y``, ``dx`` and the grads of one micro-batch (``run`` None: the serial run)."""
+        steps = self.serial if run is None else self.coc[run]
+        assert steps is not None
+        found = steps[step]
+        return {**found.outputs[micro], **found.grads}
+
+
+@dataclass
+class OpOutcome:
+    """One op's results on one rank (one per tiling and run) and the references asked for."""
+
+    results: list[Any]
+    serial: Any = None
+    reference: Any = None
+    #: Inputs the op changed: ``"x: 3 of 64 elements, rows 2-3"`` per input name.
+    mutated: dict[str, str] = field(default_factory=dict)
+    timeline: Timeline | None = None
+
+
+@dataclass
+class CallOutcome:
+    """A call expected to be refused or to succeed: its error, or its result and the serial one."""
+
+    error: CapturedError | None
+    result: Any = None
+    serial: Any = None
+    warnings: tuple[str, ...] = ()
+    collectives: int = 0

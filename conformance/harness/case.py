@@ -1,0 +1,260 @@
+"""A rank task: a picklable function run on every rank of a case, and its outcome.
+
+Checks write rank-side code as plain module-level functions ``fn(ctx, **params)``;
+they never know how ranks are launched.  Each rank returns a picklable value (or
+raises); the launcher collects one :class:`RankOutcome` per rank.
+
+While it runs, a task may say how long the rest of it may take
+(:meth:`RankContext.expect_within`): the launcher then declares a hang as soon
+as that budget is spent instead of waiting for the case's ceiling (see
+``docs/DESIGN.md#time-budget``).  It times its own phases with
+:meth:`RankContext.timer`, so the report can tell the implementation's time from
+the suite's references.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+#: ``timer`` kinds: the implementation under test, and the suite's own references.
+IMPL, REFERENCE = "impl", "reference"
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How long a case may take: ``floor + factor * (serial seconds)`` after its serial reference ran.
+
+    ``docs/DESIGN.md#time-budget``: a hang in a 0.1 s case is declared in
+    seconds, not at the ceiling (``--coc-case-timeout``).
+    """
+
+    factor: float = 20.0
+    floor: float = 10.0
+
+    def seconds(self, serial_s: float, calls: int = 1) -> float:
+        return self.floor + self.factor * serial_s * max(1, calls)
+
+
+@dataclass
+class RankContext:
+    """What a rank knows while it runs a task."""
+
+    rank: int
+    world_size: int
+    device: str
+    impl_spec: str
+    launcher: str
+    subgroup: Any = None  # set when the task runs on part of a larger world (torchrun)
+    #: Called with a number of seconds: the rest of the task must finish within it.
+    on_budget: Callable[[float], None] | None = None
+    budget: Budget | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def impl(self) -> Any:
+        """The implementation under test, loaded once per rank process."""
+        from conformance.harness.impl_loader import load_implementation
+
+        return load_implementation(self.impl_spec)
+
+    @property
+    def group(self) -> Any:
+        """The process group spanning the task's ranks."""
+        import torch.distributed as dist
+
+        return self.subgroup if self.subgroup is not None else dist.group.WORLD
+
+    def expect_within(self, seconds: float) -> None:
+        """From now on the task must finish within ``seconds`` (else it is a hang)."""
+        if self.on_budget is not None:
+            self.on_budget(float(seconds))
+
+    def budget_from(self, serial_s: float, calls: int = 1) -> None:
+        """The rest of the task runs ``calls`` implementation calls whose serial path took ``serial_s``."""
+        if self.budget is not None:
+            self.expect_within(self.budget.seconds(serial_s, calls))
+
+    @contextlib.contextmanager
+    def timer(self, kind: str) -> Iterator[None]:
+        """Add the block's wall time to ``timings[kind]`` (:data:`IMPL` or :data:`REFERENCE`)."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.timings[kind] = self.timings.get(kind, 0.0) + time.perf_counter() - start
+
+
+TaskFn = Callable[..., Any]
+
+
+@dataclass(frozen=True)
+class RankTask:
+    """A function and parameters to run on ``world_size`` ranks.
+
+    ``timeout`` is the ceiling; a task may lower it while it runs
+    (:meth:`RankContext.expect_within`).
+    """
+
+    fn: TaskFn
+    world_size: int
+    params: dict[str, Any] = field(default_factory=dict)
+    timeout: float = 60.0
+    exclusive: bool = False
+    budget: Budget | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.fn.__module__}.{self.fn.__qualname__}"
+
+
+@dataclass(frozen=True)
+class CapturedError:
+    """An exception raised on a rank, carried back as text (and the object when picklable).
+
+    Used both for an exception that escaped a task and for one a task caught
+    from the implementation on purpose (an expected error is a result).
+    """
+
+    type_name: str  #: ``module.QualName``
+    message: str
+    traceback: str
+    mro: tuple[str, ...] = ()  #: ``module.QualName`` of every class, most derived first
+    exception: BaseException | None = None
+
+    @classmethod
+    def capture(cls, exc: BaseException, *, stderr: str = "") -> CapturedError:
+        """Capture ``exc``; ``stderr`` is what the call printed there (argparse's message on SystemExit)."""
+        import pickle
+
+        try:
+            pickle.loads(pickle.dumps(exc))
+            carried: BaseException | None = exc
+        except Exception:  # noqa: BLE001 - unpicklable exceptions travel as text only
+            carried = None
+        return cls(
+            type_name=f"{type(exc).__module__}.{type(exc).__qualname__}",
+            message=_message(exc, stderr),
+            traceback="".join(traceback.format_exception(exc)),
+            mro=tuple(qualified_name(c) for c in type(exc).__mro__),
+            exception=carried,
+        )
+
+    @property
+    def name(self) -> str:
+        """The class name alone."""
+        return self.type_name.rsplit(".", 1)[-1]
+
+    def is_a(self, *classes: type[BaseException] | str) -> bool:
+        """Whether the class or one of its bases is one of ``classes`` (classes or qualified names)."""
+        wanted = {c if isinstance(c, str) else qualified_name(c) for c in classes}
+        return not wanted.isdisjoint(self.mro)
+
+    def same_as(self, other: CapturedError) -> bool:
+        """Same class and same message (what "the same error on every rank" means)."""
+        return (self.type_name, self.message) == (other.type_name, other.message)
+
+    def describe(self) -> str:
+        return f"{self.name}: {self.message}"
+
+
+def qualified_name(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _message(exc: BaseException, stderr: str = "") -> str:
+    """``str(exc)``, with what a bare ``SystemExit`` from argparse leaves out (its stderr message)."""
+    text = str(exc)
+    if isinstance(exc, SystemExit):
+        said = [line for line in stderr.strip().splitlines() if line.strip()]
+        why = said[-1].strip() if said else "nothing printed to stderr"
+        return f"SystemExit({exc.code!r}) -- argparse exits on a bad or unknown flag: {why}"
+    return text
+
+
+def call_capturing_errors(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, CapturedError | None]:
+    """``fn(*args, **kwargs)`` -> ``(value, None)``, or ``(None, error)`` for any Exception or SystemExit.
+
+    A ``SystemExit`` (argparse refusing a flag) is an error like any other,
+    carrying what was printed to stderr, instead of ending the process.
+    """
+    stderr = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(_Tee(stderr, sys.stderr)):
+            return fn(*args, **kwargs), None
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - the error is the result
+        return None, CapturedError.capture(exc, stderr=stderr.getvalue())
+
+
+@dataclass
+class RankOutcome:
+    """One rank's result: a value or an error, what the rank logged, and its phase timings."""
+
+    rank: int
+    value: Any = None
+    error: CapturedError | None = None
+    log: str = ""
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+def run_on_rank(
+    task_fn: TaskFn, params: dict[str, Any], ctx: RankContext, *, capture_stdio: bool = True
+) -> RankOutcome:
+    """Run one task on this rank, capturing its output, logs, timings and exception.
+
+    Ranks that are threads of one process share ``sys.stdout``; they pass
+    ``capture_stdio=False`` and only their log records are kept.
+    """
+    buffer = io.StringIO()
+    ctx.timings = {}
+    with _capture_output(buffer, capture_stdio):
+        try:
+            value = task_fn(ctx, **params)
+            error = None
+        except BaseException as exc:  # noqa: BLE001 - everything goes back to the test
+            value, error = None, CapturedError.capture(exc)
+    return RankOutcome(rank=ctx.rank, value=value, error=error, log=buffer.getvalue(),
+                       timings=dict(ctx.timings))
+
+
+class _Tee(io.TextIOBase):
+    def __init__(self, *streams: Any) -> None:
+        self._streams = streams
+
+    def write(self, text: str) -> int:
+        for stream in self._streams:
+            stream.write(text)
+            stream.flush()
+        return len(text)
+
+
+@contextlib.contextmanager
+def _capture_output(buffer: io.StringIO, capture_stdio: bool) -> Iterator[None]:
+    handler = logging.StreamHandler(buffer)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    own_thread = threading.get_ident()
+    handler.addFilter(lambda record: record.thread == own_thread)
+    root = logging.getLogger()
+    root.addHandler(handler)
+    try:
+        if capture_stdio:
+            # Tee, so that what a rank printed survives in its process output if it dies.
+            with contextlib.redirect_stdout(_Tee(buffer, sys.stdout)), \
+                    contextlib.redirect_stderr(_Tee(buffer, sys.stderr)):
+                yield
+        else:
+            yield
+    finally:
+        root.removeHandler(handler)

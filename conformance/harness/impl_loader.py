@@ -1,0 +1,76 @@
+"""Resolve ``--coc-impl module:attr`` to an implementation object.
+
+The attribute may be the object itself, a class, or any zero-argument callable
+returning one.  Ranks resolve the same spec string in their own process, so an
+implementation never has to be picklable.  Every way this can go wrong -- no
+such module, an import error *inside* the implementation, an exception while
+importing or constructing it, an object that is not an implementation -- is an
+:class:`ImplementationLoadError` that says which.
+"""
+
+from __future__ import annotations
+
+import importlib
+from functools import cache
+from typing import Any
+
+from conformance.options import DEFAULT_IMPL
+
+__all__ = ["DEFAULT_IMPL", "ImplementationLoadError", "load_implementation", "missing_capability"]
+
+
+class ImplementationLoadError(ImportError):
+    """``--coc-impl`` does not name a usable implementation."""
+
+
+@cache
+def load_implementation(spec: str) -> Any:
+    """Import ``module:attr`` and return the implementation (cached per process)."""
+    module_name, sep, attr_path = spec.partition(":")
+    if not sep or not module_name or not attr_path:
+        raise ImplementationLoadError(f"--coc-impl {spec!r}: expected 'module:attr'")
+    try:
+        target: Any = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and (module_name == exc.name or module_name.startswith(exc.name + ".")):
+            raise ImplementationLoadError(f"--coc-impl {spec!r}: no module named {exc.name!r} "
+                                          "(is it installed, or on PYTHONPATH?)") from exc
+        raise ImplementationLoadError(f"--coc-impl {spec!r}: importing {module_name!r} failed because a module "
+                                      f"it needs is missing: {exc}") from exc
+    except ImportError as exc:
+        raise ImplementationLoadError(f"--coc-impl {spec!r}: importing {module_name!r} failed inside the "
+                                      f"implementation: {exc}") from exc
+    except Exception as exc:  # noqa: BLE001 - any error at import is a load error, named as such
+        raise ImplementationLoadError(f"--coc-impl {spec!r}: importing {module_name!r} raised "
+                                      f"{type(exc).__name__}: {exc}") from exc
+    for part in attr_path.split("."):
+        try:
+            target = getattr(target, part)
+        except AttributeError:
+            raise ImplementationLoadError(f"--coc-impl {spec!r}: {module_name!r} has no {attr_path!r}") from None
+    if callable(target) and not _looks_like_impl(target):
+        try:
+            impl = target()
+        except Exception as exc:  # noqa: BLE001
+            raise ImplementationLoadError(f"--coc-impl {spec!r}: calling {attr_path!r} to make the implementation "
+                                          f"raised {type(exc).__name__}: {exc}") from exc
+    else:
+        impl = target
+    if not _looks_like_impl(impl):
+        raise ImplementationLoadError(
+            f"--coc-impl {spec!r}: {impl!r} lacks 'name' and 'configure' (see conformance.protocol)"
+        )
+    return impl
+
+
+def _looks_like_impl(obj: Any) -> bool:
+    return not isinstance(obj, type) and isinstance(getattr(obj, "name", None), str) and callable(
+        getattr(obj, "configure", None)
+    )
+
+
+def missing_capability(impl: Any, capability: str) -> str | None:
+    """Why ``impl`` cannot do ``capability`` (None when it can)."""
+    if not callable(getattr(impl, capability, None)):
+        return f"{impl.name} does not implement {capability}"
+    return None

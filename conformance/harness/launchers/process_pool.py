@@ -1,0 +1,424 @@
+"""Warm pools of rank processes (gloo on CPU, nccl / hccl on devices).
+
+Starting and initialising W ranks costs seconds; a pool does it once per world
+size and then runs each task in milliseconds.  Ranks are forked from the
+launcher's zygote (:mod:`conformance.harness.launchers.zygote`), which has
+torch and megatron imported already, so even a rebuild after a hang costs
+well under a second per rank.
+
+A task that hangs or kills a rank fails within its budget with every rank's
+Python stack attached; the pool is then torn down and rebuilt on next use, so
+the session goes on.  A task may lower its deadline while it runs
+(:meth:`~conformance.harness.case.RankContext.expect_within`): a rank sends
+the new budget and the pool counts from there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
+from pathlib import Path
+from typing import NoReturn
+
+from conformance.harness.case import RankOutcome, RankTask
+from conformance.harness.errors import CaseTimeout, RankCrashed
+from conformance.harness.launchers.devices import DeviceKind
+from conformance.harness.launchers.worker import BUDGET, READY, STOP
+
+#: How long ranks get to dump their stacks after SIGUSR1.
+_STACK_GRACE_S = 0.5
+
+
+@dataclass(frozen=True)
+class PoolKey:
+    world_size: int
+    devices: tuple[str, ...]
+
+
+class _RankProcess:
+    """A rank process: forked by the zygote (``pid``) or started as an interpreter (``popen``)."""
+
+    def __init__(self, pid: int, log: Path, popen: subprocess.Popen[bytes] | None = None) -> None:
+        self.pid, self.log, self.popen = pid, log, popen
+
+    def alive(self) -> bool:
+        if self.popen is not None:
+            return self.popen.poll() is None
+        if self.log.with_name(self.log.name + ".exit").exists():
+            return False
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+
+    def exit_code(self, wait_s: float = 2.0) -> int | None:
+        """The exit code, waiting up to ``wait_s`` for it to be known."""
+        if self.popen is not None:
+            try:
+                return self.popen.wait(timeout=wait_s)
+            except subprocess.TimeoutExpired:
+                return None
+        status = self.log.with_name(self.log.name + ".exit")
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            try:
+                return int(status.read_text())
+            except (OSError, ValueError):
+                time.sleep(0.02)
+        return None
+
+    def signal(self, sig: int) -> None:
+        try:
+            os.kill(self.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def reap(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while self.alive() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if self.alive():
+            self.signal(signal.SIGKILL)
+        if self.popen is not None:
+            self.popen.wait()
+
+
+class Zygote:
+    """The launcher side of the fork server (one per launcher, started on first use)."""
+
+    def __init__(self, start_timeout_s: float = 180.0) -> None:
+        ours, theirs = socket.socketpair()
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        # Its imports' warnings go to a log, not into the output of whichever test started it.
+        self._log = tempfile.NamedTemporaryFile(prefix="coc-zygote-", suffix=".log", delete=False)  # noqa: SIM115
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "conformance.harness.launchers.zygote", str(theirs.fileno())],
+            env=env, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
+            pass_fds=(theirs.fileno(),),
+        )
+        theirs.close()
+        self._sock = ours
+        self._sock.settimeout(start_timeout_s)
+        self._reader = self._sock.makefile("rb")
+        try:
+            ready = self._reader.readline().strip()
+        except OSError:
+            ready = b""
+        if ready != b"ready":
+            self._proc.kill()
+            output = Path(self._log.name).read_text(errors="replace")[-4000:]
+            raise RankCrashed(f"the rank fork server did not start (exit code {self._proc.poll()}):\n{output}")
+        self._sock.settimeout(60)
+
+    @property
+    def alive(self) -> bool:
+        return self._proc.poll() is None
+
+    def fork(self, spec: dict[str, object], env: dict[str, str], log: Path, fd: int) -> int:
+        request = json.dumps({"spec": spec, "env": env, "log": str(log)}).encode()
+        socket.send_fds(self._sock, [request], [fd])
+        return int(self._reader.readline())
+
+    def close(self) -> None:
+        self._reader.close()
+        self._sock.close()
+        try:
+            self._proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+        self._log.close()
+        os.unlink(self._log.name)
+
+
+class RankPool:
+    """``world_size`` live rank processes sharing one process group."""
+
+    def __init__(
+        self, world_size: int, kind: DeviceKind, devices: Sequence[str], *,
+        start_timeout_s: float = 180.0, num_threads: int = 1, zygote: Zygote | None = None,
+    ) -> None:
+        self.world_size = world_size
+        self.kind = kind
+        self.devices = tuple(devices)
+        self._start_timeout_s = start_timeout_s
+        self._num_threads = num_threads
+        self._zygote = zygote
+        self._procs: list[_RankProcess] = []
+        self._conns: list[Connection] = []
+        self._tmp: Path | None = None
+        #: Seconds the last :meth:`run` spent starting the ranks (0 when they were warm).
+        self.last_start_s = 0.0
+
+    @property
+    def alive(self) -> bool:
+        return bool(self._procs) and all(p.alive() for p in self._procs)
+
+    def start(self) -> None:
+        """Start the ranks and wait until each has joined the process group.
+
+        Each rank talks to the pool over its own socket pair.  A rank that dies
+        while starting fails the start with every rank's stack and output
+        (the others are killed).
+        """
+        self._tmp = Path(tempfile.mkdtemp(prefix=f"coc-pool-w{self.world_size}-"))
+        env = dict(self.kind.visible_devices_env(self.devices))
+        for rank in range(self.world_size):
+            ours, theirs = socket.socketpair()
+            spec = {
+                "rank": rank,
+                "world_size": self.world_size,
+                "store_path": str(self._tmp / "store"),
+                "backend": self.kind.backend,
+                "device": self.kind.rank_device(rank),
+                "stack_path": str(self._stack_path(rank)),
+                "collective_timeout_s": max(self._start_timeout_s, 300.0),
+                "num_threads": self._num_threads,
+            }
+            log = self._log_path(rank)
+            log.touch()
+            if self._zygote is not None:
+                self._procs.append(_RankProcess(self._zygote.fork(spec, env, log, theirs.fileno()), log))
+            else:
+                with open(log, "wb") as out:
+                    popen = subprocess.Popen(
+                        [sys.executable, "-m", "conformance.harness.launchers.worker",
+                         json.dumps({**spec, "fd": theirs.fileno()})],
+                        env={**os.environ, **env, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)},
+                        stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                        pass_fds=(theirs.fileno(),),
+                    )
+                self._procs.append(_RankProcess(popen.pid, log, popen))
+            theirs.close()
+            self._conns.append(Connection(ours.detach()))
+        deadline = time.monotonic() + self._start_timeout_s
+        waiting = set(range(self.world_size))
+        while waiting:
+            dead = [r for r, p in enumerate(self._procs) if not p.alive()]
+            if dead or time.monotonic() > deadline:
+                self._fail_start(dead)
+            for conn in wait([self._conns[r] for r in waiting], timeout=0.2):
+                rank = self._conns.index(conn)  # type: ignore[arg-type]
+                try:
+                    message = conn.recv_bytes()
+                except (EOFError, OSError):
+                    self._fail_start([rank])
+                if message == READY:  # the process group is initialised
+                    waiting.discard(rank)
+
+    def _fail_start(self, dead: Sequence[int]) -> NoReturn:
+        codes = {r: self._procs[r].exit_code() for r in dead}
+        stacks = self._dump_stacks()
+        self._add_output(stacks, [0] * self.world_size)
+        self.close(kill=True)
+        why = (f"rank(s) {sorted(dead)} exited (exit codes {codes})" if dead
+               else f"not ready within {self._start_timeout_s:.0f} s")
+        raise RankCrashed(f"rank pool of {self.world_size} failed to start: {why}", stacks=stacks)
+
+    def run(self, task: RankTask, impl_spec: str, launcher: str) -> list[RankOutcome]:
+        """Run ``task`` on every rank; raise on hang or crash (the pool is then closed)."""
+        self.last_start_s = 0.0
+        if not self.alive:
+            self.close(kill=True)
+            begun = time.perf_counter()
+            self.start()
+            self.last_start_s = time.perf_counter() - begun
+        message = pickle.dumps(
+            (list(sys.path), pickle.dumps((task.fn, task.params)), impl_spec, launcher, task.budget)
+        )
+        offsets = [self._file_size(self._stack_path(r)) for r in range(self.world_size)]
+        log_offsets = [self._file_size(self._log_path(r)) for r in range(self.world_size)]
+        for conn in self._conns:
+            conn.send_bytes(message)
+        outcomes: dict[int, RankOutcome] = {}
+        pending = dict(enumerate(self._conns))
+        started = time.monotonic()
+        ceiling = started + task.timeout
+        deadline, limit = ceiling, task.timeout
+        while pending:
+            # Exits are noticed through the socket: a dead rank's end reads EOF.
+            ready = wait(list(pending.values()), timeout=max(0.0, deadline - time.monotonic()))
+            for conn in ready:
+                rank = self._conns.index(conn)  # type: ignore[arg-type]
+                try:
+                    data = conn.recv_bytes()
+                except (EOFError, OSError):
+                    code = self._procs[rank].exit_code(wait_s=5)
+                    self._fail(RankCrashed, task, f"rank {rank} died (exit code {code})",
+                               outcomes, offsets, log_offsets)
+                if data[:1] == BUDGET:  # the task set its budget: count from now, under the ceiling
+                    seconds = float(data[1:])
+                    deadline = min(ceiling, max(deadline if deadline < ceiling else 0.0,
+                                                time.monotonic() + seconds))
+                    limit = deadline - started
+                    continue
+                outcomes[rank] = pickle.loads(data[1:])
+                del pending[rank]
+            if pending and time.monotonic() >= deadline:
+                self._fail(CaseTimeout, task, f"rank(s) {sorted(pending)} did not finish within "
+                           f"{limit:.3g} s" + ("" if limit >= task.timeout else
+                                              f" (the case's budget; ceiling {task.timeout:g} s)"),
+                           outcomes, offsets, log_offsets)
+        return [outcomes[rank] for rank in range(self.world_size)]
+
+    def _fail(self, error: type[CaseTimeout] | type[RankCrashed], task: RankTask, why: str,
+              outcomes: dict[int, RankOutcome], offsets: Sequence[int],
+              log_offsets: Sequence[int]) -> NoReturn:
+        stacks = self._dump_stacks(offsets)
+        self._add_output(stacks, log_offsets)
+        self.close(kill=True)
+        finished = [o for _, o in sorted(outcomes.items())]
+        raised = [o.rank for o in finished if o.error is not None]
+        note = f"; rank(s) {raised} raised" if raised else ""
+        raise error(f"{task.name}: {why}{note}", stacks=stacks, outcomes=finished)
+
+    def _add_output(self, stacks: dict[int, str], log_offsets: Sequence[int]) -> None:
+        for rank, start in enumerate(log_offsets):
+            output = self._read_from(self._log_path(rank), start)
+            if output:
+                stacks[rank] = stacks.get(rank, "") + f"\n--- rank {rank} process output ---\n{output}"
+
+    def _stack_path(self, rank: int) -> Path:
+        assert self._tmp is not None
+        return self._tmp / f"stack-{rank}.txt"
+
+    def _log_path(self, rank: int) -> Path:
+        assert self._tmp is not None
+        return self._tmp / f"output-{rank}.txt"
+
+    @staticmethod
+    def _file_size(path: Path) -> int:
+        try:
+            return path.stat().st_size
+        except OSError:
+            return 0
+
+    @staticmethod
+    def _read_from(path: Path, offset: int) -> str:
+        try:
+            with open(path, errors="replace") as f:
+                f.seek(offset)
+                return f.read().strip()
+        except OSError:
+            return ""
+
+    def _dump_stacks(self, offsets: Sequence[int] | None = None) -> dict[int, str]:
+        """Every rank's Python stacks (all threads), via faulthandler on SIGUSR1."""
+        offsets = offsets or [0] * len(self._procs)
+        signalled = []
+        for rank, proc in enumerate(self._procs):
+            if proc.alive():
+                proc.signal(signal.SIGUSR1)
+                signalled.append(rank)
+        time.sleep(_STACK_GRACE_S if signalled else 0)
+        stacks = {}
+        for rank, proc in enumerate(self._procs):
+            text = self._read_from(self._stack_path(rank), offsets[rank])
+            if rank not in signalled:
+                text = f"(process exited with code {proc.exit_code(wait_s=0.5)})\n{text}".strip()
+            stacks[rank] = text or "(no stack captured)"
+        return stacks
+
+    def close(self, *, kill: bool = False) -> None:
+        """Stop the ranks (politely unless ``kill``) and remove the pool's files."""
+        for conn, proc in zip(self._conns, self._procs):
+            if not kill and proc.alive():
+                try:
+                    conn.send_bytes(STOP)
+                except OSError:
+                    pass
+        for proc in self._procs:
+            if kill:
+                proc.signal(signal.SIGKILL)
+            proc.reap(timeout=10)
+        for conn in self._conns:
+            conn.close()
+        self._procs, self._conns = [], []
+        if self._tmp is not None:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+            self._tmp = None
+
+
+class ProcessLauncher:
+    """Keeps one warm pool per (world size, device set), evicting the least recently used.
+
+    ``max_live_ranks`` bounds how many idle rank processes this launcher keeps
+    (each holds a torch runtime in memory).  ``fork_server=False`` starts every
+    rank as a fresh interpreter instead of forking it from the zygote.
+    """
+
+    name = "process"
+
+    def __init__(self, kind: DeviceKind, *, max_live_ranks: int = 16, num_threads: int = 1,
+                 fork_server: bool = True) -> None:
+        self.kind = kind
+        self.max_live_ranks = max_live_ranks
+        self._num_threads = num_threads
+        self._fork_server = fork_server and hasattr(socket, "send_fds") and hasattr(os, "fork")
+        self._zygote: Zygote | None = None
+        self._pools: OrderedDict[PoolKey, RankPool] = OrderedDict()
+        #: Seconds the last :meth:`run` spent starting ranks (0 when its pool was warm).
+        self.last_start_s = 0.0
+
+    def preferred_devices(self, world_size: int) -> tuple[str, ...]:
+        """The devices of the warm pool of this size, if any (lease these to stay warm)."""
+        for key in reversed(self._pools):
+            if key.world_size == world_size:
+                return key.devices
+        return ()
+
+    def _zygote_for_start(self) -> Zygote | None:
+        if not self._fork_server:
+            return None
+        if self._zygote is None or not self._zygote.alive:
+            if self._zygote is not None:
+                self._zygote.close()
+            self._zygote = Zygote()
+        return self._zygote
+
+    def run(self, task: RankTask, devices: Sequence[str], impl_spec: str) -> list[RankOutcome]:
+        key = PoolKey(task.world_size, tuple(devices) if self.kind.binds_devices else ())
+        pool = self._pools.pop(key, None)
+        self.last_start_s = 0.0
+        if pool is None:
+            same_size = [k for k in self._pools if k.world_size == task.world_size]
+            for stale in same_size:  # a device pool bound elsewhere is rebuilt on the new lease
+                self._pools.pop(stale).close()
+            self._evict(task.world_size)
+            begun = time.perf_counter()
+            zygote = self._zygote_for_start()
+            pool = RankPool(task.world_size, self.kind, devices, num_threads=self._num_threads, zygote=zygote)
+            self.last_start_s = time.perf_counter() - begun
+        elif not pool.alive:
+            pool._zygote = self._zygote_for_start()
+        self._pools[key] = pool
+        try:
+            return pool.run(task, impl_spec, self.name)
+        finally:
+            self.last_start_s += pool.last_start_s
+            self._evict(0)  # a pool larger than the budget is not kept warm
+
+    def _evict(self, incoming: int) -> None:
+        while self._pools and sum(k.world_size for k in self._pools) + incoming > self.max_live_ranks:
+            _, pool = self._pools.popitem(last=False)
+            pool.close()
+
+    def close(self) -> None:
+        while self._pools:
+            self._pools.popitem()[1].close()
+        if self._zygote is not None:
+            self._zygote.close()
+            self._zygote = None

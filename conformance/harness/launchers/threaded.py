@@ -1,0 +1,103 @@
+"""Ranks as threads of the pytest process, on torch's threaded process group.
+
+Starts in milliseconds, so it suits fast CPU numerics.  Its collectives are
+synchronous even when called with ``async_op=True``: it checks results, never
+overlap.  A rank that raises while others wait in a collective is a hang on any
+real backend; here it is reported as one immediately.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Sequence
+
+from conformance.harness.case import RankContext, RankOutcome, RankTask, run_on_rank
+from conformance.harness.errors import CaseTimeout
+
+_LOCK = threading.Lock()  # one threaded world at a time per process
+
+
+class ThreadedLauncher:
+    name = "threaded"
+
+    def run(self, task: RankTask, devices: Sequence[str], impl_spec: str) -> list[RankOutcome]:
+        import torch
+        import torch.distributed as dist
+        from torch.testing._internal.distributed.multi_threaded_pg import (
+            ProcessLocalGroup,
+            _install_threaded_pg,
+            _uninstall_threaded_pg,
+        )
+
+        with _LOCK:
+            world = _install_threaded_pg()
+            torch._C._distributed_c10d._set_thread_isolation_mode(True)
+            store = dist.HashStore()
+            outcomes: dict[int, RankOutcome] = {}
+            terminated: set[int] = set()
+            started = time.monotonic()
+            deadline = [started + task.timeout]
+
+            def on_budget(seconds: float) -> None:  # the task's budget, under the ceiling
+                deadline[0] = min(started + task.timeout, time.monotonic() + seconds)
+
+            def rank_thread(rank: int) -> None:
+                dist.init_process_group("threaded", rank=rank, world_size=task.world_size, store=store)
+                ctx = RankContext(rank, task.world_size, "cpu", impl_spec, self.name, on_budget=on_budget,
+                                  budget=task.budget)
+                try:
+                    outcome = run_on_rank(task.fn, task.params, ctx, capture_stdio=False)
+                    if outcome.error is not None and outcome.error.type_name == "builtins.SystemExit":
+                        terminated.add(rank)  # woken out of a collective nobody else joined
+                    outcomes[rank] = outcome
+                    if outcome.error is not None:
+                        ProcessLocalGroup.exception_handle(None)
+                finally:
+                    if dist.distributed_c10d._world is world:
+                        dist.destroy_process_group()
+
+            threads = [
+                threading.Thread(target=rank_thread, args=(r,), name=f"coc-rank-{r}", daemon=True)
+                for r in range(task.world_size)
+            ]
+            try:
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    while t.is_alive() and time.monotonic() < deadline[0]:
+                        t.join(min(0.05, max(0.0, deadline[0] - time.monotonic())))
+                stuck = [r for r, t in enumerate(threads) if t.is_alive()]
+                if stuck:
+                    stacks = _thread_stacks(threads)
+                    ProcessLocalGroup.exception_handle(None)
+                    raise CaseTimeout(
+                        f"{task.name}: rank(s) {stuck} did not finish within {deadline[0] - started:.3g} s",
+                        stacks=stacks, outcomes=[outcomes[r] for r in sorted(outcomes)],
+                    )
+                if terminated:
+                    raised = sorted(r for r, o in outcomes.items() if not o.ok and r not in terminated)
+                    raise CaseTimeout(
+                        f"{task.name}: rank(s) {sorted(terminated)} were left waiting in a "
+                        f"collective after rank(s) {raised} raised (a hang on a real backend)",
+                        outcomes=[outcomes[r] for r in sorted(outcomes)],
+                    )
+                return [outcomes[r] for r in range(task.world_size)]
+            finally:
+                ProcessLocalGroup.reset()
+                _uninstall_threaded_pg()
+                torch._C._distributed_c10d._set_thread_isolation_mode(False)
+
+    def close(self) -> None:
+        pass
+
+
+def _thread_stacks(threads: Sequence[threading.Thread]) -> dict[int, str]:
+    frames = sys._current_frames()
+    stacks = {}
+    for rank, thread in enumerate(threads):
+        frame = frames.get(thread.ident or -1)
+        stacks[rank] = "".join(traceback.format_stack(frame)) if frame else "(finished)"
+    return stacks

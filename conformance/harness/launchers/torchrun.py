@@ -1,0 +1,78 @@
+"""Every rank runs the pytest session itself (``torchrun ... -m pytest``): multi-node.
+
+The process group is initialised once from torchrun's environment.  A case
+runs in-process on this rank and on a sub-group of the first ``world_size``
+ranks; outcomes are exchanged with ``all_gather_object`` so every rank's test
+sees all ranks' results (and they all pass or fail together).  A hung rank
+cannot be rebuilt here: on timeout every thread's stack is dumped and the
+session aborts, which torchrun turns into a failed job.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from conformance.harness.case import RankContext, RankOutcome, RankTask, run_on_rank
+
+
+class TorchrunLauncher:
+    name = "torchrun"
+
+    def __init__(self, backend: str | None = None) -> None:
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            dist.init_process_group(backend=backend)
+        self.rank = dist.get_rank()
+        self.world_size = dist.get_world_size()
+        self._groups: dict[int, Any] = {}
+        # Collectives on Python objects need a CPU-capable group whatever the device backend.
+        self._object_group = dist.new_group(backend="gloo")
+
+    def _group(self, world_size: int) -> Any:
+        import torch.distributed as dist
+
+        if world_size > self.world_size:
+            raise ValueError(f"a task needs {world_size} ranks; torchrun started {self.world_size}")
+        if world_size not in self._groups:
+            # new_group is collective: every rank creates every sub-group.
+            self._groups[world_size] = dist.new_group(ranks=list(range(world_size)))
+        return self._groups[world_size]
+
+    def run(self, task: RankTask, devices: Sequence[str], impl_spec: str) -> list[RankOutcome]:
+        import torch.distributed as dist
+
+        group = self._group(task.world_size)
+        outcome: RankOutcome | None = None
+        if self.rank < task.world_size:
+            local = int(os.environ.get("LOCAL_RANK", "0"))
+            device = "cpu" if dist.get_backend() == "gloo" else f"{_device_type()}:{local}"
+            started = time.monotonic()
+
+            def on_budget(seconds: float) -> None:  # the task's budget, under the ceiling
+                left = min(task.timeout - (time.monotonic() - started), seconds)
+                faulthandler.dump_traceback_later(max(left, 0.001), exit=True, file=sys.stderr)
+
+            ctx = RankContext(self.rank, task.world_size, device, impl_spec, self.name, group,
+                              on_budget=on_budget, budget=task.budget)
+            faulthandler.dump_traceback_later(task.timeout, exit=True, file=sys.stderr)
+            try:
+                outcome = run_on_rank(task.fn, task.params, ctx)
+            finally:
+                faulthandler.cancel_dump_traceback_later()
+        gathered: list[Any] = [None] * self.world_size
+        dist.all_gather_object(gathered, outcome, group=self._object_group)
+        return [o for o in gathered[: task.world_size]]
+
+    def close(self) -> None:
+        pass
+
+
+def _device_type() -> str:
+    return "npu" if "torch_npu" in sys.modules else "cuda"
+

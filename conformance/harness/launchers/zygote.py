@@ -1,0 +1,143 @@
+"""A fork server for rank processes: torch (and megatron) imported once, ranks forked from it.
+
+Starting a rank as a fresh interpreter costs its imports: about 2.5 s of CPU
+for torch and 6 s more for megatron-core on the machines this suite targets,
+times eight for a TP 8 pool, and again whenever a hang or a crash forces a
+pool to be rebuilt.  The zygote pays them once per launcher: it imports
+:data:`PRELOAD` and then, on request, forks a child that becomes a rank
+(:func:`conformance.harness.launchers.worker.rank_main`).
+
+Forking is safe because the zygote never starts a thread, a device runtime or
+a process group: it only imports.  A child applies its environment (device
+visibility, set before any device runtime starts), redirects its output to its
+log file and runs the rank loop.  The zygote reaps its children and writes
+each exit status next to the rank's log (``<log>.exit``), so the pool can say
+how a rank died.  It exits when the launcher's control socket closes, killing
+the ranks it forked.
+
+Protocol on the control socket (a Unix socket pair): the launcher sends one
+JSON request ``{"spec": {...}, "env": {...}, "log": path}`` together with two
+file descriptors (the rank's end of its socket pair, and nothing else); the
+zygote answers with the child's pid as text.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import signal
+import socket
+import sys
+from typing import Any
+
+#: Imported before the first fork; each is optional (a missing one is imported by the rank as needed).
+PRELOAD = (
+    "torch",
+    "torch.distributed",
+    "numpy",
+    "conformance.harness.launchers.worker",
+    "conformance.harness.case",
+    "conformance.harness.probes",
+    "conformance.cases.op_cases",
+    "conformance.cases.layer_cases",
+    "golden",
+    "coc_shared.megatron_harness",
+)
+_MAX_REQUEST = 1 << 20
+
+
+def serve(control: socket.socket) -> None:
+    """Answer fork requests until the control socket closes."""
+    children: dict[int, str] = {}
+
+    def reap(*_: Any) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            log = children.pop(pid, None)
+            if log is not None:
+                code = os.waitstatus_to_exitcode(status)
+                try:
+                    with open(log + ".exit", "w") as f:
+                        f.write(str(code))
+                except OSError:
+                    pass
+
+    signal.signal(signal.SIGCHLD, reap)
+    try:
+        while True:
+            try:
+                message, fds, _, _ = socket.recv_fds(control, _MAX_REQUEST, 1)
+            except InterruptedError:
+                continue
+            if not message:
+                break
+            request = json.loads(message)
+            # Reaping waits until the child is recorded, however fast it dies.
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
+            try:
+                pid = os.fork()
+                if pid == 0:
+                    control.close()
+                    _become_rank(request, fds[0])
+                os.close(fds[0])
+                children[pid] = request["log"]
+            finally:
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
+            control.sendall(f"{pid}\n".encode())
+    finally:
+        for pid in list(children):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def _become_rank(request: dict[str, Any], fd: int) -> None:
+    """In the forked child: environment, output, then the rank loop; never returns."""
+    code = 0
+    try:
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
+        os.setpgid(0, 0)  # signals aimed at the launcher's group leave ranks alone
+        os.environ.update(request["env"])
+        log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        os.close(log)
+        sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 - lives as long as the process
+        sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+        from conformance.harness.launchers.worker import rank_main
+
+        rank_main(**{**request["spec"], "fd": fd})
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:  # noqa: BLE001 - a dying rank says why in its log
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def main() -> None:
+    control = socket.socket(fileno=int(sys.argv[1]))
+    for name in PRELOAD:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - optional: the rank imports what it needs
+            pass
+    control.sendall(b"ready\n")
+    serve(control)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,177 @@
+"""Device leases shared by every pytest-xdist worker on a node, served first come, first served.
+
+A case needing N devices holds N distinct devices for as long as it runs; an
+exclusive case (perf) holds all of them.  On CPU the "devices" are slots:
+leasing them caps how many ranks run at once, so ``-n 8`` never oversubscribes.
+
+Requests queue for tickets (``docs/DESIGN.md#leases``): one small state file in
+the shared lease directory, read and written under a file lock, records the
+queue and who holds which device.  Only the oldest waiting request may take
+devices, so a request for the whole node is served as soon as the cases
+running when it asked have finished -- smaller requests arriving later wait
+behind it instead of starving it.  A lease taken is all-or-nothing, so two
+workers never hold halves of each other's sets (no deadlock).  Entries of a
+process that died (a crashed worker) are dropped by the next process that
+reads the state: processes are identified by pid and start time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from filelock import FileLock
+
+
+class LeaseTimeout(TimeoutError):
+    """No full set of devices became free in time."""
+
+
+class LeaseUnsatisfiable(ValueError):
+    """The request can never be granted: it wants more devices than the node has."""
+
+
+def default_lease_dir() -> Path:
+    """One directory per user and machine, so all workers of a session meet there."""
+    uid = os.getuid() if hasattr(os, "getuid") else "user"
+    return Path(tempfile.gettempdir()) / f"coc-conformance-leases-{uid}"
+
+
+def _process_identity(pid: int) -> str | None:
+    """``"pid:start-time"``, or None when no such process runs (pid reuse cannot fool it)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return f"{pid}:{fields[19]}"  # field 22 of stat: start time in clock ticks
+    except (OSError, IndexError):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        except PermissionError:
+            pass
+        return f"{pid}:?"
+
+
+class DeviceLeases:
+    """Lease distinct devices out of ``devices``, in request order, through ``lease_dir``."""
+
+    #: Poll interval bounds while waiting for a turn (seconds).
+    POLL_MIN_S, POLL_MAX_S = 0.002, 0.05
+
+    def __init__(self, lease_dir: Path, devices: Sequence[str], *, wait_s: float = 1800.0,
+                 slots_option: str | None = None) -> None:
+        self.lease_dir = Path(lease_dir)
+        self.lease_dir.mkdir(parents=True, exist_ok=True)
+        self.devices = tuple(devices)
+        self.wait_s = wait_s
+        self._slots_option = slots_option
+        self._lock = FileLock(str(self.lease_dir / "queue.lock"))
+        self._state_path = self.lease_dir / "queue.json"
+        self._me = _process_identity(os.getpid()) or f"{os.getpid()}:?"
+
+    # ------------------------------------------------------------------ state file
+
+    def _read(self) -> dict[str, Any]:
+        try:
+            state = json.loads(self._state_path.read_text())
+        except (OSError, json.JSONDecodeError):
+            state = {}
+        state.setdefault("next", 0)
+        state.setdefault("queue", [])
+        state.setdefault("held", {})
+        alive: dict[str, bool] = {}
+
+        def live(owner: str) -> bool:
+            if owner not in alive:
+                pid = int(owner.split(":", 1)[0])
+                identity = _process_identity(pid)
+                alive[owner] = identity is not None and (identity == owner or owner.endswith(":?")
+                                                         or identity.endswith(":?"))
+            return alive[owner]
+
+        state["queue"] = [r for r in state["queue"] if live(r["owner"])]
+        state["held"] = {d: h for d, h in state["held"].items() if live(h["owner"]) and d in self.devices}
+        return state
+
+    def _write(self, state: dict[str, Any]) -> None:
+        tmp = self._state_path.with_name(f"queue.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(state))
+        os.replace(tmp, self._state_path)
+
+    # ------------------------------------------------------------------ leasing
+
+    @contextlib.contextmanager
+    def lease(
+        self, count: int, *, exclusive: bool = False, prefer: Sequence[str] = ()
+    ) -> Iterator[tuple[str, ...]]:
+        """Hold ``count`` distinct devices (all of them if ``exclusive``), in turn.
+
+        Devices in ``prefer`` are taken first when free, so a warm pool bound
+        to them can be reused.  Yields the leased device names in lease order.
+        """
+        wanted = len(self.devices) if exclusive else count
+        if wanted > len(self.devices):
+            how = f" (raise {self._slots_option}, or deselect these cases with --coc-tp)" \
+                if self._slots_option else ""
+            raise LeaseUnsatisfiable(
+                f"a case needs {wanted} devices but this node has {len(self.devices)} "
+                f"({', '.join(self.devices)}){how}"
+            )
+        ticket = self._enqueue(wanted)
+        try:
+            held = self._wait_for_turn(ticket, wanted, prefer)
+        except BaseException:
+            self._leave(ticket, ())
+            raise
+        try:
+            yield held
+        finally:
+            self._leave(ticket, held)
+
+    def _enqueue(self, wanted: int) -> int:
+        with self._lock:
+            state = self._read()
+            ticket = state["next"]
+            state["next"] = ticket + 1
+            state["queue"].append({"ticket": ticket, "owner": self._me, "wanted": wanted, "since": time.time()})
+            self._write(state)
+        return ticket
+
+    def _wait_for_turn(self, ticket: int, wanted: int, prefer: Sequence[str]) -> tuple[str, ...]:
+        deadline = time.monotonic() + self.wait_s
+        delay = self.POLL_MIN_S
+        while True:
+            with self._lock:
+                state = self._read()
+                head = state["queue"][0] if state["queue"] else None
+                free = [d for d in self.devices if d not in state["held"]]
+                if head is not None and head["ticket"] == ticket and len(free) >= wanted:
+                    order = [d for d in prefer if d in free] + [d for d in free if d not in prefer]
+                    held = tuple(order[:wanted])
+                    for device in held:
+                        state["held"][device] = {"owner": self._me, "ticket": ticket}
+                    state["queue"].pop(0)
+                    self._write(state)
+                    return held
+                if time.monotonic() > deadline:
+                    ahead = [r["ticket"] for r in state["queue"] if r["ticket"] < ticket]
+                    raise LeaseTimeout(f"no {wanted} free devices within {self.wait_s:g} s "
+                                       f"({len(ahead)} request(s) ahead, held: {sorted(state['held'])})")
+            time.sleep(delay)
+            delay = min(delay * 1.5, self.POLL_MAX_S)
+
+    def _leave(self, ticket: int, held: Sequence[str]) -> None:
+        with self._lock:
+            state = self._read()
+            state["queue"] = [r for r in state["queue"] if r["ticket"] != ticket]
+            for device in held:
+                if state["held"].get(device, {}).get("ticket") == ticket:
+                    del state["held"][device]
+            self._write(state)

@@ -1,0 +1,98 @@
+"""The one entry point checks use to run a task on ranks.
+
+:class:`RankRunner` leases devices, hands the task to the configured launcher,
+turns rank errors into one failure with every rank's evidence, and records
+where the case's time went (:class:`CaseTimings`: lease wait, pool start,
+the implementation's and the references' time on the ranks).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from conformance.harness.case import IMPL, REFERENCE, Budget, RankOutcome, RankTask, TaskFn
+from conformance.harness.errors import RankRaised
+from conformance.harness.launchers import Launcher
+from conformance.harness.leases import DeviceLeases
+
+
+@dataclass
+class CaseTimings:
+    """Where one test's time went (seconds), summed over its rank runs."""
+
+    lease_wait: float = 0.0
+    pool_start: float = 0.0
+    pools_started: int = 0
+    ranks: float = 0.0  #: wall time of the launcher runs (the ranks' whole work)
+    impl: float = 0.0  #: the implementation's calls (max over ranks, per run)
+    reference: float = 0.0  #: the suite's own references on the ranks (max over ranks, per run)
+    runs: int = 0
+    total: float = 0.0  #: the whole test call (set by the timing plugin)
+    extra: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def checks(self) -> float:
+        """The test's time outside the rank runs: checks, golden loading, reporting."""
+        return max(0.0, self.total - self.lease_wait - self.ranks)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: round(v, 4) if isinstance(v, float) else v for k, v in
+                {**asdict(self), "checks": self.checks}.items()}
+
+
+class RankRunner:
+    def __init__(self, launcher: Launcher, leases: DeviceLeases | None, impl_spec: str, *,
+                 default_timeout: float = 60.0, budget: Budget | None = None) -> None:
+        self.launcher = launcher
+        self.leases = leases
+        self.impl_spec = impl_spec
+        self.default_timeout = default_timeout
+        self.budget = budget or Budget()
+        #: The running test's timings (the timing plugin swaps in a fresh one per test).
+        self.timings = CaseTimings()
+
+    def outcomes(self, fn: TaskFn, world_size: int, *, timeout: float | None = None,
+                 exclusive: bool = False, **params: Any) -> list[RankOutcome]:
+        """Run ``fn(ctx, **params)`` on ``world_size`` ranks; one outcome per rank."""
+        task = RankTask(fn, world_size, params, timeout or self.default_timeout, exclusive, self.budget)
+        record = self.timings
+        if self.leases is None:
+            return self._run(task, (), record)
+        prefer: Sequence[str] = getattr(self.launcher, "preferred_devices", lambda _: ())(world_size)
+        asked = time.perf_counter()
+        with self.leases.lease(world_size, exclusive=exclusive, prefer=prefer) as devices:
+            record.lease_wait += time.perf_counter() - asked
+            return self._run(task, devices[:world_size], record)
+
+    def _run(self, task: RankTask, devices: Sequence[str], record: CaseTimings) -> list[RankOutcome]:
+        start = time.perf_counter()
+        try:
+            outcomes = self.launcher.run(task, devices, self.impl_spec)
+        finally:
+            record.ranks += time.perf_counter() - start
+            started = getattr(self.launcher, "last_start_s", None)
+            if started:
+                record.pool_start += started
+                record.pools_started += 1
+            record.runs += 1
+        record.impl += max((o.timings.get(IMPL, 0.0) for o in outcomes), default=0.0)
+        record.reference += max((o.timings.get(REFERENCE, 0.0) for o in outcomes), default=0.0)
+        return outcomes
+
+    def run(self, fn: TaskFn, world_size: int, *, timeout: float | None = None,
+            exclusive: bool = False, **params: Any) -> list[Any]:
+        """Like :meth:`outcomes` but returns the values, raising if any rank raised."""
+        outcomes = self.outcomes(fn, world_size, timeout=timeout, exclusive=exclusive, **params)
+        failed = [o for o in outcomes if not o.ok]
+        if failed:
+            first = failed[0].error
+            assert first is not None
+            raise RankRaised(
+                f"rank(s) {[o.rank for o in failed]} raised; rank {failed[0].rank}: "
+                f"{first.type_name}: {first.message}",
+                outcomes=outcomes,
+            )
+        return [o.value for o in outcomes]

@@ -1,0 +1,1 @@
+"""Judging: error bounds, layouts, bitwise and error checks, requirement levels, perf figures and gates."""

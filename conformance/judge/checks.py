@@ -1,0 +1,157 @@
+"""Assertions shared by the suite: numerics, bitwise equality, expected errors.
+
+Each raises a :class:`~conformance.judge.failures.CheckFailure` subclass (so the
+report files it under the right category) whose message says what was
+expected, what was observed and where (rank, rows), and attaches its evidence
+to the report.  The helpers (:func:`bitwise_equal`, :func:`describe_difference`)
+are public: suite modules and third-party checks use them too.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from conformance.harness.case import CapturedError
+from conformance.judge import numerics
+from conformance.judge.failures import DeterminismViolation, NumericMismatch, WrongError
+from conformance.judge.levels import Level
+
+#: Row ``i`` of a result's 2-D view -> (the rank holding it, its row there); rank None: every rank.
+RowOwner = Callable[[int], tuple[int | None, int]]
+
+
+def _report() -> Any:
+    from conformance.reporting import allure  # lazily: it imports allure
+
+    return allure
+
+
+def check_close(name: str, out: Any, truth: Any, serial: Any, envelope: tuple[np.ndarray, int],
+                dtype: Any, *, roundings: int, row_owner: RowOwner | None = None) -> numerics.ErrorStats:
+    """``out`` within the bound of float64 ``truth`` (``docs/DESIGN.md#error-bound``).
+
+    ``envelope`` is ``(|A| @ |B|, K)``; ``roundings`` the R of the bound.  On a
+    violation the message names the rows that are wrong (and, with
+    ``row_owner``, the ranks holding them).
+    """
+    magnitude, reduction_len = envelope
+    comparison = numerics.compare(name, out, truth, serial, magnitude=magnitude,
+                                  reduction_len=reduction_len, roundings=roundings, dtype=dtype)
+    _report().attach_comparison(comparison, failed=not comparison.stats.ok)
+    stats = comparison.stats
+    if not stats.ok:
+        where = stats.first_violation
+        detail = ""
+        if where is not None:
+            detail = (f"; first at {list(where)}: got {_at(out, where):.6g}, expected (float64) "
+                      f"{_at(truth, where):.6g}, serial {_at(serial, where):.6g}, bound "
+                      f"{comparison.bound[where]:.3g}")
+        if row_owner is not None and stats.bad_rows:
+            detail += f"; on {owners(stats.bad_rows, row_owner)}"
+        nonfinite = not np.isfinite(numerics.as_float64(out)).all()
+        if nonfinite:
+            detail += " (non-finite values: rows never written hold the poisoned fill)"
+        raise NumericMismatch(stats.summary() + detail)
+    return stats
+
+
+def owners(rows: Sequence[int], row_owner: RowOwner) -> str:
+    """``"rank 1 rows 28-31; rank 3 rows 0-3"`` for global ``rows``."""
+    by_rank: dict[int | None, list[int]] = {}
+    for row in rows:
+        rank, local = row_owner(row)
+        by_rank.setdefault(rank, []).append(local)
+    return "; ".join(("every rank" if rank is None else f"rank {rank}") + f" rows {numerics.row_ranges(local)}"
+                     for rank, local in sorted(by_rank.items(), key=lambda kv: -1 if kv[0] is None else kv[0]))
+
+
+def _at(a: Any, index: tuple[int, ...]) -> float:
+    return float(numerics.as_float64(a)[index])
+
+
+def check_bitwise_equal(name: str, runs: Sequence[Any], what: str = "run") -> None:
+    """Every value in ``runs`` is bitwise identical to the first."""
+    first = runs[0]
+    for i, other in enumerate(runs[1:], start=1):
+        if not bitwise_equal(first, other):
+            raise DeterminismViolation(f"{name}: {what} {i} differs bitwise from {what} 0 "
+                                       f"({describe_difference(first, other)})")
+
+
+def bitwise_equal(a: Any, b: Any) -> bool:
+    """Same structure, shapes, dtypes and bits (``-0.0 != 0.0``; a NaN equals the same NaN)."""
+    if isinstance(a, torch.Tensor):
+        if not (isinstance(b, torch.Tensor) and a.shape == b.shape and a.dtype == b.dtype):
+            return False
+        return bool(torch.equal(a.contiguous().reshape(-1).view(torch.uint8),
+                                b.contiguous().reshape(-1).view(torch.uint8)))
+    if isinstance(a, Mapping):
+        return isinstance(b, Mapping) and a.keys() == b.keys() and all(bitwise_equal(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return isinstance(b, (list, tuple)) and len(a) == len(b) and all(
+            bitwise_equal(x, y) for x, y in zip(a, b))
+    return bool(a == b)
+
+
+def describe_difference(a: Any, b: Any) -> str:
+    """How two values differ: element count, largest difference and the rows involved."""
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        if a.shape != b.shape or a.dtype != b.dtype:
+            return f"{a.dtype}{list(a.shape)} vs {b.dtype}{list(b.shape)}"
+        differs = a.contiguous().reshape(-1).view(torch.uint8) != b.contiguous().reshape(-1).view(torch.uint8)
+        per_element = differs.view(-1, a.element_size()).any(dim=1).view(a.shape)
+        rows = per_element.reshape(-1, a.shape[-1]).any(dim=1) if a.dim() > 1 else per_element.reshape(1, -1).any(1)
+        diff = (a.double() - b.double()).abs()
+        return (f"{int(per_element.sum())} of {a.numel()} elements, max |diff| {float(diff.nan_to_num(0).max()):.3g},"
+                f" rows {numerics.row_ranges(torch.nonzero(rows).flatten().tolist())}")
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        parts = [f"{k}: {describe_difference(a[k], b[k])}" for k in a if k in b and not bitwise_equal(a[k], b[k])]
+        return "; ".join(parts) or f"keys {sorted(a)} vs {sorted(b)}"
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)) and len(a) == len(b):
+        return "; ".join(f"[{i}] {describe_difference(x, y)}" for i, (x, y) in enumerate(zip(a, b))
+                         if not bitwise_equal(x, y))
+    return f"{a!r} vs {b!r}"
+
+
+def check_refused_on_every_rank(errors: Sequence[CapturedError | None], *, what: str,
+                                patterns: Sequence[str] = (), level: Level = Level.MUST) -> None:
+    """Every rank raised, the same error (class and message) on each, naming every ``patterns`` regex.
+
+    Any exception class passes: the class is judged by :func:`check_declared_error`.
+    """
+    missing = [rank for rank, e in enumerate(errors) if e is None]
+    if missing:
+        raised = {rank: e.describe() for rank, e in enumerate(errors) if e is not None}
+        raise WrongError(f"{what}: expected an error on every rank; rank(s) {missing} raised none"
+                         + (f" (others raised: {raised})" if raised else ""), level=level)
+    present = [e for e in errors if e is not None]
+    first = present[0]
+    different = {rank: e.describe() for rank, e in enumerate(present) if not e.same_as(first)}
+    if different:
+        raise WrongError(f"{what}: ranks raised different errors: rank 0 {first.describe()}; "
+                         f"{different}", level=level)
+    for pattern in patterns:
+        if not re.search(pattern, first.message, re.IGNORECASE):
+            raise WrongError(f"{what}: the error on every rank ({first.describe()}) does not name "
+                             f"{pattern!r}", level=level)
+
+
+def check_declared_error(error: CapturedError, declared: Any, *, kind: str, what: str) -> None:
+    """SHOULD: ``error`` is (a subclass of) the class the implementation declares for ``kind``.
+
+    ``declared`` is a class or a tuple of classes (protocol v2 ``error_types``),
+    or None when the implementation declares nothing for this kind.
+    """
+    if declared is None:
+        raise WrongError(f"{what}: raised {error.describe()}; the implementation declares no error type "
+                         f"for {kind!r} errors (protocol v2 'error_types')", level=Level.SHOULD)
+    classes = declared if isinstance(declared, tuple) else (declared,)
+    if not error.is_a(*classes):
+        names = ", ".join(c.__qualname__ for c in classes)
+        raise WrongError(f"{what}: raised {error.type_name}, not the declared {kind!r} error type ({names}): "
+                         f"{error.message}", level=Level.SHOULD)

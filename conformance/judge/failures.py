@@ -1,0 +1,74 @@
+"""What a failed check says: its category in the report and its requirement level.
+
+Every check failure is a :class:`CheckFailure` subclass; the class names the
+report category, ``level`` the requirement the check states
+(:class:`~conformance.judge.levels.Level`).  A check picks the level when it
+raises; the class gives the default.
+"""
+
+from __future__ import annotations
+
+from conformance.judge.levels import Level
+
+
+class CheckFailure(AssertionError):
+    """A conformance check found the implementation wrong (category in the report)."""
+
+    category = "failure"
+    default_level = Level.MUST
+
+    def __init__(self, message: str = "", *, level: Level | None = None) -> None:
+        super().__init__(message)
+        #: The level the raising check named (None: the test's level, else the class default).
+        self.explicit_level = level
+
+    @property
+    def level(self) -> Level:
+        return self.explicit_level or self.default_level
+
+    @level.setter
+    def level(self, value: Level) -> None:
+        self.explicit_level = value
+
+
+class NumericMismatch(CheckFailure):
+    """A result outside the principled error bound of :mod:`conformance.judge.numerics`."""
+
+    category = "numeric mismatch"
+
+
+class DeterminismViolation(CheckFailure):
+    """Results that should be bitwise reproducible were not."""
+
+    category = "determinism violation"
+
+
+class WrongError(CheckFailure):
+    """An expected error was not raised, was of the wrong type, or not on every rank."""
+
+    category = "missing or wrong error"
+
+
+class StructureMismatch(CheckFailure):
+    """The overlap is not achieved the way the implementation declares (or at all)."""
+
+    category = "overlap structure"
+    default_level = Level.STRUCTURE
+
+
+class ContractViolation(CheckFailure):
+    """A result that is not a value: wrong type or shape, changed after return, inputs mutated."""
+
+    category = "result contract"
+
+
+class PerfRegression(CheckFailure):
+    """A performance gate of a matching hardware profile was missed."""
+
+    category = "perf regression"
+
+
+#: Every category, in the order the report lists them.
+CATEGORIES: tuple[type[CheckFailure], ...] = (
+    NumericMismatch, DeterminismViolation, WrongError, ContractViolation, StructureMismatch, PerfRegression,
+)

@@ -1,0 +1,201 @@
+"""Judging layer outcomes: pieces of every rank assembled per replica, against float64 truth.
+
+The truth of a generated :class:`~conformance.cases.data.LayerProblem` is its
+training replayed in float64 from the same recipe (weights, deltas, batches,
+``main_grad`` prefill), with :mod:`golden.serial`'s formulas; a golden case's
+is its stored outputs.  Every output and gradient of every step and
+micro-batch is compared under the error bound (``docs/DESIGN.md#error-bound``),
+with the live unpatched layers as the serial reference; a failure names the
+tensor, step, micro-batch, replica, rows and ranks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from conformance.cases.data import LayerProblem, layer_batch, layer_weights
+from conformance.cases.layer_cases import main_grad_prefill
+from conformance.cases.results import LayerOutcome
+from conformance.harness.case import CapturedError
+from conformance.judge import checks, numerics
+from conformance.judge.failures import ContractViolation, NumericMismatch, WrongError
+from conformance.judge.layouts import Split, assemble, layout, row_owner
+
+
+def golden_problem(case_id: str) -> LayerProblem:
+    """The :class:`LayerProblem` of a stored golden layer case (its tensors come from the store)."""
+    import golden
+
+    p = next(c for c in golden.catalogue("layer") if c.id == case_id).params
+    return LayerProblem(p["layer"], p["sequence_parallel"], p["h_in"], p["h_out"], p["dtype"], b=p["b"],
+                        tokens=(p["s"],), ffn=p["ffn"], bias=p["with_bias"], case_id=case_id)
+
+
+def roundings(tp: int, chunks: int, layer: str, micro_batches: int = 1) -> int:
+    """R of the bound: TP partials, chunked weight-grad sums, bias and cast, per linear layer."""
+    return (tp + chunks + 2 + 2 * (micro_batches - 1)) * (2 if layer == "mlp" else 1)
+
+
+@dataclass(frozen=True)
+class Truth:
+    """The float64 results of one step of one replica and their envelopes (``(|A|@|B|, K)``)."""
+
+    micro: list[dict[str, np.ndarray]]  #: per micro-batch: y, dx
+    grads: dict[str, np.ndarray]  #: dw, db ... summed over micro-batches (+ main_grad prefill)
+    envelopes: list[dict[str, tuple[np.ndarray, int]]]  #: per micro-batch: y, dx
+    grad_envelopes: dict[str, tuple[np.ndarray, int]]
+
+
+def _f64(t: Any) -> torch.Tensor:
+    return torch.from_numpy(numerics.as_float64(t))
+
+
+def truth(problem: LayerProblem, step: int, replica: int, fusion: bool) -> Truth:
+    """Replay step ``step`` of ``problem`` for ``replica`` in float64."""
+    from golden import serial
+
+    if problem.case_id is not None and replica == 0 and step == 0:
+        import golden
+
+        g = golden.load(problem.case_id)
+        envelope = _envelope(problem, {n: g.inputs[n] for n in g.inputs})
+        outputs = dict(g.outputs)
+        return Truth([{k: outputs[k] for k in ("y", "dx")}], {k: v for k, v in outputs.items()
+                                                              if k not in ("y", "dx")},
+                     [{k: envelope[k] for k in ("y", "dx")}], {k: v for k, v in envelope.items()
+                                                               if k not in ("y", "dx")})
+    weights = {n: None if t is None else _f64(t) for n, t in layer_weights(problem, step).items()}
+    micro, envelopes = [], []
+    grads: dict[str, np.ndarray] = {}
+    grad_env: dict[str, tuple[np.ndarray, int]] = {}
+    count = 1 if problem.case_id is not None else len(problem.tokens)
+    for i in range(count):
+        batch = {n: _f64(t) for n, t in layer_batch(problem, i, step, replica).items()}
+        if problem.layer == "mlp":
+            result = serial.mlp_forward_backward(batch["x"], weights["w1"], weights["b1"], weights["w2"],
+                                                 weights["b2"], batch["dy"])._asdict()
+        else:
+            result = serial.linear_forward_backward(batch["x"], weights["w"], weights["b"], batch["dy"])._asdict()
+        env = _envelope(problem, {**{n: t for n, t in weights.items() if t is not None}, **batch})
+        micro.append({k: result[k].numpy() for k in ("y", "dx")})
+        envelopes.append({k: env[k] for k in ("y", "dx")})
+        for name, value in result.items():
+            if name in ("y", "dx") or value is None:
+                continue
+            grads[name] = grads.get(name, 0) + value.numpy()
+            mag, k = env[name]
+            before = grad_env.get(name)
+            grad_env[name] = (mag if before is None else before[0] + mag, k if before is None else before[1] + k)
+    if fusion:
+        for name, prefill in main_grad_prefill(problem, step).items():
+            grads["d" + name] = grads["d" + name] + prefill.double().numpy()
+            mag, k = grad_env["d" + name]
+            grad_env["d" + name] = (mag + np.abs(prefill.double().numpy()), k)
+    return Truth(micro, grads, envelopes, grad_env)
+
+
+def _envelope(problem: LayerProblem, t: Mapping[str, Any]) -> dict[str, tuple[np.ndarray, int]]:
+    if problem.layer == "mlp":
+        return numerics.mlp_envelope(t["x"], t["w1"], t.get("b1"), t["w2"], t.get("b2"), t["dy"])
+    return numerics.linear_envelope(t["x"], t["w"], t.get("b"), t["dy"])
+
+
+def by_replica(outcomes: Sequence[LayerOutcome]) -> dict[int, list[LayerOutcome]]:
+    """Rank outcomes grouped by data-parallel replica, each ordered by TP rank."""
+    groups: dict[int, list[LayerOutcome]] = {}
+    for outcome in outcomes:
+        groups.setdefault(outcome.replica, []).append(outcome)
+    return {r: sorted(g, key=lambda o: o.tp_rank) for r, g in sorted(groups.items())}
+
+
+def check_no_errors(outcomes: Sequence[LayerOutcome], what: str) -> None:
+    """The patched layers ran on every rank (an implementation's ``NotImplementedError`` skips)."""
+    errors = [o.error for o in outcomes]
+    raised = [e for e in errors if e is not None]
+    if not raised:
+        return
+    if all(e is not None and e.is_a("builtins.NotImplementedError") for e in errors):
+        import pytest
+
+        pytest.skip(f"not implemented: {raised[0].message}")
+    ranks = [r for r, e in enumerate(errors) if e is not None]
+    first: CapturedError = raised[0]
+    raise WrongError(f"{what}: rank(s) {ranks} raised {first.describe()} where the patched layers must run"
+                     f"\n{first.traceback}")
+
+
+def check_training(problem: LayerProblem, outcomes: Sequence[LayerOutcome], *, tp: int, chunks: int,
+                   fusion: bool = False, run: int = 0) -> None:
+    """Every output and gradient of every step, micro-batch and replica within the bound."""
+    splits = layout(problem.layer, problem.sequence_parallel)
+    dtype = getattr(torch, problem.dtype)
+    micro_count = 1 if problem.case_id is not None else len(problem.tokens)
+    r = roundings(tp, chunks, problem.layer, micro_count)
+    for replica, ranks in by_replica(outcomes).items():
+        steps = len(ranks[0].coc[run])
+        for step in range(steps):
+            expected = truth(problem, step, replica, fusion)
+            where = f"step {step}, replica {replica}" if (steps > 1 or len(by_replica(outcomes)) > 1) else ""
+            for micro in range(micro_count):
+                for name in ("y", "dx"):
+                    _compare(name, [o.coc[run][step].outputs[micro][name] for o in ranks],
+                             [o.serial[step].outputs[micro][name] for o in ranks if o.serial] or None,
+                             expected.micro[micro][name], expected.envelopes[micro][name], splits[name],
+                             dtype, r, tp, _label(where, micro, micro_count))
+            for name, value in expected.grads.items():
+                got = [o.coc[run][step].grads.get(name) for o in ranks]
+                if any(g is None for g in got):
+                    raise NumericMismatch(f"{name} ({where or 'step 0'}): the patched layers left no gradient")
+                grad_dtype = torch.float32 if fusion and name.startswith("dw") else dtype
+                _compare(name, got, [o.serial[step].grads[name] for o in ranks if o.serial] or None, value,
+                         expected.grad_envelopes[name], splits[name], grad_dtype, r, tp, where)
+
+
+def _label(where: str, micro: int, count: int) -> str:
+    parts = [where] if where else []
+    if count > 1:
+        parts.append(f"micro-batch {micro}")
+    return ", ".join(parts)
+
+
+def _compare(name: str, pieces: list[Any], serial_pieces: list[Any] | None, truth: np.ndarray,
+             envelope: tuple[np.ndarray, int], split: Split, dtype: Any, roundings: int, tp: int,
+             where: str) -> None:
+    out = assemble(pieces, split, f"CoC {name}")
+    serial = assemble(serial_pieces, split, f"serial {name}") if serial_pieces else out
+    truth = np.asarray(truth).reshape(tuple(out.shape))
+    magnitude = np.asarray(envelope[0]).reshape(tuple(out.shape))
+    rows = int(np.prod(out.shape[:-1])) if out.dim() > 1 else 1
+    label = f"{name} ({where})" if where else name
+    checks.check_close(label, out, truth, serial, (magnitude, envelope[1]), dtype, roundings=roundings,
+                       row_owner=row_owner(split, rows, tp))
+
+
+def check_values(outcomes: Sequence[LayerOutcome]) -> None:
+    """MUST: kept outputs did not change, inputs were not mutated, outputs share no memory."""
+    for rank, outcome in enumerate(outcomes):
+        if outcome.changed_after_return:
+            raise ContractViolation(f"rank {rank}: outputs changed after they were returned (results kept "
+                                    f"across calls must be values): {outcome.changed_after_return}")
+        if outcome.mutated:
+            raise ContractViolation(f"rank {rank}: the patched layers changed their inputs: {outcome.mutated}")
+        if outcome.shared_memory:
+            raise ContractViolation(f"rank {rank}: outputs of different calls share memory: "
+                                    f"{outcome.shared_memory}")
+
+
+def check_main_grad(outcomes: Sequence[LayerOutcome]) -> None:
+    """Under fusion the weight's ``.grad`` holds no second copy of the gradient (no double counting)."""
+    for rank, outcome in enumerate(outcomes):
+        for step, run in enumerate(outcome.coc[0]):
+            doubled = {name: state for name, state in run.weight_grad.items() if state == "values"}
+            if doubled:
+                raise NumericMismatch(
+                    f"rank {rank} step {step}: with gradient-accumulation fusion the weight gradient went into "
+                    f"main_grad *and* .grad ({sorted(doubled)}), without grad_added_to_main_grad set: Megatron's "
+                    "DDP would add it twice")

@@ -1,0 +1,101 @@
+"""Megatron TP layouts (``docs/DESIGN.md#layouts``): which part of a global tensor each rank holds.
+
+Global tensors are the serial problem (activations ``[s, b, h]``, weights
+``[out, in]``).  ``shard`` gives rank ``r`` its piece; ``assemble`` rebuilds
+the global tensor from every rank's piece, checking that pieces meant to be
+replicated really are identical on every rank.  Both the rank-side cases and
+the checks use these, so a layout is written down exactly once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from enum import Enum
+
+import torch
+
+
+class Split(Enum):
+    """How one tensor is distributed over the TP ranks."""
+
+    FULL = "full"  # every rank holds the whole tensor (identical copies)
+    SEQ = "seq"  # split along dim 0 (sequence), rank-major
+    LAST = "last"  # split along the last dim (features)
+    ROWS = "rows"  # weight [out, in] split along out
+    COLS = "cols"  # weight [out, in] split along in
+    PARTIAL = "partial"  # every rank holds a partial sum of the whole tensor
+
+
+def shard(tensor: torch.Tensor, split: Split, rank: int, tp: int) -> torch.Tensor:
+    """Rank ``rank``'s piece of the global ``tensor`` (a fresh contiguous copy)."""
+    if split is Split.FULL:
+        piece = tensor
+    elif split in (Split.SEQ, Split.ROWS):
+        piece = tensor.chunk(tp, dim=0)[rank]
+    elif split in (Split.LAST, Split.COLS):
+        piece = tensor.chunk(tp, dim=-1)[rank]
+    else:
+        raise ValueError(f"cannot shard an input as {split}")
+    return piece.detach().clone().contiguous()
+
+
+class ReplicaMismatch(AssertionError):
+    """Ranks that must hold identical copies of a tensor do not."""
+
+
+def assemble(pieces: Sequence[torch.Tensor], split: Split, name: str = "tensor") -> torch.Tensor:
+    """The global tensor from every rank's piece (inverse of :func:`shard`)."""
+    if split is Split.FULL:
+        for rank, piece in enumerate(pieces[1:], start=1):
+            if not torch.equal(piece, pieces[0]):
+                raise ReplicaMismatch(f"{name}: rank {rank}'s copy differs from rank 0's")
+        return pieces[0]
+    if split is Split.PARTIAL:
+        return torch.stack([p.double() for p in pieces]).sum(0)
+    dim = 0 if split in (Split.SEQ, Split.ROWS) else -1
+    return torch.cat(list(pieces), dim=dim)
+
+
+def row_owner(split: Split, rows: int, tp: int) -> Callable[[int], tuple[int | None, int]]:
+    """Row ``i`` of a global tensor's 2-D view -> ``(rank, row on that rank)`` (rank None: all ranks).
+
+    Only splits along dim 0 give rows an owner; ``rows`` counts the 2-D view's rows.
+    """
+    per_rank = rows // tp if split in (Split.SEQ, Split.ROWS) and rows % tp == 0 else None
+
+    def owner(row: int) -> tuple[int | None, int]:
+        return (row // per_rank, row % per_rank) if per_rank else (None, row)
+
+    return owner
+
+
+#: Per layer and SP mode: how each input and result tensor is split.
+#: ``x``/``dy`` inputs; ``y``/``dx`` activations; ``w``/``b`` parameters and grads.
+LAYOUTS: dict[tuple[str, bool], dict[str, Split]] = {
+    ("column", False): {"x": Split.FULL, "y": Split.LAST, "dy": Split.LAST, "dx": Split.FULL,
+                        "w": Split.ROWS, "b": Split.LAST, "db": Split.LAST},
+    ("column", True): {"x": Split.SEQ, "y": Split.LAST, "dy": Split.LAST, "dx": Split.SEQ,
+                       "w": Split.ROWS, "b": Split.LAST, "db": Split.LAST},
+    ("row", False): {"x": Split.LAST, "y": Split.FULL, "dy": Split.FULL, "dx": Split.LAST,
+                     "w": Split.COLS, "b": Split.FULL, "db": Split.FULL},
+    # With SP the row bias grad is a per-rank partial (Megatron all-reduces
+    # sequence-parallel grads later, in finalize_model_grads).
+    ("row", True): {"x": Split.LAST, "y": Split.SEQ, "dy": Split.SEQ, "dx": Split.LAST,
+                    "w": Split.COLS, "b": Split.FULL, "db": Split.PARTIAL},
+}
+
+
+def mlp_layout(sequence_parallel: bool) -> dict[str, Split]:
+    """Column (w1, b1) -> gelu -> Row (w2, b2)."""
+    column, row = LAYOUTS[("column", sequence_parallel)], LAYOUTS[("row", sequence_parallel)]
+    return {"x": column["x"], "dx": column["dx"], "y": row["y"], "dy": row["dy"],
+            "w1": column["w"], "b1": column["b"], "db1": column["db"],
+            "w2": row["w"], "b2": row["b"], "db2": row["db"]}
+
+
+def layout(layer: str, sequence_parallel: bool) -> dict[str, Split]:
+    """Splits of every tensor name of ``layer`` (grads ``dw*`` share their weight's split)."""
+    table = mlp_layout(sequence_parallel) if layer == "mlp" else dict(LAYOUTS[(layer, sequence_parallel)])
+    for name in [n for n in table if n.startswith("w")]:
+        table["d" + name] = table[name]
+    return table

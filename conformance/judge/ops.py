@@ -1,0 +1,219 @@
+"""Judging op outcomes: the result contract, results as values, numerics per replica, the wrong group.
+
+Every call of an :class:`~conformance.cases.op_cases.OpRun` is judged at the
+end, after all calls ran: its result must be a tensor of the op's shape,
+dtype and device (MUST), complete when returned (no collective left
+pending), never changed afterwards, sharing memory with no other result and
+(unless declared in ``in_place_ops``) no input, and it must leave its inputs
+unchanged; then its numbers are compared with the float64 truth of its
+replica.  When they are wrong and the collectives ran on a group other than
+the TP group -- or the numbers match a collective over the whole world --
+the message says so (``docs/DESIGN.md#tp-subgroups``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from conformance.cases.data import Problem, global_operands
+from conformance.cases.op_cases import GATHERS, OPERAND_SPLITS, OpRun, OpRunOutcome
+from conformance.judge import checks, numerics
+from conformance.judge.failures import ContractViolation, NumericMismatch, WrongError
+from conformance.judge.layouts import assemble, row_owner
+
+
+def roundings(tp: int) -> int:
+    """R for an op: one rounding per TP partial, the bias and the cast (row blocks add none)."""
+    return tp + 2
+
+
+def expected_shape(op: str, problem: Problem, tp: int) -> tuple[int, int]:
+    """This rank's result shape (the first one, for V2)."""
+    if op == "matmul_reduce_scatter":
+        return problem.m // tp, problem.n
+    return problem.m, problem.n
+
+
+def truth_of(problem: Problem, replica: int) -> tuple[np.ndarray, tuple[np.ndarray, int], np.ndarray]:
+    """``(y, (|X|@|W| + |bias|, K), X)`` in float64 for one replica's global operands."""
+    t = global_operands(problem, replica)
+    x, w = numerics.as_float64(t["x"]), numerics.as_float64(t["w"])
+    bias = None if t["bias"] is None else numerics.as_float64(t["bias"])
+    y = x @ w + (0 if bias is None else bias)
+    magnitude = numerics.magnitude(x, w) + (0 if bias is None else np.abs(bias))
+    return y, (magnitude, problem.k), x
+
+
+def skip_if_not_implemented(outcomes: Sequence[OpRunOutcome]) -> None:
+    """An op that raises ``NotImplementedError`` on every rank lacks the mode: the case is skipped."""
+    errors = [c.error for o in outcomes for c in o.calls if c.error is not None]
+    if errors and len(errors) == sum(1 for o in outcomes for c in o.calls if c.error is not None) and all(
+            e.is_a("builtins.NotImplementedError") for e in errors):
+        import pytest
+
+        pytest.skip(f"not implemented: {errors[0].message}")
+
+
+def check_ran(run: OpRun, outcomes: Sequence[OpRunOutcome]) -> None:
+    """MUST: every call returned on every rank (an error where the op must work fails)."""
+    for rank, outcome in enumerate(outcomes):
+        for i, call in enumerate(outcome.calls):
+            if call.error is not None:
+                problem = run.problems[i]
+                raise WrongError(f"{run.op} m={problem.m} k={problem.k} n={problem.n} {problem.dtype} call {i}: "
+                                 f"rank {rank} raised {call.error.describe()}\n{call.error.traceback}")
+
+
+def check_contract(run: OpRun, outcomes: Sequence[OpRunOutcome], in_place_ops: frozenset[str] = frozenset()) -> None:
+    """MUST: each result is a value of the right type, shape, dtype and device; inputs untouched."""
+    for rank, outcome in enumerate(outcomes):
+        for i, (problem, call) in enumerate(zip(run.problems, outcome.calls)):
+            where = f"{run.op} call {i} (m={problem.m}), rank {rank}"
+            for j, result in enumerate(call.results):
+                if call.wrong_device[j]:
+                    raise ContractViolation(f"{where}: {call.wrong_device[j]}")
+                _check_type(run.op, result, problem, run.tp, where)
+                if call.changed_after_return[j]:
+                    raise ContractViolation(f"{where}: the result changed after it was returned "
+                                            f"({call.changed_after_return[j]}): a kept result must not be "
+                                            "overwritten by later calls or by collectives still running")
+                shared = call.shared_memory[j]
+                if shared:
+                    others = [s for s in shared.split(", ") if not (s.startswith("input") and run.op in in_place_ops)]
+                    if others:
+                        raise ContractViolation(f"{where}: the result shares memory with {', '.join(others)}"
+                                                + ("" if run.op in in_place_ops else
+                                                   " (not declared in in_place_ops)"))
+            if call.mutated:
+                raise ContractViolation(f"{where}: the op changed its inputs: "
+                                        + "; ".join(f"{name}: {how}" for name, how in call.mutated.items()))
+            pending = [c for t in call.timelines for c in t.collectives if c.pending]
+            if pending:
+                raise ContractViolation(f"{where}: returned with {len(pending)} asynchronous collective(s) never "
+                                        f"waited for ({[c.kind for c in pending]}): the result is not complete "
+                                        "when returned")
+        if outcome.groups_created > 0:
+            raise ContractViolation(f"{run.op}, rank {rank}: {outcome.groups_created} process group(s) were "
+                                    "created by calls after the first and never destroyed (a leak per call)")
+
+
+def _check_type(op: str, result: Any, problem: Problem, tp: int, where: str) -> None:
+    value = result
+    if op == "all_gather_matmul_v2":
+        if not (isinstance(result, (tuple, list)) and len(result) == 2):
+            raise ContractViolation(f"{where}: expected (output, gathered input), got {_kind(result)}")
+        value = result[0]
+        gathered = result[1]
+        if not isinstance(gathered, torch.Tensor) or tuple(gathered.shape) != (problem.m, problem.k):
+            raise ContractViolation(f"{where}: expected the gathered input as a tensor [{problem.m}, {problem.k}], "
+                                    f"got {_kind(gathered)}")
+    rows, n = expected_shape(op, problem, tp)
+    dtype = getattr(torch, problem.dtype)
+    if not isinstance(value, torch.Tensor):
+        raise ContractViolation(f"{where}: expected a tensor [{rows}, {n}] {problem.dtype}, got {_kind(value)}")
+    if tuple(value.shape) != (rows, n) or value.dtype != dtype:
+        hint = ""
+        if value.dim() == 2 and value.shape[0] != rows and value.shape[0] * tp != rows * tp:
+            ratio = value.shape[0] / (problem.m / tp if op == "matmul_reduce_scatter" else problem.m) if rows else 0
+            if op in GATHERS and ratio:
+                hint = f" (rows of {value.shape[0] * tp // max(problem.m, 1)} ranks' shards were gathered)"
+            elif op == "matmul_reduce_scatter" and value.shape[0]:
+                hint = f" (the rows of a reduce-scatter over {problem.m // value.shape[0]} ranks)"
+        raise ContractViolation(f"{where}: expected a tensor [{rows}, {n}] {dtype}, got {_kind(value)}{hint}")
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"a tensor {list(value.shape)} {value.dtype} on {value.device}"
+    return f"{type(value).__name__} {value!r}"[:120]
+
+
+def check_numerics(run: OpRun, outcomes: Sequence[OpRunOutcome], *, exact: bool = False) -> None:
+    """MUST: every call's result within the bound of its replica's float64 truth (bitwise when ``exact``)."""
+    groups: dict[int, list[OpRunOutcome]] = {}
+    for outcome in outcomes:
+        groups.setdefault(outcome.replica, []).append(outcome)
+    split = OPERAND_SPLITS[run.op]["y"]
+    for replica, ranks in sorted(groups.items()):
+        ranks.sort(key=lambda o: o.tp_rank)
+        for i, problem in enumerate(run.problems):
+            y, envelope, x = truth_of(problem, replica)
+            runs = len(ranks[0].calls[i].results)
+            for j in range(runs):
+                out = assemble([_first(o.calls[i].results[j], run.op) for o in ranks], split,
+                               f"{run.op} y")
+                serial = (assemble([_first(o.calls[i].serial, run.op) for o in ranks], split, "serial y")
+                          if ranks[0].calls[i].serial is not None else out)
+                label = _label(run, i, replica, len(groups), j)
+                try:
+                    if exact:
+                        _check_exact(label, out, y, problem.dtype, split, run.tp)
+                    else:
+                        checks.check_close(label, out, y, serial, envelope, getattr(torch, problem.dtype),
+                                           roundings=roundings(run.tp), row_owner=row_owner(split, y.shape[0], run.tp))
+                except NumericMismatch as failure:
+                    raise NumericMismatch(f"{failure}{_wrong_group(run, ranks, problem, out, replica, groups)}") \
+                        from None
+                if run.op == "all_gather_matmul_v2":
+                    for o in ranks:
+                        gathered = o.calls[i].results[j][1]
+                        _check_exact(f"{label}: rank {o.tp_rank}'s gathered input", gathered, x, problem.dtype,
+                                     OPERAND_SPLITS[run.op]["x"], run.tp)
+
+
+def _first(result: Any, op: str) -> Any:
+    return result[0] if op == "all_gather_matmul_v2" else result
+
+
+def _label(run: OpRun, i: int, replica: int, replicas: int, j: int) -> str:
+    problem = run.problems[i]
+    parts = [f"{run.op} y [m={problem.m}]"]
+    if len(run.problems) > 1:
+        parts.append(f"call {i}")
+    if replicas > 1:
+        parts.append(f"replica {replica} (TP {run.tp} of a world of {run.tp * replicas}, {run.layout})")
+    if j:
+        parts.append(f"repeat {j}")
+    return ", ".join(parts)
+
+
+def _check_exact(label: str, out: Any, truth: np.ndarray, dtype: str, split: Any, tp: int) -> None:
+    """Bitwise: exact data has exactly one correct answer in every summation order."""
+    expected = torch.from_numpy(np.asarray(truth)).to(getattr(torch, dtype))
+    if not checks.bitwise_equal(out, expected):
+        rows = int(np.prod(expected.shape[:-1])) if expected.dim() > 1 else 1
+        owner = row_owner(split, rows, tp)
+        wrong = [] if not isinstance(out, torch.Tensor) or out.shape != expected.shape else \
+            torch.nonzero((out.double() != expected.double()).reshape(rows, -1).any(dim=1)).flatten().tolist()
+        where = f"; on {checks.owners(wrong, owner)}" if wrong else ""
+        raise NumericMismatch(f"{label}: exact data must give exactly the exact result: "
+                              f"{checks.describe_difference(expected, out)}{where}")
+
+
+def _wrong_group(run: OpRun, ranks: list[OpRunOutcome], problem: Problem, out: Any, replica: int,
+                 groups: dict[int, list[OpRunOutcome]]) -> str:
+    """What the mismatch looks like when the TP group is a proper subgroup of the world."""
+    if len(groups) == 1:
+        return ""
+    members = set(ranks[0].members)
+    seen = {c.group_ranks for o in ranks for call in o.calls for t in call.timelines for c in t.collectives
+            if c.group_ranks is not None}
+    foreign = sorted(r for r in seen if set(r) != members)
+    note = ""
+    if foreign:
+        note += (f"; the implementation issued collectives on rank group(s) {foreign}, not on its TP group "
+                 f"{sorted(members)} (a collective over the wrong group)")
+    if run.op == "matmul_all_reduce":
+        world = sum(truth_of(problem, d)[0] - _bias(problem, d) for d in groups) + _bias(problem, replica)
+        if np.allclose(numerics.as_float64(out), world, rtol=1e-2, atol=1e-2 * float(np.abs(world).max())):
+            note += "; the result matches an all-reduce over the whole world (every replica summed)"
+    return note
+
+
+def _bias(problem: Problem, replica: int) -> Any:
+    bias = global_operands(problem, replica)["bias"]
+    return 0 if bias is None else numerics.as_float64(bias)

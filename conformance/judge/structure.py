@@ -1,0 +1,74 @@
+"""STRUCTURE: whether each phase's collective overlaps a matmul the way the implementation declares.
+
+Judged on the timeline the probes record (``docs/DESIGN.md#overlap-structure``):
+a collective *overlaps* a matmul when the matmul ran after the collective was
+launched and before it was waited for.
+
+* :class:`~conformance.protocol.Chunked`: the phase issues ``chunks``
+  collectives of its kind, each asynchronously;
+* :class:`~conformance.protocol.OverlapsMatmul`: one of its collectives is in
+  flight while the named matmul (identified by its output shape) runs;
+* :class:`~conformance.protocol.NotOverlapped`: nothing is required;
+* undeclared: some collective of the phase's kind overlaps *some* matmul, or
+  a fused vendor op (one that multiplies and communicates) ran.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from conformance.cases.results import Timeline
+from conformance.judge.failures import StructureMismatch
+from conformance.protocol import PHASE_COLLECTIVES, Chunked, NotOverlapped, OverlapsMatmul, OverlapStrategy
+
+Shape = tuple[int, ...]
+
+
+def matmul_matches(shape: Shape | None, wanted: Shape) -> bool:
+    """Whether a matmul output of ``shape`` is the product ``wanted`` (either orientation; last-dim only if 1-D)."""
+    if shape is None:
+        return False
+    if len(wanted) == 1:
+        return bool(shape) and shape[-1] == wanted[0]
+    return tuple(shape[-2:]) in (tuple(wanted), tuple(reversed(wanted)))
+
+
+def check_phase(timeline: Timeline | None, key: str, declared: OverlapStrategy | None, *, chunks: int,
+                matmuls: Mapping[str, Shape]) -> None:
+    """Raise :class:`StructureMismatch` when phase ``key`` is not overlapped as declared.
+
+    ``chunks`` is the configured chunk count; ``matmuls`` maps a matmul name
+    (:data:`~conformance.protocol.MATMULS`) to its output shape on this rank.
+    """
+    kind = PHASE_COLLECTIVES[key]
+    if timeline is None:
+        raise StructureMismatch(f"{key}: the phase was not observed (no timeline recorded)")
+    calls = timeline.of_kind(kind)
+    seen = f"observed {timeline.describe()}"
+    if isinstance(declared, NotOverlapped):
+        return
+    if isinstance(declared, Chunked):
+        if len(calls) != chunks:
+            raise StructureMismatch(f"{key}: declared chunked, expected {chunks} {kind} collective(s) for "
+                                    f"{chunks} chunk(s), the patched layer issued {len(calls)}; {seen}")
+        if chunks > 1 and not all(c.overlappable for c in calls):
+            raise StructureMismatch(f"{key}: declared chunked, but {kind} chunk(s) were issued synchronously "
+                                    f"(nothing can overlap them); {seen}")
+        if chunks > 1 and not any(c.overlapped for c in calls):
+            raise StructureMismatch(f"{key}: declared chunked, but no matmul ran while a {kind} chunk was in "
+                                    f"flight (each was waited for at once); {seen}")
+        return
+    if isinstance(declared, OverlapsMatmul):
+        wanted = matmuls.get(declared.matmul)
+        if wanted is None:
+            raise StructureMismatch(f"{key}: declared to overlap the {declared.matmul} matmul, which this "
+                                    f"phase does not have; {seen}")
+        if not any(c.overlappable and any(matmul_matches(s, wanted) for s in c.overlapped) for c in calls):
+            raise StructureMismatch(f"{key}: declared one {kind} overlapped with the {declared.matmul} matmul "
+                                    f"(output {list(wanted)}); no {kind} was in flight while it ran; {seen}")
+        return
+    if timeline.fused_ops:
+        return
+    if not any(c.overlapped for c in calls):
+        raise StructureMismatch(f"{key}: no {kind} collective overlaps a matmul (none was in flight while a "
+                                f"matmul ran, and no fused op ran): the phase is serial; {seen}")

@@ -1,0 +1,117 @@
+"""The storm breaker: a capability that keeps hanging or crashing stops costing a timeout per case.
+
+A broken patch typically deadlocks or kills a rank in *every* case of an op or
+layer kind.  Each such case costs its budget plus a pool rebuild; over a whole
+suite that adds up to hours.  So after ``--coc-storm N`` hangs or crashes in a
+row of one capability (its op, or its layer kind), the remaining cases of that
+capability fail at once, without running: each names the earlier hangs and is
+filed under "hang / timeout".  Nothing is skipped silently, and other
+capabilities keep running.  A case of the capability that finishes (pass or an
+ordinary failure) resets the count.
+
+Under xdist every worker sees the same count: outcomes are appended to one
+file in a directory the controller shares with its workers.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from collections.abc import Generator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from filelock import FileLock
+
+from conformance.harness.errors import HANGS, StormBroken
+
+_SHARED = "coc_shared_dir"
+breaker_key = pytest.StashKey["StormBreaker"]()
+
+
+def capability(item: pytest.Item) -> str | None:
+    """The op or layer kind a case exercises (marker ``coc_capability``, else its parameters)."""
+    mark = item.get_closest_marker("coc_capability")
+    if mark is not None:
+        return str(mark.args[0])
+    params: dict[str, Any] = getattr(getattr(item, "callspec", None), "params", {})
+    if isinstance(params.get("op"), str):
+        return f"op:{params['op']}"
+    if isinstance(params.get("layer"), str):
+        return f"layer:{params['layer']}"
+    case_id = params.get("case_id")
+    if isinstance(case_id, str) and case_id.startswith("layer-"):
+        return f"layer:{case_id.split('-')[1]}"
+    return None
+
+
+class StormBreaker:
+    """Hang and crash counts per capability, shared through ``directory``."""
+
+    def __init__(self, directory: Path, limit: int) -> None:
+        self.limit = limit
+        self.log = directory / "storm.jsonl"
+        self.lock = FileLock(str(directory / "storm.lock"))
+
+    def _history(self, what: str) -> list[dict[str, str]]:
+        try:
+            lines = self.log.read_text().splitlines()
+        except OSError:
+            return []
+        return [e for e in map(json.loads, lines) if e["capability"] == what]
+
+    def recent_hangs(self, what: str) -> list[str]:
+        """Node ids of the hangs since the capability last finished a case."""
+        streak: list[str] = []
+        for event in self._history(what):
+            streak = streak + [event["nodeid"]] if event["hang"] else []
+        return streak
+
+    def note(self, what: str, nodeid: str, hang: bool) -> None:
+        with self.lock, open(self.log, "a", encoding="utf-8") as f:
+            f.write(json.dumps({"capability": what, "nodeid": nodeid, "hang": hang}) + "\n")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    limit = config.getoption("--coc-storm")
+    if limit <= 0:
+        return
+    shared = getattr(config, "workerinput", {}).get(_SHARED)
+    directory = Path(shared) if shared else Path(tempfile.mkdtemp(prefix="coc-session-"))
+    config.stash[breaker_key] = StormBreaker(directory, limit)
+    config.pluginmanager.register(_ControllerHooks(directory), "coc-storm-shared-dir")
+
+
+class _ControllerHooks:
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_configure_node(self, node: Any) -> None:
+        node.workerinput[_SHARED] = str(self.directory)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
+    breaker = item.config.stash.get(breaker_key, None)
+    what = capability(item)
+    if breaker is None or what is None:
+        return (yield)
+    hangs = breaker.recent_hangs(what)
+    if len(hangs) >= breaker.limit:
+        raise StormBroken(
+            f"not run: {len(hangs)} case(s) of {what} in a row hung or crashed (--coc-storm "
+            f"{breaker.limit}); it fails without running, as the rest of {what} will: "
+            + ", ".join(hangs[-breaker.limit:]))
+    try:
+        result = yield
+    except HANGS as exc:
+        if not isinstance(exc, StormBroken):
+            breaker.note(what, item.nodeid, True)
+        raise
+    except BaseException:
+        breaker.note(what, item.nodeid, False)
+        raise
+    breaker.note(what, item.nodeid, False)
+    return result

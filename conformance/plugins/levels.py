@@ -1,0 +1,181 @@
+"""Requirement levels in pytest: every check's level recorded, ``--coc-gate`` choosing what fails.
+
+A test states its checks' level with ``@pytest.mark.coc_level("SHOULD")`` (default
+MUST) or per check through the ``verdicts`` fixture.  After the test body:
+
+* a failed check whose level gates fails the test (all failed checks named);
+* failed checks whose levels do not gate make the test an expected failure
+  (``xfailed``, reason ``[SHOULD, not gated] ...``), so the run stays green and
+  the failure stays visible;
+* every check's outcome goes into the report's ``user_properties``
+  (``coc_checks``), which the JSON summary, the Allure hooks and the terminal
+  summary read (under xdist, on the controller).
+
+Hangs, crashes and unexpected rank errors are always MUST: no implementation
+may hang or die, whatever it declares.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Generator
+from typing import Any
+
+import pytest
+
+from conformance.harness.errors import CaseError
+from conformance.judge.failures import CheckFailure
+from conformance.judge.levels import CheckResult, Level, Verdicts
+
+verdicts_key = pytest.StashKey[Verdicts]()
+gate_key = pytest.StashKey[frozenset[Level]]()
+#: ``user_properties`` name of a test's check results.
+CHECKS_PROPERTY = "coc_checks"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    try:
+        config.stash[gate_key] = Level.parse_many(config.getoption("--coc-gate"))
+    except ValueError as exc:
+        raise pytest.UsageError(f"--coc-gate: {exc}") from None
+    config.pluginmanager.register(LevelTally(config), "coc-level-tally")
+
+
+#: Fixtures that make a test a conformance check (its outcome is counted by level).
+CHECK_FIXTURES = frozenset({"coc_impl", "coc_ranks", "coc_declarations", "verdicts"})
+
+
+def is_check(item: pytest.Item) -> bool:
+    """Whether ``item`` judges an implementation (uses the suite's fixtures or names a level)."""
+    return bool(CHECK_FIXTURES.intersection(getattr(item, "fixturenames", ()))) or \
+        item.get_closest_marker("coc_level") is not None
+
+
+def default_level(item: pytest.Item) -> Level:
+    """The level of a test's checks that do not name one (marker ``coc_level``, else MUST)."""
+    mark = item.get_closest_marker("coc_level")
+    return Level(mark.args[0]) if mark else Level.MUST
+
+
+def failure_level(item: pytest.Item, exc: BaseException) -> Level:
+    """The level a failure raised straight from a test body holds the implementation to."""
+    if isinstance(exc, CaseError):
+        return Level.MUST  # hangs, crashes, unexpected rank errors
+    if isinstance(exc, CheckFailure) and exc.explicit_level is not None:
+        return exc.explicit_level
+    if isinstance(exc, (CheckFailure, AssertionError)):
+        return default_level(item)
+    return Level.MUST
+
+
+@pytest.fixture
+def verdicts(request: pytest.FixtureRequest) -> Verdicts:
+    """The test's named checks: ``with verdicts.check("numerics", Level.MUST): ...``."""
+    found = Verdicts()
+    request.node.stash[verdicts_key] = found
+    return found
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
+    try:
+        yield
+    except BaseException as exc:
+        if isinstance(exc, (pytest.skip.Exception, pytest.xfail.Exception)) or not isinstance(exc, Exception):
+            raise
+        recorded = item.stash.setdefault(verdicts_key, Verdicts())
+        name = getattr(item, "originalname", item.name)
+        category = exc.category if isinstance(exc, CheckFailure) else type(exc).__name__
+        recorded.results.append(CheckResult(name, failure_level(item, exc), False, _first_line(exc), category))
+        recorded.exceptions.append(exc)
+        raise
+    recorded = item.stash.get(verdicts_key, None)
+    if recorded is None:
+        return
+    gating = recorded.failed(item.config.stash[gate_key])
+    if gating:
+        raise _combined(gating, len(recorded.failed()))
+
+
+def _combined(failures: list[BaseException], total: int) -> BaseException:
+    """The first gating failure, its message followed by the other failed checks'."""
+    first = failures[0]
+    if total == 1:
+        return first
+    others = "\n".join(f"also failed: {type(f).__name__}: {_first_line(f)}" for f in failures[1:])
+    text = f"{first}\n{others}" if others else str(first)
+    combined = type(first)(text) if isinstance(first, CheckFailure) else AssertionError(text)
+    if isinstance(first, CheckFailure) and isinstance(combined, CheckFailure):
+        combined.explicit_level = first.explicit_level
+    return combined
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[
+        None, pytest.TestReport, pytest.TestReport]:
+    report = yield
+    if call.when != "call" or not is_check(item):
+        return report
+    recorded = item.stash.get(verdicts_key, None)
+    results = list(recorded.results) if recorded is not None else []
+    if not results and report.passed:
+        results = [CheckResult(getattr(item, "originalname", item.name), default_level(item), True)]
+    if results:
+        report.user_properties.append((CHECKS_PROPERTY, [r.as_dict() for r in results]))
+    gate = item.config.stash[gate_key]
+    failed = [r for r in results if not r.passed]
+    if report.failed and failed and all(r.level not in gate for r in failed) and not hasattr(report, "wasxfail"):
+        report.outcome = "skipped"
+        levels = ", ".join(sorted({r.level.value for r in failed}))
+        report.wasxfail = f"[{levels}, not gated] " + "; ".join(f"{r.name}: {r.message}" for r in failed)
+    return report
+
+
+def checks_of(report: pytest.TestReport) -> list[dict[str, Any]]:
+    """The check results a report carries (empty for setup and teardown)."""
+    for name, value in report.user_properties:
+        if name == CHECKS_PROPERTY:
+            return list(value)
+    return []
+
+
+class LevelTally:
+    """Counts every check by level and outcome (on the controller under xdist) and prints them."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.gate = config.stash[gate_key]
+        self.tally: Counter[tuple[str, str]] = Counter()
+        self.ungated: list[str] = []
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.when != "call":
+            return
+        for check in checks_of(report):
+            level, passed = Level(check["level"]), check["passed"]
+            outcome = "passed" if passed else "failed" if level in self.gate else "not gated"
+            self.tally[(level.value, outcome)] += 1
+            if outcome == "not gated":
+                self.ungated.append(f"{report.nodeid} [{level.value}] {check['name']}: {check['message'][:160]}")
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if not self.tally:
+            return
+        terminalreporter.section("coc-conformance: requirement levels")
+        for level in Level:
+            counts = {outcome: self.tally[(level.value, outcome)] for outcome in ("passed", "failed", "not gated")}
+            if not any(counts.values()):
+                continue
+            gated = "gates" if level in self.gate else "not gated"
+            terminalreporter.write_line(
+                f"{level.value:<10} {counts['passed']:>5} checks passed, {counts['failed']:>4} failed, "
+                f"{counts['not gated']:>4} failed but not gated   ({gated})")
+        for line in self.ungated[:20]:
+            terminalreporter.write_line(f"  not gated: {line}")
+        if len(self.ungated) > 20:
+            terminalreporter.write_line(f"  ... and {len(self.ungated) - 20} more (see the JSON summary)")

@@ -1,0 +1,61 @@
+"""Which cases run, and in what order: ``--coc-tp``, torchrun's world size, warm pools.
+
+Every distributed case names its sizes as parameters (``tp``, ``world_size``,
+and ``world`` when its TP group is a proper subgroup), so the choice is made
+here, at collection, never in a test body.
+
+Order (``docs/DESIGN.md#scheduling``): cases on rank pools are sorted by the
+world size they need (then their TP size), stably, after every other test, so
+each xdist worker runs its cases of one size together and keeps that pool
+warm, and the whole-node cases (TP 8, perf) come last instead of interleaving
+with small ones across workers.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+
+from conformance.options import TP_PARAMS, WORLD_PARAM
+
+
+def sizes(item: pytest.Item) -> list[int]:
+    """The TP / world sizes a case's parameters name (empty for a case on no ranks)."""
+    params: dict[str, Any] = getattr(getattr(item, "callspec", None), "params", {})
+    found = [params[p] for p in (*TP_PARAMS, WORLD_PARAM) if isinstance(params.get(p), int)]
+    # A parameter object that carries its TP size (a perf profile case).
+    found += [v.tp for v in params.values() if isinstance(getattr(v, "tp", None), int)]
+    return found
+
+
+def world_size(item: pytest.Item) -> int:
+    """Ranks the case needs at once (0: none)."""
+    return max(sizes(item), default=0)
+
+
+def order(item: pytest.Item) -> tuple[bool, int, int]:
+    """Sort key: perf cases last, then by world size, then by TP size."""
+    return bool(item.get_closest_marker("perf")), world_size(item), min(sizes(item), default=0)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Deselect cases ``--coc-tp`` does not name or torchrun cannot host; order the rest by world size."""
+    raw = config.getoption("--coc-tp")
+    chosen = {int(v) for v in raw.split(",") if v.strip()} if raw else None
+    limit = int(os.environ.get("WORLD_SIZE", "1")) if config.getoption("--coc-launcher") == "torchrun" else None
+    keep, drop = [], []
+    for item in items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        tps = [params[p] for p in TP_PARAMS if isinstance(params.get(p), int)]
+        unwanted = chosen is not None and not set(tps) <= chosen
+        too_big = limit is not None and world_size(item) > limit
+        (drop if unwanted or too_big else keep).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+    # Only cases on rank pools move; everything else keeps its place (and its module fixtures).
+    on_ranks = [item for item in keep if "coc_ranks" in getattr(item, "fixturenames", ())]
+    others = [item for item in keep if "coc_ranks" not in getattr(item, "fixturenames", ())]
+    on_ranks.sort(key=order)
+    items[:] = others + on_ranks

@@ -1,0 +1,205 @@
+"""The compact JSON summary of a run: every case's outcome, checks by level, timings, perf figures.
+
+Written with ``--coc-summary FILE`` (default: ``coc-summary.json`` next to the
+``--alluredir`` directory).  One line per case is appended to ``FILE`` + ``l``
+(JSON lines) as each report arrives, so the results of finished cases survive
+a crash of a worker or of the session; the final JSON adds the totals, the
+skips by reason, and the count of cases collected against cases reported (and
+against Allure result files), so a lost result is visible.
+
+Read by ``python -m conformance.gate``, ``python -m conformance.matrix`` and
+``python -m conformance.expectations``; the format is :data:`SCHEMA`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from collections import Counter
+from collections.abc import Generator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conformance.options import impl_spec
+
+SCHEMA = 1
+FAILURE_PROPERTY = "coc_failure"
+
+
+def case_id(nodeid: str) -> str:
+    """``test_layers.py::test_x[params]``: the node id without its directories (stable across installs)."""
+    path, sep, rest = nodeid.partition("::")
+    return path.rsplit("/", 1)[-1] + sep + rest
+
+
+def area(nodeid: str) -> str:
+    """The suite area a case belongs to: its module without ``test_`` (``layers``, ``ops`` ...)."""
+    return case_id(nodeid).split("::", 1)[0].removeprefix("test_").removesuffix(".py")
+
+
+def summary_path(config: pytest.Config) -> Path | None:
+    given = config.getoption("--coc-summary")
+    if given:
+        return Path(given)
+    allure_dir = config.getoption("allure_report_dir", None)
+    return Path(allure_dir).resolve().parent / "coc-summary.json" if allure_dir else None
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[
+        None, pytest.TestReport, pytest.TestReport]:
+    """On the worker: what failed, as data (category and type) rather than as text."""
+    report = yield
+    if call.excinfo is not None and report.failed:
+        from conformance.harness.errors import HANGS
+        from conformance.judge.failures import CheckFailure
+
+        exc = call.excinfo.value
+        category = ("hang" if isinstance(exc, HANGS) else exc.category if isinstance(exc, CheckFailure)
+                    else "error")
+        report.user_properties.append((FAILURE_PROPERTY, {
+            "category": category, "type": type(exc).__name__, "message": str(exc)[:2000]}))
+    return report
+
+
+def _property(report: pytest.TestReport, name: str) -> Any:
+    for key, value in report.user_properties:
+        if key == name:
+            return value
+    return None
+
+
+def record_of(report: pytest.TestReport) -> dict[str, Any]:
+    """One case's line of the summary."""
+    wasxfail = getattr(report, "wasxfail", None)
+    if report.passed:
+        outcome = "passed"
+    elif report.failed:
+        outcome = "failed" if report.when == "call" else "error"
+    elif wasxfail is not None:
+        outcome = "not-gated" if wasxfail.startswith("[") else "known"
+    else:
+        outcome = "skipped"
+    record: dict[str, Any] = {"id": case_id(report.nodeid), "nodeid": report.nodeid, "area": area(report.nodeid),
+                              "outcome": outcome, "when": report.when, "duration": round(report.duration, 4)}
+    if outcome == "skipped" and isinstance(report.longrepr, tuple):
+        record["skip_reason"] = str(report.longrepr[2]).removeprefix("Skipped: ")
+    if wasxfail is not None:
+        record["reason"] = wasxfail
+    for key, name in (("checks", "coc_checks"), ("timings", "coc_timings"), ("failure", FAILURE_PROPERTY),
+                      ("expectation", "coc_expectation")):
+        value = _property(report, name)
+        if value is not None:
+            record[key] = value
+    figures = _property(report, "perf_figures")
+    if figures is not None:
+        record["perf"] = json.loads(figures) if isinstance(figures, str) else figures
+        record["perf_gate"] = _property(report, "perf_gate")
+    return record
+
+
+class SummaryWriter:
+    """Collects every case's record (on the controller under xdist) and writes the summary."""
+
+    def __init__(self, config: pytest.Config, path: Path) -> None:
+        self.config = config
+        self.path = path
+        self.lines = path.with_name(path.name + "l")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.lines.write_text("")
+        self.records: dict[str, dict[str, Any]] = {}
+        self.collected: list[str] = []
+        self.started = time.time()
+        self.crashed: list[str] = []
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        self.collected = [item.nodeid for item in session.items]
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
+        if not self.collected:
+            self.collected = list(ids)
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_handlecrashitem(self, crashitem: str, report: Any, sched: Any) -> None:
+        self.crashed.append(crashitem)
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        # The call report decides; setup / teardown count only when they failed or skipped the case.
+        if report.when != "call" and not (report.failed or report.skipped):
+            return
+        if report.when == "teardown" and report.nodeid in self.records and not report.failed:
+            return
+        record = record_of(report)
+        self.records[report.nodeid] = record
+        with open(self.lines, "a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if hasattr(self.config, "workerinput"):
+            return
+        records = list(self.records.values())
+        outcomes = Counter(r["outcome"] for r in records)
+        skips = Counter(r.get("skip_reason", "?") for r in records if r["outcome"] == "skipped")
+        levels: Counter[str] = Counter()
+        for r in records:
+            for check in r.get("checks", ()):
+                levels[f"{check['level']}:{'passed' if check['passed'] else 'failed'}"] += 1
+        missing = [n for n in self.collected if n not in self.records]
+        allure_dir = self.config.getoption("allure_report_dir", None)
+        allure_results = (len(list(Path(allure_dir).glob("*-result.json")))
+                          if allure_dir and Path(allure_dir).is_dir() else None)
+        doc = {
+            "schema": SCHEMA,
+            "implementation": impl_spec(self.config),
+            "launcher": self.config.getoption("--coc-launcher"),
+            "gate": self.config.getoption("--coc-gate"),
+            "python": platform.python_version(),
+            "torch": _version("torch"),
+            "megatron_core": _version("megatron-core"),
+            "started": self.started,
+            "duration": round(time.time() - self.started, 2),
+            "collected": len(self.collected),
+            "reported": len(records),
+            "missing": missing,
+            "crashed": self.crashed,
+            "allure_results": allure_results,
+            "outcomes": dict(outcomes),
+            "levels": dict(levels),
+            "skips_by_reason": dict(skips.most_common()),
+            "cases": records,
+        }
+        tmp = self.path.with_name(self.path.name + f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(doc, indent=1))
+        os.replace(tmp, self.path)
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if hasattr(self.config, "workerinput"):
+            return
+        records = list(self.records.values())
+        skips = Counter(r.get("skip_reason", "?") for r in records if r["outcome"] == "skipped")
+        if skips:
+            terminalreporter.section("coc-conformance: skips by reason")
+            for reason, count in skips.most_common(15):
+                terminalreporter.write_line(f"{count:>5}  {reason[:150]}")
+        missing = [n for n in self.collected if n not in self.records]
+        if missing or self.crashed:
+            terminalreporter.write_line(f"coc-conformance: {len(missing)} collected case(s) have no result "
+                                        f"(crashed workers: {self.crashed})", red=True)
+        terminalreporter.write_line(f"coc-conformance: summary written to {self.path}")
+
+
+def _version(name: str) -> str:
+    from conformance.reporting.meta import package_version
+
+    return package_version(name)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    path = summary_path(config)
+    if path is not None and not hasattr(config, "workerinput"):
+        config.pluginmanager.register(SummaryWriter(config, path), "coc-summary-writer")

@@ -1,0 +1,237 @@
+"""What a conformance case tells Allure: labels, parameters and attachments.
+
+The one module that imports ``allure``.  Checks call :func:`describe_case`,
+:func:`attach_comparison` and :func:`attach_timeline`; the hooks in
+:mod:`conformance.reporting.hooks` describe every case from its parametrization
+and attach rank evidence on failure.  Every function returns at once unless
+allure-pytest records results (``--alluredir``), so checks call them freely.
+"""
+
+from __future__ import annotations
+
+import csv
+import enum
+import hashlib
+import io
+import itertools
+import warnings
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import allure
+
+if TYPE_CHECKING:
+    import pytest
+
+    from coc_shared.timeline import Timeline
+    from conformance.harness.errors import CaseError
+    from conformance.judge.numerics import Comparison
+
+EPIC = "CoC"
+#: Parameters shown but left out of the history id, so trends follow a case across machines.
+HISTORY_EXCLUDED = frozenset({"device"})
+SEVERITIES = tuple(level.value for level in allure.severity_level)
+_MAX_TEXT = 80
+
+_active = False
+_described: set[str] = set()  # what the running test described itself (defaults skip it)
+_warned_no_plots = False
+
+
+def activate(on: bool) -> None:
+    """Switch recording on or off (the hooks do, at configure and unconfigure)."""
+    global _active
+    _active = on
+
+
+def is_active() -> bool:
+    return _active
+
+
+class _Shown:
+    """A parameter value Allure shows verbatim (it quotes plain strings)."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+def readable(value: Any) -> str:
+    """A short, stable text for a parameter value (no memory addresses)."""
+    if isinstance(value, enum.Enum):
+        return value.name
+    if value is None or isinstance(value, (str, bool, int, float)):
+        text = str(value)
+    elif type(value).__module__ == "torch" and type(value).__name__ == "dtype":
+        text = str(value).removeprefix("torch.")
+    elif isinstance(getattr(value, "id", None), str) or isinstance(getattr(value, "name", None), str):
+        text = value.id if isinstance(getattr(value, "id", None), str) else value.name
+    elif isinstance(value, tuple) and value and all(isinstance(v, int) for v in value):
+        text = "x".join(map(str, value))  # a shape
+    elif isinstance(value, Mapping):
+        text = ", ".join(f"{k}={readable(v)}" for k, v in value.items())
+    elif isinstance(value, (list, tuple, set, frozenset)):
+        text = "[" + ", ".join(readable(v) for v in value) + "]"
+    elif isinstance(value, type) or callable(value):
+        text = getattr(value, "__qualname__", type(value).__name__)
+    else:
+        text = str(value)
+    if len(text) <= _MAX_TEXT:
+        return text
+    # Distinct long values must stay distinct: Allure 3 keys history on the shown text.
+    return f"{text[:_MAX_TEXT - 12]}...{hashlib.sha1(text.encode()).hexdigest()[:8]}"
+
+
+def add_parameters(params: Mapping[str, Any]) -> None:
+    """Show ``params`` with readable values; those in :data:`HISTORY_EXCLUDED` stay out of history."""
+    if not _active:
+        return
+    for name, value in params.items():
+        allure.dynamic.parameter(name, _Shown(readable(value)), excluded=name in HISTORY_EXCLUDED or None)
+
+
+def describe_case(*, feature: str, story: str, title: str | None = None, severity: str | None = None,
+                  **params: Any) -> None:
+    """Label the running case: feature (op or layer), story (mode), title, severity, parameters.
+
+    Call from a test body; what it names replaces the defaults derived from
+    the test's name and parametrization (severity: a marker, else normal).
+    ``device`` is shown but excluded from the history id.
+    """
+    if not _active:
+        return
+    allure.dynamic.feature(feature)
+    allure.dynamic.story(story)
+    _described.update(("feature", "story"))
+    if severity is not None:
+        if severity not in SEVERITIES:
+            raise ValueError(f"severity must be one of {SEVERITIES}, got {severity!r}")
+        allure.dynamic.severity(allure.severity_level(severity))
+        _described.add("severity")
+    if title is not None:
+        allure.dynamic.title(title)
+        _described.add("title")
+    add_parameters(params)
+
+
+def begin_case(params: Mapping[str, Any]) -> None:
+    """Before the case's fixtures: epic and parameters (before allure-pytest adds raw ones)."""
+    _described.clear()
+    if _active:
+        allure.dynamic.epic(EPIC)
+        add_parameters(params)
+
+
+def finish_case(item: pytest.Item, *, feature: str, story: str, title: str) -> None:
+    """After the case: the defaults for whatever neither the test nor a marker described."""
+    described = _described | {mark.kwargs.get("label_type") for mark in item.iter_markers("allure_label")}
+    if getattr(getattr(item, "obj", None), "__allure_display_name__", None) is not None:
+        described.add("title")  # @allure.title
+    _described.clear()
+    if not _active:
+        return
+    if "feature" not in described:
+        allure.dynamic.feature(feature)
+    if "story" not in described:
+        allure.dynamic.story(story)
+    if "severity" not in described:
+        allure.dynamic.severity(allure.severity_level.NORMAL)
+    if "title" not in described:
+        allure.dynamic.title(title)
+
+
+def attach_text(body: str, name: str) -> None:
+    if _active and body:
+        allure.attach(body, name=name, attachment_type=allure.attachment_type.TEXT)
+
+
+def attach_evidence(error: CaseError) -> None:
+    """Every rank's stack (hangs, crashes), traceback and log, one attachment each."""
+    for rank, stack in sorted(error.stacks.items()):
+        attach_text(stack, f"rank {rank} stack")
+    for outcome in error.outcomes:
+        if outcome.error is not None:
+            attach_text(outcome.error.traceback, f"rank {outcome.rank} traceback")
+        attach_text(outcome.log, f"rank {outcome.rank} log")
+
+
+def _attach_png(png: bytes | None, name: str) -> None:
+    global _warned_no_plots
+    if png is not None:
+        allure.attach(png, name=name, attachment_type=allure.attachment_type.PNG)
+    elif not _warned_no_plots:
+        _warned_no_plots = True
+        warnings.warn("matplotlib is not installed (pip install '.[report]'): "
+                      "the Allure report has no figures", stacklevel=3)
+
+
+def _table(rows: Iterable[tuple[str, Any]]) -> str:
+    """A two-column CSV (Allure shows it as a table): floats in 3 digits, tuples as lists."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(("statistic", "value"))
+    for key, value in rows:
+        writer.writerow((key, f"{value:.3e}" if isinstance(value, float) else
+                         list(value) if isinstance(value, tuple) else value))
+    return out.getvalue()
+
+
+def attach_comparison(comparison: Comparison, *, failed: bool | None = None) -> None:
+    """Error statistics as a table and a histogram; when failed (default: bound violated), a heat-map."""
+    if not _active:
+        return
+    from conformance.reporting import plots
+
+    stats = comparison.stats
+    allure.attach(_table(stats.as_dict().items()), name=f"{stats.name}: error statistics",
+                  attachment_type=allure.attachment_type.CSV)
+    _attach_png(plots.error_histogram(comparison.abs_diff, comparison.bound, title=stats.name),
+                f"{stats.name}: |diff| / bound")
+    if (failed if failed is not None else not stats.ok) and comparison.abs_diff.size:
+        _attach_png(plots.diff_heatmap(comparison.abs_diff, comparison.bound,
+                                       title=f"{stats.name} {stats.dtype} {list(stats.shape)}"),
+                    f"{stats.name}: |diff| heat-map")
+
+
+#: Per-block ``(start, end)`` pairs, or per-block durations (laid back to back).
+Lane = Sequence[Any]
+
+
+def _intervals(lane: Lane) -> list[tuple[float, float]]:
+    if not lane or not isinstance(lane[0], (int, float)):
+        return [(float(start), float(end)) for start, end in lane]
+    ends = list(itertools.accumulate(float(d) for d in lane))
+    return list(zip([0.0, *ends[:-1]], ends, strict=True))
+
+
+def _lanes(source: Timeline | Mapping[str, Lane]) -> dict[str, list[tuple[float, float]]]:
+    if not isinstance(source, Mapping):
+        return {"matmul": list(source.mm), "comm": list(source.comm)}
+    return {("matmul" if key == "mm" else key): _intervals(lane) for key, lane in source.items()}
+
+
+def attach_timeline(predicted: Timeline | None, measured: Timeline | Mapping[str, Lane] | None,
+                    title: str) -> None:
+    """A lane chart of the predicted and measured pipeline (microseconds).
+
+    ``measured`` is a Timeline or ``{"mm": lane, "comm": lane}``; a lane is a
+    list of per-block ``(start, end)`` or of per-block durations.
+    """
+    if not _active or (predicted is None and measured is None):
+        return
+    from conformance.reporting import plots
+
+    rows: dict[str, list[tuple[float, float]]] = {}
+    spans = []
+    for what, source in (("predicted", predicted), ("measured", measured)):
+        if source is None:
+            continue
+        lanes = _lanes(source)
+        rows.update({f"{what} {lane}": intervals for lane, intervals in lanes.items()})
+        end = max((e for intervals in lanes.values() for _, e in intervals), default=0.0)
+        spans.append(f"{what} {end:.1f} us")
+    _attach_png(plots.lanes(rows, title=f"{title}: {', '.join(spans)}"), f"{title}: timeline")

@@ -1,0 +1,130 @@
+"""pytest hooks that describe every case to Allure; the plugin registers them with ``--alluredir``.
+
+* setup: epic, the implementation and every parametrize value as readable
+  parameters (before allure-pytest adds raw ones; ``device`` out of history);
+* teardown: default feature, story, severity and title for what the test did
+  not describe through :func:`conformance.reporting.allure.describe_case`;
+* a failing :class:`~conformance.harness.errors.CaseError`: every rank's evidence;
+* session end: ``categories.json`` and ``environment.properties``.  Under
+  xdist only the controller writes them, after every worker has reported
+  what it ran on (``workeroutput``); allure-pytest's per-test files carry
+  unique names, so workers never clobber each other.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Generator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conformance import options
+from conformance.harness.errors import CaseError
+from conformance.reporting import allure as reporting
+from conformance.reporting import meta as report_meta
+from conformance.reporting.allure import readable
+
+_OUTPUT_KEY = "coc_allure"
+
+
+def _params(item: pytest.Item) -> dict[str, Any]:
+    return dict(getattr(getattr(item, "callspec", None), "params", {}))
+
+
+def _story(params: dict[str, Any], check: str) -> str:
+    if "mode" in params:
+        return readable(params["mode"])
+    if isinstance(params.get("sp"), bool):
+        return "SP" if params["sp"] else "no SP"
+    return check
+
+
+def _defaults(item: pytest.Item) -> dict[str, str]:
+    """Feature (op or layer, else the module), story (mode or SP, else the check) and title."""
+    params = _params(item)
+    module = getattr(getattr(item, "module", None), "__name__", item.path.stem).rsplit(".", 1)[-1]
+    check = getattr(item, "originalname", item.name).removeprefix("test_").replace("_", " ")
+    feature = next((readable(params[k]) for k in ("op", "layer") if k in params),
+                   module.removeprefix("test_").replace("_", " "))
+    values = ", ".join(readable(v) for v in params.values())
+    return {"feature": feature, "story": _story(params, check),
+            "title": check.capitalize() + (f" [{values}]" if values else "")}
+
+
+class AllureHooks:
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.world_sizes: set[int] = set()
+        self.devices: set[str] = set()
+        self.backends: set[str] = set()
+
+    def pytest_configure(self, config: pytest.Config) -> None:
+        reporting.activate(True)
+
+    def pytest_unconfigure(self, config: pytest.Config) -> None:
+        reporting.activate(False)
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_setup(self, item: pytest.Item) -> None:
+        params = _params(item)
+        self.world_sizes.update(params[p] for p in options.TP_PARAMS if isinstance(params.get(p), int))
+        reporting.begin_case({**params, "implementation": options.impl_spec(item.config)})
+
+    def pytest_runtest_teardown(self, item: pytest.Item) -> None:
+        reporting.finish_case(item, **_defaults(item))
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[
+            None, pytest.TestReport, pytest.TestReport]:
+        report = yield
+        if call.excinfo is not None and isinstance(call.excinfo.value, CaseError):
+            reporting.attach_evidence(call.excinfo.value)
+        return report
+
+    def _observe_device(self) -> None:
+        """The device family and backend, where this process already has torch loaded."""
+        if "torch" not in sys.modules:
+            return  # no case needed torch: do not pay its import for a label
+        from conformance.harness.launchers.devices import detect_device_kind
+
+        config = self.config
+        kind = detect_device_kind(config.getoption("--coc-cpu-slots"), config.getoption("--coc-backend"))
+        self.devices.add(kind.name)
+        launcher = config.getoption("--coc-launcher")
+        self.backends.add("threaded (in-process)" if launcher == "threaded" else kind.backend)
+
+    def _observed(self) -> dict[str, list[Any]]:
+        return {"world_sizes": sorted(self.world_sizes), "devices": sorted(self.devices),
+                "backends": sorted(self.backends)}
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node: Any, error: Any) -> None:
+        seen = getattr(node, "workeroutput", {}).get(_OUTPUT_KEY, {})
+        self.world_sizes.update(seen.get("world_sizes", ()))
+        self.devices.update(seen.get("devices", ()))
+        self.backends.update(seen.get("backends", ()))
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        config = self.config
+        if hasattr(config, "workerinput"):  # an xdist worker: report to the controller
+            self._observe_device()
+            config.workeroutput[_OUTPUT_KEY] = self._observed()  # type: ignore[attr-defined]
+            return
+        if not self.devices:
+            self._observe_device()
+        self._write_run_files()
+
+    def _write_run_files(self) -> None:
+        config = self.config
+        environment = {
+            **report_meta.base_environment(config.rootpath),
+            "device": ", ".join(sorted(self.devices)) or "not used",
+            "backend": ", ".join(sorted(self.backends)) or "not used",
+            "launcher": config.getoption("--coc-launcher"),
+            "world_sizes": ", ".join(map(str, sorted(self.world_sizes))) or "none",
+            "implementation": options.impl_spec(config),
+            "xdist_workers": str(getattr(config.option, "numprocesses", None) or 0),
+        }
+        report_meta.write(Path(config.option.allure_report_dir), environment)

@@ -1,0 +1,93 @@
+"""Run-level files of an Allure results directory: ``categories.json``, ``environment.properties``.
+
+Categories are derived from the failure classes in :mod:`conformance.judge.failures`
+and the hang classes of :mod:`conformance.harness.errors`, so a new check
+category is one class away.  They match the start of a failure's message
+(``module.Class: ...``), or the first remote error of a
+:class:`~conformance.harness.errors.RankRaised` when the check failed on a rank.  The
+same rules work in Allure 2 (whole-message match) and Allure 3 (search).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import platform
+import subprocess
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from conformance.harness import errors
+from conformance.judge import failures
+
+HANG = "Hang / timeout"
+#: Extra message patterns per category: pytest.raises that saw nothing raised.
+_EXTRA: dict[type, tuple[str, ...]] = {failures.WrongError: (r"^Failed: DID NOT RAISE\b[\s\S]*",)}
+
+
+def _patterns(classes: Sequence[type]) -> list[str]:
+    names = "|".join(cls.__name__ for cls in classes)
+    return [rf"^(?:[\w.]+\.)?(?:{names})\b[\s\S]*",
+            rf"^(?:[\w.]+\.)?RankRaised: [^\n]*? raised; rank \d+: (?:[\w.]+\.)?(?:{names})\b[\s\S]*"]
+
+
+def categories() -> list[dict[str, object]]:
+    """Allure category rules: one per check failure class, plus hangs."""
+    groups: list[tuple[str, Sequence[type]]] = [
+        (cls.category.capitalize(), (cls,)) for cls in failures.CATEGORIES
+    ]
+    groups.append((HANG, errors.HANGS))
+    rules: list[dict[str, object]] = []
+    for name, classes in groups:
+        patterns = _patterns(classes) + [p for cls in classes for p in _EXTRA.get(cls, ())]
+        rules.append({"name": name, "matchedStatuses": ["failed", "broken"],
+                      "messageRegex": "|".join(f"(?:{p})" for p in patterns)})
+    return rules
+
+
+def git_sha(cwd: Path) -> str:
+    try:
+        done = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True,
+                              timeout=10, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return done.stdout.strip() or "unknown"
+
+
+def package_version(name: str) -> str:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _escape(text: str, *, key: bool = False) -> str:
+    """Java properties escaping (what Allure's reader parses)."""
+    text = text.replace("\\", "\\\\").replace("\n", "\\n")
+    return text.replace(" ", "\\ ").replace("=", "\\=").replace(":", "\\:") if key else text
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def write(results_dir: Path, environment: Mapping[str, str]) -> None:
+    """Write both files into ``results_dir`` (once per session, by the controller)."""
+    results_dir.mkdir(parents=True, exist_ok=True)
+    _write_atomically(results_dir / "categories.json", json.dumps(categories(), indent=2) + "\n")
+    lines = [f"{_escape(key, key=True)}={_escape(str(value))}" for key, value in environment.items()]
+    _write_atomically(results_dir / "environment.properties", "\n".join(lines) + "\n")
+
+
+def base_environment(rootdir: Path) -> dict[str, str]:
+    """What every run shares: versions, host and source revision."""
+    return {
+        "torch": package_version("torch"),
+        "coc_conformance": package_version("coc-conformance"),
+        "python": platform.python_version(),
+        "host": platform.node(),
+        "git_sha": git_sha(rootdir),
+    }

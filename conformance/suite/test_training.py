@@ -1,0 +1,98 @@
+"""Training-step conformance (``docs/DESIGN.md#training-steps``): layers as a training loop uses them.
+
+Bug classes that escape single-call tests, each a MUST:
+
+* several optimizer steps on the same layers, weights updated in place in
+  between (a CoC path that caches a weight, or a transposed copy of it, goes
+  stale);
+* micro-batches of different token counts run forward back to back, their
+  outputs kept, then every backward (saved tensors and reused buffers must
+  not be shared between calls);
+* gradient-accumulation fusion: each weight carries a pre-filled fp32
+  ``main_grad`` that the backward accumulates into, as Megatron's DDP sets up
+  -- the gradient lands there once, and not in ``.grad`` as well;
+* column -> gelu -> row stacked as an MLP block, SP and not;
+* TP groups that are proper subgroups of the world, set up by Megatron's
+  own ``initialize_model_parallel`` with DP > 1, each replica with its data;
+* stragglers: one rank, or random ranks, late at every collective, forward
+  and backward.
+
+Every output, input gradient, weight and bias gradient of every step,
+micro-batch and replica is compared with the float64 replay of the same
+training (the unpatched layers are the serial reference).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from conformance.cases.data import LayerProblem
+from conformance.cases.layer_cases import LayerJob, coc_argv, layer_task
+from conformance.judge import layers as judge
+from conformance.judge.levels import Level
+
+pytestmark = pytest.mark.coc_requires("patch_megatron")
+
+LAYERS = ("column", "row", "mlp")
+CHUNKS = 2
+
+
+def _problem(layer: str, sp: bool, tp: int, *, dtype: str = "float32", seed: int = 0) -> LayerProblem:
+    """Two micro-batches of different lengths (16 and 8 tokens per rank), b = 2."""
+    tokens = (16 * tp, 8 * tp) if sp else (16, 8)
+    return LayerProblem(layer, sp, 32, 32, dtype, b=2, tokens=tokens, ffn=64 if layer == "mlp" else None, seed=seed)
+
+
+def _params(tps: tuple[int, ...] = (2, 8)) -> list[Any]:
+    return [pytest.param(layer, sp, tp, id=f"{layer}-{'sp' if sp else 'nosp'}-tp{tp}")
+            for layer in LAYERS for sp in (False, True) for tp in tps]
+
+
+def _check(coc_ranks: Any, verdicts: Any, job: LayerJob, *, world: int | None = None) -> None:
+    outcomes = coc_ranks.run(layer_task, world or job.tp, job=job)
+    judge.check_no_errors(outcomes, f"{job.problem.layer} layer training")
+    with verdicts.check("numerics of every step, micro-batch and replica", Level.MUST):
+        judge.check_training(job.problem, outcomes, tp=job.tp, chunks=CHUNKS, fusion=job.main_grad)
+    with verdicts.check("results are values", Level.MUST):
+        judge.check_values(outcomes)
+    if job.main_grad:
+        with verdicts.check("gradient lands in main_grad once", Level.MUST):
+            judge.check_main_grad(outcomes)
+
+
+@pytest.mark.parametrize("layer, sp, tp", _params())
+def test_training_steps(coc_ranks: Any, verdicts: Any, layer: str, sp: bool, tp: int) -> None:
+    """Three steps, two micro-batches each (kept, then backward), weights updated in place in between."""
+    job = LayerJob(_problem(layer, sp, tp, dtype="bfloat16", seed=1), tp, tuple(coc_argv(CHUNKS)), steps=3)
+    _check(coc_ranks, verdicts, job)
+
+
+@pytest.mark.parametrize("layer, sp, tp", _params())
+def test_gradient_accumulation_fusion(coc_ranks: Any, verdicts: Any, layer: str, sp: bool, tp: int) -> None:
+    """Micro-batch gradients accumulate into each weight's pre-filled fp32 ``main_grad``, once; biases too."""
+    job = LayerJob(_problem(layer, sp, tp, seed=2), tp, tuple(coc_argv(CHUNKS)), steps=2, main_grad=True)
+    _check(coc_ranks, verdicts, job)
+
+
+#: (world, tp): TP 2 x DP 2, TP 2 x DP 4, TP 4 x DP 2 -- Megatron's contiguous TP groups.
+SUBGROUPS = ((4, 2), (8, 2), (8, 4))
+
+
+@pytest.mark.parametrize("world, tp", SUBGROUPS, ids=[f"world{w}-tp{t}" for w, t in SUBGROUPS])
+@pytest.mark.parametrize("layer, sp", [(layer, sp) for layer in LAYERS for sp in (False, True)],
+                         ids=[f"{layer}-{'sp' if sp else 'nosp'}" for layer in LAYERS for sp in (False, True)])
+def test_layers_on_tp_subgroup(coc_ranks: Any, verdicts: Any, layer: str, sp: bool, world: int, tp: int) -> None:
+    """DP > 1 through Megatron's ``initialize_model_parallel``; every replica trains on its own data."""
+    job = LayerJob(_problem(layer, sp, tp, seed=3), tp, tuple(coc_argv(CHUNKS)))
+    _check(coc_ranks, verdicts, job, world=world)
+
+
+@pytest.mark.parametrize("who", ["rank1", "random"])
+@pytest.mark.parametrize("layer, sp, tp", _params((4,)))
+def test_layer_stragglers(coc_ranks: Any, verdicts: Any, layer: str, sp: bool, tp: int, who: str) -> None:
+    """A late rank at every collective of the forward and the backward (and at the call itself)."""
+    job = LayerJob(_problem(layer, sp, tp, seed=4), tp, tuple(coc_argv(CHUNKS)), straggler_s=0.01,
+                   straggler_rank=1 if who == "rank1" else None)
+    _check(coc_ranks, verdicts, job)
