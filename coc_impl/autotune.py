@@ -14,7 +14,7 @@ the live backend and device:
 
 The two-lane model (:func:`coc_shared.timeline.simulate`) assumes lanes that do
 not slow each other and blocks that cost nothing beyond their matmul and
-collective; the seed covers the contention of overlapped lanes with a fixed
+collective; the MC2 method covers the contention of overlapped lanes with a fixed
 inflation of 1.15 (Ascend).  Both are properties of the device: on CPU,
 gloo's reduction and copies run on the very cores doing the matmul, and
 fresh block buffers cost page faults.  So they are measured: the excess of

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 from coc_impl.errors import CoCConfigError, CoCShapeError
 from coc_impl.planner import DEFAULT_INFLATION, plan_blocks
-from coc_shared.cost_model import load_costs
+from coc_shared.cost_model import CostFileError, load_costs
 from coc_shared.timeline import ORDERS, simulate
 
 DTYPE_SIZES: dict[str, int] = {"float16": 2, "bfloat16": 2, "float32": 4, "int8": 1}
@@ -82,7 +82,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     dtype_size = DTYPE_SIZES[args.dtype]
     try:
         models = load_costs(args.costs)
-    except CoCConfigError as exc:
+    except (CoCConfigError, CostFileError) as exc:
         parser.error(str(exc))
     mm_cost, comm_cost = models.bind(args.k, args.n, dtype_size)
     try:

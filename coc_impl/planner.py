@@ -1,12 +1,12 @@
 """Chunk plans along the token axis ``m``: the MC2 tiling method and equal splits.
 
-The MC2 method (seed "MC2 tiling best practice", SPEC section 5) cuts ``M`` rows
+The MC2 method (``docs/DESIGN.md#tiling-planner``) cuts ``M`` rows
 into one short block ``B`` and ``count`` equal long blocks ``A`` so that the two
 pipeline lanes stay balanced:
 
 1. The short block must still run efficiently.  Its candidates are
    ``a`` (smallest with ``a*K*N >= 4*1024**3``), ``b`` (smallest with
-   ``b*K*N/1024 + b*N >= 6*1024**2``) and ``c = 3*128``.  The seed's text takes
+   ``b*K*N/1024 + b*N >= 6*1024**2``) and ``c = 3*128``.  The MC2 method's text takes
    the minimum, but its own worked example picks 384 = max(171, 192, 384): each
    inequality is a lower bound below which a block is too small to be
    efficient, so all must hold and ``m0 = max(a, b, c)``.
@@ -38,7 +38,7 @@ Bound = Literal["comm", "compute"]
 
 #: Row granularity of long blocks.
 ROW_ALIGN = 128
-#: Candidate ``c``: the seed's fixed minimum short block (3 * 128 rows).
+#: Candidate ``c``: the MC2 method's fixed minimum short block (3 * 128 rows).
 MIN_SHORT_ROWS = 3 * ROW_ALIGN
 DEFAULT_INFLATION = 1.15
 
@@ -58,7 +58,7 @@ class Plan:
 
 
 def short_block_candidates(k: int, n: int) -> tuple[int, int, int]:
-    """The seed's lower bounds ``(a, b, c)`` on the short block, in rows."""
+    """The MC2 method's lower bounds ``(a, b, c)`` on the short block, in rows."""
     a = _ceil_div(4 * 1024**3, k * n)
     # b*K*N/1024 + b*N >= 6*1024**2  <=>  b*N*(K + 1024) >= 6*1024**3
     b = _ceil_div(6 * 1024**3, n * (k + 1024))

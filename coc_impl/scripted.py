@@ -1,6 +1,6 @@
 """Scripted CoC: the TP linear layers as autograd functions over the overlap engine.
 
-Every cell of the layout table (SPEC §1), forward and backward:
+Every cell of the layout table (``docs/DESIGN.md#layouts``), forward and backward:
 
 ============  ==========================================  ===============================================
 layer, mode   forward                                     backward
@@ -156,7 +156,7 @@ class LayerCall:
 
     @property
     def soc_friendly(self) -> bool:
-        """``matmul_soc_friendly`` is a setting of the scripted form only (SPEC §2)."""
+        """``matmul_soc_friendly`` is a setting of the scripted form only (``docs/DESIGN.md#configuration``)."""
         return self.config.user_cfgs.matmul_soc_friendly and not self.config.fused_kernel
 
     def blocks(self, site: MatmulSite) -> Sequence[int]:

@@ -2,9 +2,9 @@
 
 The MC2 tiling method plans chunk sizes from two fitted curves: the matmul time
 of ``m`` rows, ``CostMM(m)``, and the collective time of an ``m``-row payload,
-``CostComm(m)``.  Following the seed, the matmul time is linear in ``m`` and the
+``CostComm(m)``.  Following the MC2 method, the matmul time is linear in ``m`` and the
 collective time is fitted against the payload size ``x`` in MB (``2**20``
-bytes, as the seed computes ``384*8192*2/1024/1024 = 6``): quadratic below a
+bytes, as the MC2 method computes ``384*8192*2/1024/1024 = 6``): quadratic below a
 breakpoint (8 MB) where latency dominates, linear at and above it.
 
 Two layers keep the units apart:
@@ -62,14 +62,17 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from coc_impl.errors import CoCConfigError
-
 COST_SCHEMA_VERSION = 1
-#: Bytes in the seed's "MB".
+#: Bytes in the MC2 method's "MB".
 MB = 1024 * 1024
-#: The seed's breakpoint between its quadratic and linear comm pieces, in MB.
+#: The MC2 method's breakpoint between its quadratic and linear comm pieces, in MB.
 SEED_COMM_BREAKPOINT_MB = 8.0
-#: Cost fits transcribed from the MC2 best-practice seed (MatmulAllReduce).
+#: Cost fits of the MC2 best-practice worked example (MatmulAllReduce).
+
+class CostFileError(ValueError):
+    """A cost file that cannot be read or does not follow the schema (the message names the key)."""
+
+
 SEED_COSTS_FILE = Path(__file__).with_name("data") / "seed_mc2_costs.json"
 
 
@@ -113,7 +116,7 @@ class PiecewiseQuadLinearCost:
     """``a*x**2 + b*x + c`` below ``breakpoint``, ``slope*x + intercept`` at/above.
 
     Small collectives are latency dominated and curve; large ones are bandwidth
-    bound and straight, hence the seed's two pieces.
+    bound and straight, hence the two pieces.
     """
 
     breakpoint: float
@@ -272,7 +275,7 @@ def fit_comm(
     times: Sequence[float],
     breakpoint_mb: float | None = SEED_COMM_BREAKPOINT_MB,
 ) -> CostFunction:
-    """Fit collective time against payload size in MB, as the seed does.
+    """Fit collective time against payload size in MB, as the MC2 method does.
 
     With a breakpoint: a quadratic through the points below it (at least 3) and
     a line through the points at or above it (at least 2).  ``None`` fits one
@@ -330,21 +333,21 @@ class CostModels:
 
     @classmethod
     def from_dict(cls, doc: Mapping[str, Any]) -> CostModels:
-        """Parse a cost document; every defect raises :class:`CoCConfigError`."""
+        """Parse a cost document; every defect raises :class:`CostFileError`."""
         if not isinstance(doc, Mapping):
-            raise CoCConfigError("cost file must hold a JSON object")
+            raise CostFileError("cost file must hold a JSON object")
         if doc.get("schema") != COST_SCHEMA_VERSION:
-            raise CoCConfigError(
+            raise CostFileError(
                 f"cost file schema {doc.get('schema')!r} is not supported (expected {COST_SCHEMA_VERSION})"
             )
         _expect_keys(doc, "cost file", required={"schema", "matmul", "comm"}, optional={"meta"})
         meta = doc.get("meta", {})
         if not isinstance(meta, Mapping):
-            raise CoCConfigError("cost file 'meta' must be an object")
+            raise CostFileError("cost file 'meta' must be an object")
         mm = _section(doc, "matmul", x="rows", extra={"k", "n"})
         k, n = mm["k"], mm["n"]
         if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (k, n)):
-            raise CoCConfigError(f"cost file matmul k and n must be positive integers, got {k!r}, {n!r}")
+            raise CostFileError(f"cost file matmul k and n must be positive integers, got {k!r}, {n!r}")
         comm = _section(doc, "comm", x="MB", extra=set())
         return cls(MatmulCost(_function(mm, "matmul"), k, n), _function(comm, "comm"), meta)
 
@@ -364,19 +367,19 @@ def _expect_keys(
         [f"unknown {sorted(unknown)}"] if unknown else []
     )
     if problems:
-        raise CoCConfigError(f"{where}: keys " + ", ".join(problems))
+        raise CostFileError(f"{where}: keys " + ", ".join(problems))
 
 
 def _section(doc: Mapping[str, Any], name: str, x: str, extra: set[str]) -> Mapping[str, Any]:
     sec = doc[name]
     if not isinstance(sec, Mapping):
-        raise CoCConfigError(f"cost file '{name}' must be an object")
+        raise CostFileError(f"cost file '{name}' must be an object")
     kind = sec.get("kind")
     if kind not in _FUNCTION_KEYS:
-        raise CoCConfigError(f"cost file {name}.kind must be one of {sorted(_FUNCTION_KEYS)}, got {kind!r}")
+        raise CostFileError(f"cost file {name}.kind must be one of {sorted(_FUNCTION_KEYS)}, got {kind!r}")
     _expect_keys(sec, f"cost file '{name}'", required={"x", "kind", *extra, *_FUNCTION_KEYS[kind]})
     if sec["x"] != x:
-        raise CoCConfigError(f"cost file {name}.x must be {x!r}, got {sec['x']!r}")
+        raise CostFileError(f"cost file {name}.x must be {x!r}, got {sec['x']!r}")
     return sec
 
 
@@ -388,7 +391,7 @@ def _function(sec: Mapping[str, Any], name: str) -> CostFunction:
         above = tuple(_number(v) for v in sec["above"])
         return PiecewiseQuadLinearCost(_number(sec["breakpoint"]), below, above)
     except (TypeError, ValueError) as exc:
-        raise CoCConfigError(f"cost file '{name}': {exc}") from None
+        raise CostFileError(f"cost file '{name}': {exc}") from None
 
 
 def _number(value: Any) -> float:
@@ -398,11 +401,11 @@ def _number(value: Any) -> float:
 
 
 def load_costs(path: str | Path) -> CostModels:
-    """Read a cost file; unreadable or malformed files raise :class:`CoCConfigError`."""
+    """Read a cost file; unreadable or malformed files raise :class:`CostFileError`."""
     try:
         doc = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as exc:
-        raise CoCConfigError(f"cannot read cost file {path}: {exc}") from None
+        raise CostFileError(f"cannot read cost file {path}: {exc}") from None
     return CostModels.from_dict(doc)
 
 

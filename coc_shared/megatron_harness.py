@@ -109,6 +109,7 @@ class TensorParallel:
     rank: int
     group: dist.ProcessGroup
     sequence_parallel: bool
+    data_parallel_rank: int = 0  #: the replica this rank belongs to (worlds larger than TP)
 
 
 #: ``(tp, world size)`` of the parallel state this module initialised and keeps (None: none).
@@ -155,6 +156,7 @@ def model_parallel(
                 rank=parallel_state.get_tensor_model_parallel_rank(),
                 group=parallel_state.get_tensor_model_parallel_group(),
                 sequence_parallel=sequence_parallel,
+                data_parallel_rank=parallel_state.get_data_parallel_rank(),
             )
         finally:
             if not keep:

@@ -80,10 +80,13 @@ def _make_launcher(config: pytest.Config) -> tuple[Launcher, Any]:
         kind = cpu(config.getoption("--coc-cpu-slots"))
         return ThreadedLauncher(), DeviceLeases(lease_dir, kind.lease_names())
     from conformance.harness.launchers.process_pool import ProcessLauncher
+    from conformance.harness.launchers.zygote import MEGATRON
+    from conformance.plugins.scheduling import needs_megatron_key
 
     kind = detect_device_kind(config.getoption("--coc-cpu-slots"), backend)
     max_live = config.getoption("--coc-max-live-ranks") or default_max_live_ranks()
-    launcher = ProcessLauncher(kind, max_live_ranks=max_live)
+    preload = MEGATRON if config.stash.get(needs_megatron_key, True) else ()
+    launcher = ProcessLauncher(kind, max_live_ranks=max_live, preload=preload)
     return launcher, DeviceLeases(lease_dir / kind.name, kind.lease_names(), slots_option="--coc-cpu-slots"
                                   if kind.name == "cpu" else None)
 

@@ -1,4 +1,4 @@
-"""Stored serial golden outputs (SPEC §6): catalogue, float64 definitions, verified loader.
+"""Stored serial golden outputs (``docs/DESIGN.md#error-bound``): catalogue, float64 definitions, verified loader.
 
 ``golden.catalogue()`` lists the cases for parametrisation; ``golden.load(id)``
 returns a checksum-verified ``GoldenCase``; ``golden.serial`` holds the serial

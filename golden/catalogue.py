@@ -94,7 +94,7 @@ class LayerCase(_Case):
 
 @dataclass(frozen=True)
 class OpCase(_Case):
-    """A fused op of SPEC §4 as one global product ``X [m, k] @ W [k, n] (+ bias [n])``.
+    """A fused op (``docs/DESIGN.md#fused-ops``) as one global product ``X [m, k] @ W [k, n] (+ bias [n])``.
 
     Sharding per TP rank r: all-reduce takes ``X[:, k-shard r]`` and ``W[k-shard r]``;
     reduce-scatter the same, rank r keeping rows ``r*m/tp ..``; all-gather takes

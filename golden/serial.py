@@ -4,7 +4,7 @@ These are explicit formulas on torch tensors, not autograd, so the same
 functions give the stored float64 goldens *and* the live serial run in any dtype
 on any device. The global maths of a column and a row parallel layer is the same
 linear map (they differ only in sharding), and so is the product behind every
-fused op; the named aliases exist so call sites read like the SPEC.
+fused op; the named aliases exist so call sites read like the design (``docs/DESIGN.md#fused-ops``).
 
 Conventions: Megatron weights are ``[out, in]`` (``y = x @ w.T``); op weights are
 ``[k, n]`` (``y = x @ w``); GELU is the exact erf form, not the tanh approximation.

@@ -22,6 +22,8 @@ class SuiteRun:
     failed: set[str]
     passed: int
     output: str
+    outcomes: dict[str, int]
+    ret: int
 
     def failed_matching(self, pattern: str) -> set[str]:
         return {test for test in self.failed if re.search(pattern, test)}
@@ -43,7 +45,10 @@ def run_suite(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> Cal
         )
         output = result.stdout.str()
         failed = set(re.findall(r"^FAILED (\S+)", output, re.MULTILINE))
-        passed = result.parseoutcomes().get("passed", 0)
-        return SuiteRun(failed, passed, output)
+        try:
+            outcomes = result.parseoutcomes()
+        except ValueError:  # no summary line: the session did not get that far
+            outcomes = {}
+        return SuiteRun(failed, outcomes.get("passed", 0), output, outcomes, int(result.ret))
 
     return run

@@ -15,7 +15,7 @@ Two launchers, both CPU only:
 The full-featured rank pool of the conformance suite lives in ``conformance/``.
 
 :class:`LinearProblem` is one TP linear layer problem with its float64 serial
-answers, and knows which shard of each tensor a rank owns (SPEC §1 layouts).
+answers, and knows which shard of each tensor a rank owns (docs/DESIGN.md#layouts).
 """
 
 from __future__ import annotations

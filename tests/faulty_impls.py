@@ -1,8 +1,10 @@
 """Deliberately broken implementations: proof that the conformance checks bite.
 
-Each is a small subclass of the reference with one defect; tests in
-``tests/test_suite_bites.py`` run the suite against them and expect the named
-checks to fail.
+Each is a small subclass of the reference with one defect (a bug class seen in
+real CoC code, or one that escaped other projects' tests); the proof table in
+``tests/test_suite_bites.py`` runs the suite against each and expects the
+named checks to fail.  The correct variants that must still pass (or skip)
+are at the end.
 """
 
 from __future__ import annotations
@@ -89,7 +91,7 @@ class AgreesBeforeValidating(ReferenceCoC):
         return super().configure(argv, env, **kw)
 
 
-# --- fused-op faults (SPEC §4) -------------------------------------------------------------
+# --- fused-op faults -----------------------------------------------------------------------
 
 
 class ArrivalOrderReduction(ReferenceCoC):
@@ -192,7 +194,7 @@ class ReduceScatterNeighbourShard(ReferenceCoC):
         return every.view(tp, *mine.shape)[(rank + 1) % tp].clone()
 
 
-# --- scripted layer faults (SPEC §3, §9) ----------------------------------------------------
+# --- scripted layer faults -----------------------------------------------------------------
 
 
 class _PatchedPipeline(ReferenceCoC):
@@ -345,3 +347,502 @@ class StaleSavedGather(_PatchedPipeline):
             return type(result)(result.output, result.gathered.clone().zero_())
 
         return pipeline
+
+
+# --- uneven token counts, silent serial paths, blocking "async" calls (issue classes of real patches) ----
+
+
+class UnevenTokensGarbageRows(_PatchedPipeline):
+    """m % p != 0: floor-sized chunks, the remainder rows never computed (as MindSpeed's lcal_coc does)."""
+
+    name = "fault-uneven-garbage"
+    target = "chunked_blocks"
+
+    def wrap(self, original: Any) -> Any:
+        def blocks(call: Any, site: Any) -> Any:
+            p = call.config.chunks_for(site.m, site.k, site.n)
+            p = 1 if p == "auto" else p
+            if site.split_rows % p == 0 or site.split_rows < p:
+                return original(call, site)
+            return [site.split_rows // p] * p  # leaves split_rows % p rows out
+
+        return blocks
+
+    def patch_megatron(self, config: CoCConfig) -> Any:
+        from unittest import mock
+
+        import coc_impl.overlap as overlap
+
+        stack = super().patch_megatron(config)
+        stack.enter_context(mock.patch.object(overlap, "validate_blocks", lambda blocks, total, what: tuple(blocks)))
+        return stack
+
+
+class OpUnevenGarbageRows(ReferenceCoC):
+    """matmul_all_reduce computes an even number of rows; an odd last row is left as allocated."""
+
+    name = "fault-op-uneven-garbage"
+
+    def matmul_all_reduce(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
+        import torch
+
+        if x.shape[0] % 2 == 0:
+            return super().matmul_all_reduce(x, w, bias, **kw)
+        n = w.shape[0] if kw.get("transpose_weight") else w.shape[1]
+        out = torch.empty(x.shape[0], n, dtype=x.dtype)
+        if x.shape[0] > 1:
+            out[:-1] = super().matmul_all_reduce(x[:-1], w, bias, **kw)
+        else:
+            super().matmul_all_reduce(x, w, bias, **kw)  # the collective still runs on every rank
+        return out
+
+
+class FusedRowSilentlySerial(ReferenceCoC):
+    """Under --coc-fused-kernel the row layer falls back to megatron's one synchronous all-reduce."""
+
+    name = "fault-fused-row-serial"
+
+    def patch_megatron(self, config: CoCConfig) -> Any:
+        from contextlib import ExitStack
+
+        from coc_shared.megatron_harness import RowParallelLinear
+
+        stack = ExitStack()
+        stack.enter_context(super().patch_megatron(config))
+        if config.fused_kernel:
+            patched = RowParallelLinear.__dict__["forward"]
+            stack.callback(setattr, RowParallelLinear, "forward", patched)
+            RowParallelLinear.forward = patched.__wrapped__  # megatron's own forward
+        return stack
+
+
+class AsyncFlagButBlocking(_PatchedPipeline):
+    """Passes async_op=True positionally, then waits at once: the chunks never overlap anything."""
+
+    name = "fault-async-but-blocking"
+    target = "matmul_all_reduce"
+
+    def wrap(self, original: Any) -> Any:
+        def pipeline(x: Any, matmul: Any, blocks: Any, group: Any, **kw: Any) -> Any:
+            import torch.distributed as dist
+
+            from coc_impl import overlap
+
+            class Blocking(overlap.CollectiveReducer):
+                def all_reduce(self, partial: Any, out: Any, group: Any) -> Any:
+                    if out.data_ptr() != partial.data_ptr():
+                        out.copy_(partial)
+                    work = dist.all_reduce(out, dist.ReduceOp.SUM, group, True)
+                    work.wait()
+                    return work
+
+            return original(x, matmul, blocks, group, reducer=Blocking(), **kw)
+
+        return pipeline
+
+
+class MlpSpBackwardGatherSerial(ReferenceCoC):
+    """The row layer's SP backward gathers dy in one synchronous all-gather (caught inside the MLP too)."""
+
+    name = "fault-mlp-sp-backward-serial"
+
+    def patch_megatron(self, config: CoCConfig) -> Any:
+        from contextlib import ExitStack
+        from unittest import mock
+
+        import torch
+        import torch.distributed as dist
+
+        import coc_impl.scripted as scripted
+        from coc_impl.overlap import GatherMatmulResult
+
+        original = scripted.all_gather_matmul
+
+        def all_gather_matmul(x: Any, matmul: Any, blocks: Any, group: Any, **kw: Any) -> Any:
+            import sys
+
+            if sys._getframe(1).f_code.co_qualname != "_RowParallelMatmul.backward":
+                return original(x, matmul, blocks, group, **kw)
+            gathered = torch.empty((x.shape[0] * group.size(), *x.shape[1:]), dtype=x.dtype)
+            dist.all_gather_into_tensor(gathered, x.contiguous(), group=group)  # blocking, whole
+            return GatherMatmulResult(matmul(gathered), gathered)
+
+        stack = ExitStack()
+        stack.enter_context(mock.patch.object(scripted, "all_gather_matmul", all_gather_matmul))
+        stack.enter_context(super().patch_megatron(config))
+        return stack
+
+
+# --- bug classes that escaped other suites: wrong group, results that change, training steps ------
+
+
+class WrongGroupOps(ReferenceCoC):
+    """Every op runs its collectives on the default (world) group instead of the TP group it is given."""
+
+    name = "fault-wrong-group-ops"
+
+    def _world(self, kw: dict[str, Any]) -> dict[str, Any]:
+        import torch.distributed as dist
+
+        return {**kw, "group": dist.group.WORLD}
+
+    def matmul_all_reduce(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
+        return super().matmul_all_reduce(x, w, bias, **self._world(kw))
+
+    def matmul_reduce_scatter(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
+        return super().matmul_reduce_scatter(x, w, bias, **self._world(kw))
+
+    def all_gather_matmul(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
+        return super().all_gather_matmul(x, w, bias, **self._world(kw))
+
+    def all_gather_matmul_v2(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
+        return super().all_gather_matmul_v2(x, w, bias, **self._world(kw))
+
+
+class WrongGroupLayers(_PatchedPipeline):
+    """The patched row layer all-reduces over the world group, not the layer's TP group."""
+
+    name = "fault-wrong-group-layers"
+    target = "matmul_all_reduce"
+
+    def wrap(self, original: Any) -> Any:
+        def pipeline(x: Any, matmul: Any, blocks: Any, group: Any, **kw: Any) -> Any:
+            import torch.distributed as dist
+
+            return original(x, matmul, blocks, dist.group.WORLD, **kw)
+
+        return pipeline
+
+
+class CachedOutputBuffer(ReferenceCoC):
+    """Returns one persistent output buffer per op, overwritten by the next call (a fused-kernel workspace)."""
+
+    name = "fault-cached-output"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._buffers: dict[str, Any] = {}
+
+    def _kept(self, op: str, result: Any) -> Any:
+        import torch
+
+        buffer = self._buffers.get(op)
+        if buffer is None or buffer.numel() < result.numel() or buffer.dtype != result.dtype:
+            buffer = self._buffers[op] = torch.empty(result.numel() * 4, dtype=result.dtype)
+        view = buffer[: result.numel()].view(result.shape)
+        view.copy_(result)
+        return view
+
+    def matmul_all_reduce(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
+        return self._kept("ar", super().matmul_all_reduce(x, w, bias, **kw))
+
+    def matmul_reduce_scatter(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
+        return self._kept("rs", super().matmul_reduce_scatter(x, w, bias, **kw))
+
+    def all_gather_matmul(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
+        return self._kept("ag", super().all_gather_matmul(x, w, bias, **kw))
+
+
+class MutatesInput(ReferenceCoC):
+    """matmul_all_reduce zeroes the first row of its input after using it."""
+
+    name = "fault-mutates-input"
+
+    def matmul_all_reduce(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
+        out = super().matmul_all_reduce(x, w, bias, **kw)
+        x[0].zero_()
+        return out
+
+
+class ReturnsBeforeWaiting(ReferenceCoC):
+    """matmul_all_reduce launches its all-reduce asynchronously and returns without waiting for it."""
+
+    name = "fault-returns-before-waiting"
+
+    def matmul_all_reduce(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
+        import torch.distributed as dist
+
+        if kw.get("deterministic") or kw.get("antiquant_scale") is not None:
+            return super().matmul_all_reduce(x, w, bias, **kw)
+        wk = w.t() if kw.get("transpose_weight") else w
+        out = x @ wk
+        dist.all_reduce(out, group=kw["group"], async_op=True)  # never waited
+        return out if bias is None else out.add_(bias)
+
+
+class StaleWeightCache(_PatchedPipeline):
+    """The patched layers cache each weight's product operand on first use: later steps use stale weights."""
+
+    name = "fault-stale-weight-cache"
+    target = "rows_times"
+
+    def wrap(self, original: Any) -> Any:
+        cache: dict[tuple[int, tuple[int, ...]], Any] = {}
+
+        def rows_times(right: Any, **kw: Any) -> Any:
+            key = (right.data_ptr(), tuple(right.shape))
+            if key not in cache:
+                cache[key] = original(right.detach().clone(), **kw)
+            return cache[key]
+
+        return rows_times
+
+
+class LostGradAccumulation(_PatchedPipeline):
+    """With gradient-accumulation fusion the weight gradient overwrites main_grad instead of adding to it."""
+
+    name = "fault-lost-grad-accumulation"
+    target = "_weight_grad"
+
+    def wrap(self, original: Any) -> Any:
+        def weight_grad(weight: Any, grad_output: Any, total_input: Any, fusion: bool) -> Any:
+            if fusion and hasattr(weight, "main_grad"):
+                weight.main_grad.zero_()
+            return original(weight, grad_output, total_input, fusion)
+
+        return weight_grad
+
+
+class GradInBothPlaces(_PatchedPipeline):
+    """With fusion the gradient goes into main_grad and also, unmarked, into .grad (added twice by DDP)."""
+
+    name = "fault-grad-in-both-places"
+    target = "_weight_grad"
+
+    def wrap(self, original: Any) -> Any:
+        def weight_grad(weight: Any, grad_output: Any, total_input: Any, fusion: bool) -> Any:
+            result = original(weight, grad_output, total_input, fusion)
+            if fusion and hasattr(weight, "main_grad"):
+                if hasattr(weight, "grad_added_to_main_grad"):
+                    weight.grad_added_to_main_grad = False
+                return grad_output.t().matmul(total_input)
+            return result
+
+        return weight_grad
+
+
+class ReusedOutputWorkspace(_PatchedPipeline):
+    """The row forward writes every call's output into one workspace: kept outputs change under later calls."""
+
+    name = "fault-reused-workspace"
+    target = "matmul_all_reduce"
+
+    def wrap(self, original: Any) -> Any:
+        workspace: dict[tuple[Any, int], Any] = {}
+
+        def pipeline(x: Any, matmul: Any, blocks: Any, group: Any, **kw: Any) -> Any:
+            import torch
+
+            result = original(x, matmul, blocks, group, **kw)
+            out = result.wait()
+            key = (out.dtype, out.shape[-1])
+            if key not in workspace or workspace[key].shape[0] < out.shape[0]:
+                workspace[key] = torch.empty(max(out.shape[0], 256), out.shape[-1], dtype=out.dtype)
+            view = workspace[key][: out.shape[0]]
+            view.copy_(out)
+            result.result = view
+            return result
+
+        return pipeline
+
+
+class RaggedTilingOffset(ReferenceCoC):
+    """matmul_reduce_scatter with a ragged explicit tiling puts the last block one row too early."""
+
+    name = "fault-ragged-offset"
+
+    def matmul_reduce_scatter(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
+        out = super().matmul_reduce_scatter(x, w, bias, **kw)
+        blocks = kw.get("blocks")
+        if blocks and len(set(blocks)) > 1 and blocks[-1] < out.shape[0]:
+            last = blocks[-1]
+            out[-last - 1:-1] = out[-last:].clone()
+        return out
+
+
+# --- bad input: results that are not results, resources left behind ------------------------------
+
+
+class _ResultFault(ReferenceCoC):
+    """matmul_all_reduce returns ``self.bad(result)`` instead of its result."""
+
+    def bad(self, result: Any) -> Any:
+        raise NotImplementedError
+
+    def matmul_all_reduce(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
+        return self.bad(super().matmul_all_reduce(x, w, bias, **kw))
+
+
+class ReturnsNone(_ResultFault):
+    name = "fault-returns-none"
+
+    def bad(self, result: Any) -> Any:
+        return None
+
+
+class ReturnsList(_ResultFault):
+    name = "fault-returns-list"
+
+    def bad(self, result: Any) -> Any:
+        return result.tolist()
+
+
+class ReturnsWrongShape(_ResultFault):
+    name = "fault-wrong-shape"
+
+    def bad(self, result: Any) -> Any:
+        return result[:-1]
+
+
+class ReturnsWrongShapeTwice(ReturnsWrongShape):
+    """The same fault, and now all_gather_matmul too (a new fault on top of a known one)."""
+
+    name = "fault-wrong-shape-twice"
+
+    def all_gather_matmul(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
+        return self.bad(super().all_gather_matmul(x, w, bias, **kw))
+
+
+class ReturnsWrongDtype(_ResultFault):
+    name = "fault-wrong-dtype"
+
+    def bad(self, result: Any) -> Any:
+        return result.double()
+
+
+class ReturnsOnAnotherDevice(_ResultFault):
+    name = "fault-wrong-device"
+
+    def bad(self, result: Any) -> Any:
+        return result.to("meta")
+
+
+class LeaksProcessGroups(ReferenceCoC):
+    """Creates a new process group on every call and never destroys it."""
+
+    name = "fault-leaks-groups"
+
+    def matmul_all_reduce(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
+        import torch.distributed as dist
+
+        ranks = dist.get_process_group_ranks(kw["group"])
+        kw["group"] = dist.new_group(ranks)
+        return super().matmul_all_reduce(x, w, bias, **kw)
+
+
+class ConfigureHangsOnOneRank(ReferenceCoC):
+    """configure waits in a collective on rank 1 only: every other rank returns."""
+
+    name = "fault-configure-hangs"
+
+    def configure(self, argv: Sequence[str] | None, env: Mapping[str, str] | None, **kw: Any) -> CoCConfig:
+        import torch
+        import torch.distributed as dist
+
+        if dist.is_initialized() and dist.get_rank() == 1:
+            dist.all_reduce(torch.zeros(1))
+        return super().configure(argv, env, **kw)
+
+
+class ConfigureRaisesOnOneRank(ReferenceCoC):
+    """configure refuses MC2 on rank 0 only."""
+
+    name = "fault-configure-raises-once"
+
+    def configure(self, argv: Sequence[str] | None, env: Mapping[str, str] | None, **kw: Any) -> CoCConfig:
+        import torch.distributed as dist
+
+        if kw.get("use_ascend_mc2") and dist.is_initialized() and dist.get_rank() != 0:
+            kw["use_ascend_mc2"] = False
+        return super().configure(argv, env, **kw)
+
+
+class DeadlocksEverywhere(ReferenceCoC):
+    """Every op and patched layer waits in a collective that rank 0 never joins."""
+
+    name = "fault-deadlocks"
+
+    def _stall(self) -> None:
+        import torch
+        import torch.distributed as dist
+
+        if dist.get_rank() != 0:
+            dist.all_reduce(torch.ones(1))
+
+    def matmul_all_reduce(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
+        self._stall()
+        return super().matmul_all_reduce(x, w, bias, **kw)
+
+    def matmul_reduce_scatter(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
+        self._stall()
+        return super().matmul_reduce_scatter(x, w, bias, **kw)
+
+    def all_gather_matmul(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
+        self._stall()
+        return super().all_gather_matmul(x, w, bias, **kw)
+
+    def all_gather_matmul_v2(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
+        self._stall()
+        return super().all_gather_matmul_v2(x, w, bias, **kw)
+
+    def patch_megatron(self, config: CoCConfig) -> Any:
+        from contextlib import contextmanager
+
+        @contextmanager
+        def stalled() -> Any:
+            self._stall()
+            with ReferenceCoC.patch_megatron(self, config):
+                yield
+
+        return stalled()
+
+
+class CrashesEverywhere(DeadlocksEverywhere):
+    """Every op and patched layer kills rank 1's process."""
+
+    name = "fault-crashes"
+
+    def _stall(self) -> None:
+        import os
+
+        import torch.distributed as dist
+
+        if dist.get_rank() == 1:
+            os._exit(9)
+
+
+# --- correct variants: what the checks must pass (or skip) ----------------------------------------
+
+
+class NoDeterministicMode(ReferenceCoC):
+    """Correct, but without ``deterministic=True``: it says so with NotImplementedError (cases skip)."""
+
+    name = "variant-no-deterministic"
+
+    def matmul_all_reduce(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
+        if kw.get("deterministic"):
+            raise NotImplementedError("deterministic reduction is not implemented")
+        return super().matmul_all_reduce(x, w, bias, **kw)
+
+    def matmul_reduce_scatter(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
+        if kw.get("deterministic"):
+            raise NotImplementedError("deterministic reduction is not implemented")
+        return super().matmul_reduce_scatter(x, w, bias, **kw)
+
+
+class OwnSubgroups(ReferenceCoC):
+    """Correct: runs its collectives on a process group of its own spanning the same ranks as the TP group."""
+
+    name = "variant-own-subgroups"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._groups: dict[tuple[int, ...], Any] = {}
+
+    def matmul_all_reduce(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
+        import torch.distributed as dist
+
+        ranks = tuple(dist.get_process_group_ranks(kw["group"]))
+        if ranks not in self._groups:  # created once per group, on the first call (no leak per call)
+            self._groups[ranks] = dist.new_group(list(ranks), use_local_synchronization=True)
+        return super().matmul_all_reduce(x, w, bias, **{**kw, "group": self._groups[ranks]})

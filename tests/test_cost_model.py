@@ -10,11 +10,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coc_impl.errors import CoCConfigError
 from coc_shared.cost_model import (
     MB,
     SEED_COSTS_FILE,
     CommCost,
+    CostFileError,
     CostModels,
     LinearCost,
     MatmulCost,
@@ -181,14 +181,14 @@ def test_cost_file_defects_are_config_errors(tmp_path, mutate, message):
     mutate(doc)
     path = tmp_path / "bad.json"
     path.write_text(json.dumps(doc))
-    with pytest.raises(CoCConfigError, match=message):
+    with pytest.raises(CostFileError, match=message):
         load_costs(path)
 
 
 def test_unreadable_cost_file(tmp_path):
     path = tmp_path / "broken.json"
     path.write_text("{not json")
-    with pytest.raises(CoCConfigError, match="cannot read cost file"):
+    with pytest.raises(CostFileError, match="cannot read cost file"):
         load_costs(path)
-    with pytest.raises(CoCConfigError, match="cannot read cost file"):
+    with pytest.raises(CostFileError, match="cannot read cost file"):
         load_costs(tmp_path / "missing.json")

@@ -277,7 +277,7 @@ def test_fused_column_backward_pipelines_dx_on_request(pools, tp: int, sp: bool)
 
 @pytest.mark.parametrize("tp", [2, 4])
 def test_fused_column_sp_saves_the_gather_without_recompute(pools, tp: int) -> None:
-    """``recompute_all_gather=False`` in the fused column SP path (upstream bug, SPEC §9)."""
+    """``recompute_all_gather=False`` in the fused column SP path (docs/DESIGN.md#known-upstream-defects)."""
     saved = pools(tp).run(fused_vs_unpatched, "column", True, {"recompute_all_gather": False})
     assert_fused_matches(saved, tp, "column", True)
     recomputed = pools(tp).run(fused_vs_unpatched, "column", True, {})

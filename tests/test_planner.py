@@ -1,4 +1,4 @@
-"""The MC2 tiling planner: the seed's worked example, hand cases and properties."""
+"""The MC2 tiling planner: the MC2 method's worked example, hand cases and properties."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Scripted CoC: every cell of SPEC §1 against a single-process float64 reference.
+"""Scripted CoC: every cell of the layout table (docs/DESIGN.md#layouts) against a float64 reference.
 
 Weights are square (in == out), so swapping ``w`` and ``w.T`` cannot go
 unnoticed.  Ranks run on the threaded process group.

@@ -158,10 +158,11 @@ def layer_task(ctx: RankContext, *, job: LayerJob) -> LayerOutcome:
         kwargs["coc_cfgs"] = dict(job.coc_cfgs)
     config, error = call_capturing_errors(ctx.impl.configure, list(job.argv), {}, **kwargs)
     with model_parallel(tp, sequence_parallel=problem.sequence_parallel) as par:
-        from megatron.core import parallel_state
+        import torch.distributed as dist
 
-        replica = parallel_state.get_data_parallel_rank() if ctx.world_size > tp else 0
-        outcome = LayerOutcome(None, [], replica=replica, tp_rank=par.rank, error=error)
+        replica = par.data_parallel_rank
+        outcome = LayerOutcome(None, [], replica=replica, tp_rank=par.rank, error=error,
+                               members=tuple(dist.get_process_group_ranks(par.group)))
         if error is not None:
             return outcome
         splits = layout(problem.layer, problem.sequence_parallel)

@@ -158,7 +158,7 @@ def _to_cpu(value: Any) -> Any:
     import torch
 
     if isinstance(value, torch.Tensor):
-        return value.detach().cpu()
+        return value.detach() if value.device.type == "meta" else value.detach().cpu()
     if isinstance(value, (list, tuple)):
         return type(value)(_to_cpu(v) for v in value)
     return value

@@ -91,6 +91,7 @@ class LayerOutcome:
     coc: list[list[StepRun]]  #: per CoC run, per step
     replica: int = 0
     tp_rank: int = 0
+    members: tuple[int, ...] = ()  #: global ranks of this rank's TP group
     #: ``"<layer kind>/<phase>"`` -> its collectives, for the first micro-batch of the first CoC run.
     timelines: dict[str, Timeline] = field(default_factory=dict)
     error: CapturedError | None = None  #: what the patched layers (or configure) raised

@@ -13,18 +13,20 @@ Chromium's TestExpectations::
     link    = "https://example.org/issue/1"                  # optional
 
 A case id is the pytest node id without directories
-(``test_layers.py::test_x[params]``).  The first matching entry wins.
+(``test_layers.py::test_x[params]``); in a pattern ``*`` and ``?`` are
+wildcards and brackets are literal.  The first matching entry wins.
 """
 
 from __future__ import annotations
 
-import fnmatch
 import json
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from conformance.caseids import matches
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -84,9 +86,9 @@ class Expectations:
         return cls(tuple(entries), dict(doc.get("meta", {})))
 
     def match(self, case: str) -> Expectation | None:
-        """The first entry whose pattern matches the case id (or its full node id)."""
+        """The first entry whose pattern matches the case id."""
         for entry in self.entries:
-            if fnmatch.fnmatchcase(case, entry.pattern):
+            if matches(case, entry.pattern):
                 return entry
         return None
 
@@ -120,7 +122,7 @@ def from_summary(cases: Iterable[Mapping[str, Any]], previous: Expectations | No
     covered: set[str] = set()
     results = {c["id"]: c for c in cases}
     for entry in previous.entries:
-        hits = [cid for cid in results if fnmatch.fnmatchcase(cid, entry.pattern)]
+        hits = [cid for cid in results if matches(cid, entry.pattern)]
         still = [cid for cid in hits if results[cid]["outcome"] in ("failed", "error", "known")
                  or (entry.outcome == "skip" and results[cid]["outcome"] == "skipped")]
         if still or not hits:

@@ -40,6 +40,9 @@ def check_close(name: str, out: Any, truth: Any, serial: Any, envelope: tuple[np
     ``row_owner``, the ranks holding them).
     """
     magnitude, reduction_len = envelope
+    got, want = tuple(numerics.as_float64(out).shape), tuple(numerics.as_float64(truth).shape)
+    if got != want:
+        raise NumericMismatch(f"{name}: the result has shape {list(got)}, the expected one {list(want)}")
     comparison = numerics.compare(name, out, truth, serial, magnitude=magnitude,
                                   reduction_len=reduction_len, roundings=roundings, dtype=dtype)
     _report().attach_comparison(comparison, failed=not comparison.stats.ok)

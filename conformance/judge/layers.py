@@ -131,7 +131,28 @@ def check_no_errors(outcomes: Sequence[LayerOutcome], what: str) -> None:
 
 def check_training(problem: LayerProblem, outcomes: Sequence[LayerOutcome], *, tp: int, chunks: int,
                    fusion: bool = False, run: int = 0) -> None:
-    """Every output and gradient of every step, micro-batch and replica within the bound."""
+    """Every output and gradient of every step, micro-batch and replica within the bound.
+
+    A mismatch says so when the patched layers issued collectives outside their TP group.
+    """
+    try:
+        _check_training(problem, outcomes, tp=tp, chunks=chunks, fusion=fusion, run=run)
+    except NumericMismatch as failure:
+        raise NumericMismatch(f"{failure}{foreign_groups(outcomes)}") from None
+
+
+def foreign_groups(outcomes: Sequence[LayerOutcome]) -> str:
+    """``"; collectives ran on ranks ..."`` when some ran on a group other than the rank's TP group."""
+    foreign = sorted({c.group_ranks for o in outcomes for t in o.timelines.values() for c in t.collectives
+                      if c.group_ranks is not None and o.members and set(c.group_ranks) != set(o.members)})
+    if not foreign:
+        return ""
+    return (f"; the patched layers issued collectives on rank group(s) {foreign}, not on their TP group "
+            f"{sorted(outcomes[0].members)} (a collective over the wrong group)")
+
+
+def _check_training(problem: LayerProblem, outcomes: Sequence[LayerOutcome], *, tp: int, chunks: int,
+                    fusion: bool, run: int) -> None:
     splits = layout(problem.layer, problem.sequence_parallel)
     dtype = getattr(torch, problem.dtype)
     micro_count = 1 if problem.case_id is not None else len(problem.tokens)

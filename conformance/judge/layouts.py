@@ -14,6 +14,8 @@ from enum import Enum
 
 import torch
 
+from conformance.judge.failures import NumericMismatch
+
 
 class Split(Enum):
     """How one tensor is distributed over the TP ranks."""
@@ -39,16 +41,23 @@ def shard(tensor: torch.Tensor, split: Split, rank: int, tp: int) -> torch.Tenso
     return piece.detach().clone().contiguous()
 
 
-class ReplicaMismatch(AssertionError):
+class ReplicaMismatch(NumericMismatch):
     """Ranks that must hold identical copies of a tensor do not."""
 
 
 def assemble(pieces: Sequence[torch.Tensor], split: Split, name: str = "tensor") -> torch.Tensor:
-    """The global tensor from every rank's piece (inverse of :func:`shard`)."""
+    """The global tensor from every rank's piece (inverse of :func:`shard`).
+
+    Replicated pieces must be bitwise identical (the same NaN counts as equal:
+    rows nobody wrote are then reported by the numeric check, with their place).
+    """
     if split is Split.FULL:
+        from conformance.judge.checks import bitwise_equal, describe_difference
+
         for rank, piece in enumerate(pieces[1:], start=1):
-            if not torch.equal(piece, pieces[0]):
-                raise ReplicaMismatch(f"{name}: rank {rank}'s copy differs from rank 0's")
+            if not bitwise_equal(piece, pieces[0]):
+                raise ReplicaMismatch(f"{name}: rank {rank}'s copy differs from rank 0's, which every rank must "
+                                      f"hold identically ({describe_difference(pieces[0], piece)})")
         return pieces[0]
     if split is Split.PARTIAL:
         return torch.stack([p.double() for p in pieces]).sum(0)

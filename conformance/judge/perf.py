@@ -202,6 +202,8 @@ class VariantFigures:
             "exposed_comm_ms": r(self.exposed_comm_ms, 3),
             "blocks": None if self.blocks is None else list(self.blocks),
             "predicted_ms": r(self.predicted_ms, 3), "prediction_error": r(self.prediction_error),
+            # every round's paired gain: what a later run is compared with (conformance.gating.compare)
+            "paired_gains": [round(g, 5) for g in self.paired_samples],
         }
 
 

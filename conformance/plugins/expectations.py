@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pytest
 
+from conformance.caseids import case_id
 from conformance.gating.expectations import Expectation, Expectations, ExpectationsError
 from conformance.harness.errors import HANGS
-from conformance.plugins.summary import case_id
 
 expectations_key = pytest.StashKey[Expectations]()
 matched_key = pytest.StashKey[Expectation]()

@@ -20,6 +20,9 @@ import pytest
 
 from conformance.options import TP_PARAMS, WORLD_PARAM
 
+#: Whether the collected cases include layer cases (the rank fork server then preloads megatron-core).
+needs_megatron_key = pytest.StashKey[bool]()
+
 
 def sizes(item: pytest.Item) -> list[int]:
     """The TP / world sizes a case's parameters name (empty for a case on no ranks)."""
@@ -40,8 +43,15 @@ def order(item: pytest.Item) -> tuple[bool, int, int]:
     return bool(item.get_closest_marker("perf")), world_size(item), min(sizes(item), default=0)
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Deselect cases ``--coc-tp`` does not name or torchrun cannot host; order the rest by world size."""
+    """Mark the smoke tier; deselect what ``--coc-tp`` leaves out or torchrun cannot host; order the rest."""
+    from conformance.caseids import case_id
+    from conformance.suite.smoke import in_smoke
+
+    for item in items:
+        if in_smoke(case_id(item.nodeid)) and "/suite/" in f"/{item.nodeid}".replace("\\", "/"):
+            item.add_marker(pytest.mark.smoke)
     raw = config.getoption("--coc-tp")
     chosen = {int(v) for v in raw.split(",") if v.strip()} if raw else None
     limit = int(os.environ.get("WORLD_SIZE", "1")) if config.getoption("--coc-launcher") == "torchrun" else None
@@ -59,3 +69,5 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     others = [item for item in keep if "coc_ranks" not in getattr(item, "fixturenames", ())]
     on_ranks.sort(key=order)
     items[:] = others + on_ranks
+    config.stash[needs_megatron_key] = any(
+        "patch_megatron" in mark.args for item in on_ranks for mark in item.iter_markers("coc_requires"))

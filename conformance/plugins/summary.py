@@ -24,21 +24,11 @@ from typing import Any
 
 import pytest
 
+from conformance.caseids import area, case_id
 from conformance.options import impl_spec
 
 SCHEMA = 1
 FAILURE_PROPERTY = "coc_failure"
-
-
-def case_id(nodeid: str) -> str:
-    """``test_layers.py::test_x[params]``: the node id without its directories (stable across installs)."""
-    path, sep, rest = nodeid.partition("::")
-    return path.rsplit("/", 1)[-1] + sep + rest
-
-
-def area(nodeid: str) -> str:
-    """The suite area a case belongs to: its module without ``test_`` (``layers``, ``ops`` ...)."""
-    return case_id(nodeid).split("::", 1)[0].removeprefix("test_").removesuffix(".py")
 
 
 def summary_path(config: pytest.Config) -> Path | None:

@@ -10,7 +10,14 @@ from disk without a server or network.  Each build appends the run to the
 history file, which feeds the report's trend.  Analytics are off: the
 environment switch where Allure honours one, and the awesome template's
 Google tag (hard-wired in Allure 3.x) is removed from the page.
-Prints the report path, size and build time; the last line is one JSON object.
+
+The run is also held to Allure 3's quality gate, configured to match
+``python -m conformance.gate``: no failed or broken case (known failures are
+reported by the suite as expected failures, which Allure counts as skipped),
+and -- when the suite's ``coc-summary.json`` sits next to the results -- no
+fewer results than cases collected (a crashed worker's lost cases show).  A
+gate that fails still leaves the report built, and the command exits 1.
+Prints the report path, size, build time and the gate; the last line is one JSON object.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ from pathlib import Path
 TOOL_DIR = Path(__file__).with_name("npm")
 DEFAULT_NAME = "CoC conformance"
 DEFAULT_HISTORY_LIMIT = 30
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _ANALYTICS = re.compile(
     r"\s*<script async src=\"https://www\.googletagmanager\.com/[^\"]*\"></script>"
     r"\s*<script>[^<]*gtag\([^<]*</script>")
@@ -47,6 +55,7 @@ class BuiltReport:
     build_seconds: float
     tests: dict[str, int]
     history: str | None
+    quality_gate: dict[str, object]
 
 
 def pinned_version(tool_dir: Path = TOOL_DIR) -> str:
@@ -75,9 +84,20 @@ def ensure_cli(tool_dir: Path = TOOL_DIR) -> Path:
     return executable
 
 
+def quality_gate_rules(results: Path) -> list[dict[str, object]]:
+    """No failure; and at least as many results as the suite collected, when its summary is there."""
+    rule: dict[str, object] = {"id": "coc-conformance", "maxFailures": 0}
+    summary = results.parent / "coc-summary.json"
+    if summary.exists():
+        collected = json.loads(summary.read_text()).get("collected")
+        if collected:
+            rule["minTestsCount"] = int(collected)
+    return [rule]
+
+
 def allure_config(results: Path, out: Path, history: Path | None, name: str,
                   history_limit: int) -> dict[str, object]:
-    """Allure 3 configuration: single-file awesome report, history, the run's categories."""
+    """Allure 3 configuration: single-file awesome report, history, the run's categories, the quality gate."""
     categories_file = results / "categories.json"
     if categories_file.exists():
         categories = json.loads(categories_file.read_text())
@@ -92,6 +112,7 @@ def allure_config(results: Path, out: Path, history: Path | None, name: str,
         "plugins": {"awesome": {"options": {
             "singleFile": True, "reportName": name, "groupBy": ["epic", "feature", "story"],
         }}},
+        "qualityGate": {"rules": quality_gate_rules(results)},
     }
     if history is not None:
         config.update(historyPath=str(history), appendHistory=True, historyLimit=history_limit)
@@ -131,19 +152,24 @@ def build(results: Path, out: Path, history: Path | None = None, *, name: str = 
     with tempfile.TemporaryDirectory(prefix="coc-allurerc-") as tmp:
         config_file = Path(tmp) / "allurerc.json"
         config_file.write_text(json.dumps(allure_config(results, out, history, name, history_limit)))
+        env = {**os.environ, "ALLURE_NO_ANALYTICS": "true"}
         done = subprocess.run(
             [str(executable), "generate", str(results), "--config", str(config_file), "--output", str(out)],
-            capture_output=True, text=True, env={**os.environ, "ALLURE_NO_ANALYTICS": "true"},
+            capture_output=True, text=True, env=env,
         )
-    index = out / "index.html"
-    if done.returncode != 0 or not index.exists():
-        raise ReportBuildError(f"allure generate failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
-    strip_analytics(index)
-    seconds = time.perf_counter() - start
+        index = out / "index.html"
+        if done.returncode != 0 or not index.exists():
+            raise ReportBuildError(f"allure generate failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
+        strip_analytics(index)
+        seconds = time.perf_counter() - start
+        gate = subprocess.run([str(executable), "quality-gate", str(results), "--config", str(config_file)],
+                              capture_output=True, text=True, env=env)
     summary = out / "summary.json"
     stats = json.loads(summary.read_text()).get("stats", {}) if summary.exists() else {}
+    said = _ANSI.sub("", gate.stdout + gate.stderr).strip()
     return BuiltReport(str(index), index.stat().st_size, round(seconds, 2), stats,
-                       str(history) if history else None)
+                       str(history) if history else None,
+                       {"passed": gate.returncode == 0, "rules": quality_gate_rules(results), "output": said[-2000:]})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -165,8 +191,11 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print(f"report: {built.report}")
     print(f"size: {built.size_bytes / 1e6:.2f} MB, build: {built.build_seconds:.1f} s, tests: {built.tests}")
+    gate = built.quality_gate
+    print(f"quality gate: {'passed' if gate['passed'] else 'FAILED'} {gate['rules']}"
+          + ("" if gate["passed"] else f"\n{gate['output']}"))
     print(json.dumps(asdict(built)))
-    return 0
+    return 0 if gate["passed"] else 1
 
 
 if __name__ == "__main__":

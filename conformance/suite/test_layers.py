@@ -219,10 +219,11 @@ def test_uneven_token_counts(coc_ranks: Any, verdicts: Any, coc_declarations: De
         if any(e is not None for e in errors):
             with verdicts.check(f"{label}: refused clearly on every rank", Level.MUST):
                 checks.check_refused_on_every_rank(errors, what=f"{layer} layer {label}")
-            with verdicts.check(f"{label}: declared shape error naming m and p", Level.SHOULD):
+            with verdicts.check(f"{label}: declared shape error", Level.SHOULD):
                 first = next(e for e in errors if e is not None)
                 checks.check_declared_error(first, coc_declarations.error_type("shape"), kind="shape",
                                             what=f"{layer} layer {label}")
+            with verdicts.check(f"{label}: the refusal names m and p", Level.SHOULD):
                 checks.check_refused_on_every_rank(errors, what=f"{layer} layer {label}",
                                                    patterns=[rf"\b({m}|{rows})\b", rf"\b{chunks}\b"],
                                                    level=Level.SHOULD)
@@ -284,8 +285,18 @@ def test_fused_kernel_layers_overlap(coc_impl: Any, coc_declarations: Declaratio
 
 @pytest.mark.parametrize("tp", [2], ids=lambda tp: f"tp{tp}")
 @pytest.mark.parametrize("case_id", _cases(dtype="float32"))
-def test_auto_chunk_count_matches_golden(coc_ranks: Any, case_id: str, tp: int) -> None:
-    """``--coc-parallel-num auto``: whatever count the implementation picks, the numbers hold."""
+def test_auto_chunk_count_matches_golden(coc_ranks: Any, coc_impl: Any, case_id: str, tp: int) -> None:
+    """``--coc-parallel-num auto``: whatever count the implementation picks, the numbers hold.
+
+    Supporting ``auto`` at all is a SHOULD (judged by test_config's ``cli-auto``): an
+    implementation that refuses it skips here.
+    """
+    from conformance.harness.case import call_capturing_errors
+
+    _, refused = call_capturing_errors(coc_impl.configure, coc_argv("auto"), {}, tp_size=tp)
+    if refused is not None:
+        pytest.skip(f"{coc_impl.name} refuses --coc-parallel-num auto ({refused.describe()}); supporting it "
+                    "is a SHOULD, judged by test_config's cli-auto")
     problem = judge.golden_problem(case_id)
     outcomes = _run(coc_ranks, LayerJob(problem, tp, tuple(coc_argv("auto"))))
     judge.check_training(problem, outcomes, tp=tp, chunks=8)

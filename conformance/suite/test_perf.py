@@ -1,4 +1,4 @@
-"""Perf gates (SPEC §7): CoC against serial, per hardware profile.
+"""Perf gates (``docs/DESIGN.md#perf-gates``): CoC against serial, per hardware profile.
 
 One test per profile case: serial and every gated variant timed side by side
 by the :mod:`conformance.judge.perf` protocol on an exclusive lease of the node,

@@ -99,13 +99,13 @@ class _RankProcess:
 class Zygote:
     """The launcher side of the fork server (one per launcher, started on first use)."""
 
-    def __init__(self, start_timeout_s: float = 180.0) -> None:
+    def __init__(self, preload: Sequence[str] = (), start_timeout_s: float = 180.0) -> None:
         ours, theirs = socket.socketpair()
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         # Its imports' warnings go to a log, not into the output of whichever test started it.
         self._log = tempfile.NamedTemporaryFile(prefix="coc-zygote-", suffix=".log", delete=False)  # noqa: SIM115
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "conformance.harness.launchers.zygote", str(theirs.fileno())],
+            [sys.executable, "-m", "conformance.harness.launchers.zygote", str(theirs.fileno()), ",".join(preload)],
             env=env, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
             pass_fds=(theirs.fileno(),),
         )
@@ -357,14 +357,16 @@ class ProcessLauncher:
 
     ``max_live_ranks`` bounds how many idle rank processes this launcher keeps
     (each holds a torch runtime in memory).  ``fork_server=False`` starts every
-    rank as a fresh interpreter instead of forking it from the zygote.
+    rank as a fresh interpreter instead of forking it from the zygote;
+    ``preload`` names modules the zygote imports beyond its own list.
     """
 
     name = "process"
 
     def __init__(self, kind: DeviceKind, *, max_live_ranks: int = 16, num_threads: int = 1,
-                 fork_server: bool = True) -> None:
+                 fork_server: bool = True, preload: Sequence[str] = ()) -> None:
         self.kind = kind
+        self._preload = tuple(preload)
         self.max_live_ranks = max_live_ranks
         self._num_threads = num_threads
         self._fork_server = fork_server and hasattr(socket, "send_fds") and hasattr(os, "fork")
@@ -386,7 +388,7 @@ class ProcessLauncher:
         if self._zygote is None or not self._zygote.alive:
             if self._zygote is not None:
                 self._zygote.close()
-            self._zygote = Zygote()
+            self._zygote = Zygote(self._preload)
         return self._zygote
 
     def run(self, task: RankTask, devices: Sequence[str], impl_spec: str) -> list[RankOutcome]:

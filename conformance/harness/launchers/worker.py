@@ -1,7 +1,7 @@
 """Main loop of one rank process in a warm pool.
 
 Started by the zygote (:mod:`conformance.harness.launchers.zygote`) after it
-forked, or as ``python -m conformance.harness.launchers.worker SPEC`` where no
+forked, or as ``python -m conformance.harness.launchers.worker <json>`` where no
 zygote runs.  Kept free of torch imports at module level so that nothing
 starts a device runtime before the pool's device-visibility variables are in
 force.

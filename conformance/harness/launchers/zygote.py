@@ -8,7 +8,8 @@ pool to be rebuilt.  The zygote pays them once per launcher: it imports
 (:func:`conformance.harness.launchers.worker.rank_main`).
 
 Forking is safe because the zygote never starts a thread, a device runtime or
-a process group: it only imports.  A child applies its environment (device
+a process group: it only imports.  megatron-core is preloaded only when the
+session runs layer cases (:data:`MEGATRON`).  A child applies its environment (device
 visibility, set before any device runtime starts), redirects its output to its
 log file and runs the rank loop.  The zygote reaps its children and writes
 each exit status next to the rank's log (``<log>.exit``), so the pool can say
@@ -42,8 +43,9 @@ PRELOAD = (
     "conformance.cases.op_cases",
     "conformance.cases.layer_cases",
     "golden",
-    "coc_shared.megatron_harness",
 )
+#: Preloaded too when the session runs layer cases (megatron-core takes seconds to import).
+MEGATRON = ("coc_shared.megatron_harness",)
 _MAX_REQUEST = 1 << 20
 
 
@@ -130,7 +132,8 @@ def _become_rank(request: dict[str, Any], fd: int) -> None:
 
 def main() -> None:
     control = socket.socket(fileno=int(sys.argv[1]))
-    for name in PRELOAD:
+    extra = [name for name in sys.argv[2].split(",") if name] if len(sys.argv) > 2 else []
+    for name in (*PRELOAD, *extra):
         try:
             importlib.import_module(name)
         except Exception:  # noqa: BLE001 - optional: the rank imports what it needs

@@ -1,0 +1,223 @@
+"""A run compared with a baseline run: what a patch changed, for a CI gate and a PR comment.
+
+Reads either run's compact JSON summary (``coc-summary.json``, written by the
+suite) or, failing that, an Allure results directory.  Red when the current
+run has a new failure (a case that passed or did not exist in the baseline),
+a hang, an unexpected pass, or a perf regression whose interval is clear of
+the threshold; fixes, new skips and missing cases are reported without
+turning it red.
+
+Perf regressions compare the per-round *paired* gains of each CoC variant
+(``(serial - coc) / serial``, measured back to back) of the two runs: a
+bootstrap interval of the difference of their medians.  A drop larger than
+the threshold is *clear* when the whole interval lies below minus the
+threshold, else it is *within the noise* of the two runs -- reported, not
+gating.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+#: Drop of the median paired gain (fraction of the serial time) that counts as a perf regression.
+PERF_THRESHOLD = 0.03
+CI_LEVEL = 0.90
+FAILED = ("failed", "error")
+
+
+class RunError(ValueError):
+    """A results directory or summary that cannot be read."""
+
+
+@dataclass(frozen=True)
+class Run:
+    """One run's cases, by case id, and where they came from."""
+
+    source: str
+    implementation: str
+    cases: Mapping[str, Mapping[str, Any]]
+
+
+def load_run(path: Path) -> Run:
+    """A run from a ``coc-summary.json`` (or a directory holding one) or an Allure results directory."""
+    candidates = [path] if path.is_file() else [path / "coc-summary.json", path.parent / "coc-summary.json"]
+    for candidate in candidates:
+        if candidate.is_file():
+            try:
+                doc = json.loads(candidate.read_text())
+            except (OSError, json.JSONDecodeError) as exc:
+                raise RunError(f"{candidate}: {exc}") from None
+            return Run(str(candidate), doc.get("implementation", "?"), {c["id"]: c for c in doc.get("cases", [])})
+    if path.is_dir() and any(path.glob("*-result.json")):
+        return _allure_run(path)
+    raise RunError(f"{path}: neither a coc-summary.json nor an Allure results directory")
+
+
+def _allure_run(path: Path) -> Run:
+    """Cases from Allure result files (status and message only; no levels, no perf figures)."""
+    status = {"passed": "passed", "failed": "failed", "broken": "failed", "skipped": "skipped"}
+    cases: dict[str, dict[str, Any]] = {}
+    for result in path.glob("*-result.json"):
+        doc = json.loads(result.read_text())
+        params = ", ".join(f"{p['name']}={p['value']}" for p in doc.get("parameters", []))
+        case = f"{doc.get('fullName', doc.get('name', result.stem))}[{params}]"
+        details = doc.get("statusDetails", {}) or {}
+        outcome = status.get(doc.get("status", ""), "failed")
+        message = str(details.get("message", ""))
+        if outcome == "skipped" and message.startswith("XFAIL"):
+            outcome = "known"
+        record = {"id": case, "outcome": outcome, "failure": {"message": message, "category":
+                  "hang" if "CaseTimeout" in message or "RankCrashed" in message else "error"}}
+        cases[case] = record
+    return Run(str(path), "?", cases)
+
+
+@dataclass(frozen=True)
+class PerfChange:
+    case: str
+    variant: str
+    baseline: float
+    current: float
+    change: float
+    interval: tuple[float, float]
+    threshold: float = PERF_THRESHOLD
+
+    @property
+    def regression(self) -> bool:
+        return self.change < -self.threshold
+
+    @property
+    def clear(self) -> bool:
+        return self.interval[1] < -self.threshold
+
+    @property
+    def verdict(self) -> str:
+        return "clear" if self.clear else "within the noise of the two runs"
+
+
+@dataclass
+class Comparison:
+    baseline: Run
+    current: Run
+    new_failures: list[Mapping[str, Any]] = field(default_factory=list)
+    hangs: list[Mapping[str, Any]] = field(default_factory=list)
+    unexpected_passes: list[Mapping[str, Any]] = field(default_factory=list)
+    fixes: list[str] = field(default_factory=list)
+    new_skips: list[str] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+    perf: list[PerfChange] = field(default_factory=list)
+
+    @property
+    def perf_regressions(self) -> list[PerfChange]:
+        return [p for p in self.perf if p.regression]
+
+    @property
+    def red(self) -> bool:
+        return bool(self.new_failures or self.hangs or self.unexpected_passes
+                    or any(p.clear for p in self.perf_regressions))
+
+
+def compare(baseline: Run, current: Run, *, threshold: float = PERF_THRESHOLD, seed: int = 0) -> Comparison:
+    result = Comparison(baseline, current)
+    for cid, case in sorted(current.cases.items()):
+        before = baseline.cases.get(cid, {}).get("outcome")
+        outcome = case["outcome"]
+        message = (case.get("failure") or {}).get("message", "")
+        if outcome in FAILED:
+            if message.startswith("unexpected pass") or "unexpected pass" in str(case.get("reason", "")):
+                result.unexpected_passes.append(case)
+            elif (case.get("failure") or {}).get("category") == "hang":
+                result.hangs.append(case)
+            elif before not in FAILED:
+                result.new_failures.append(case)
+        elif outcome == "passed" and before in FAILED:
+            result.fixes.append(cid)
+        elif outcome == "skipped" and before == "passed":
+            result.new_skips.append(cid)
+        if "perf" in case and "perf" in baseline.cases.get(cid, {}):
+            result.perf.extend(_perf_changes(cid, baseline.cases[cid]["perf"], case["perf"], threshold, seed))
+    result.missing = sorted(set(baseline.cases) - set(current.cases))
+    return result
+
+
+def _perf_changes(cid: str, before: Mapping[str, Any], now: Mapping[str, Any], threshold: float,
+                  seed: int) -> list[PerfChange]:
+    changes = []
+    for variant, figures in now.get("variants", {}).items():
+        old = before.get("variants", {}).get(variant)
+        a, b = (old or {}).get("paired_gains"), figures.get("paired_gains")
+        if not a or not b:
+            continue
+        low, high = difference_ci(a, b, seed=seed)
+        changes.append(PerfChange(cid, variant, float(np.median(a)), float(np.median(b)),
+                                  float(np.median(b) - np.median(a)), (low, high), threshold))
+    return changes
+
+
+def difference_ci(before: Sequence[float], after: Sequence[float], *, level: float = CI_LEVEL,
+                  resamples: int = 4000, seed: int = 0) -> tuple[float, float]:
+    """Percentile-bootstrap interval of ``median(after) - median(before)`` (independent samples)."""
+    rng = np.random.default_rng(seed)
+    x, y = np.asarray(before, dtype=np.float64), np.asarray(after, dtype=np.float64)
+    mx = np.median(x[rng.integers(0, x.size, size=(resamples, x.size))], axis=1)
+    my = np.median(y[rng.integers(0, y.size, size=(resamples, y.size))], axis=1)
+    tail = (1 - level) / 2 * 100
+    low, high = np.percentile(my - mx, [tail, 100 - tail])
+    return float(low), float(high)
+
+
+def _first_line(case: Mapping[str, Any]) -> str:
+    message = str((case.get("failure") or {}).get("message", "")).strip()
+    return (message.splitlines()[0] if message else "")[:200].replace("|", "\\|")
+
+
+def _level(case: Mapping[str, Any]) -> str:
+    failed = sorted({c["level"] for c in case.get("checks", ()) if not c.get("passed")})
+    return ", ".join(failed) or "-"
+
+
+def markdown(result: Comparison) -> str:
+    """The PR comment."""
+    verdict = "RED" if result.red else "GREEN"
+    lines = [f"## coc-conformance gate: {verdict}", "",
+             f"baseline `{result.baseline.source}` ({len(result.baseline.cases)} cases), current "
+             f"`{result.current.source}` ({len(result.current.cases)} cases), implementation "
+             f"`{result.current.implementation}`", ""]
+
+    def table(title: str, rows: Sequence[Mapping[str, Any]]) -> None:
+        if not rows:
+            return
+        lines.extend([f"### {title} ({len(rows)})", "", "| case | level | category | message |", "|---|---|---|---|"])
+        for case in rows:
+            category = (case.get("failure") or {}).get("category", "-")
+            lines.append(f"| `{case['id']}` | {_level(case)} | {category} | {_first_line(case)} |")
+        lines.append("")
+
+    table("New failures", result.new_failures)
+    table("Hangs and crashes", result.hangs)
+    table("Unexpected passes (update the expectations file)", result.unexpected_passes)
+    regressions = result.perf_regressions
+    if regressions:
+        lines.extend([f"### Perf regressions ({len(regressions)})", "",
+                      "| case | variant | baseline gain | current gain | change [90% CI] | verdict |",
+                      "|---|---|---|---|---|---|"])
+        for p in regressions:
+            lines.append(f"| `{p.case}` | {p.variant} | {p.baseline:+.1%} | {p.current:+.1%} | {p.change:+.1%} "
+                         f"[{p.interval[0]:+.1%}, {p.interval[1]:+.1%}] | {p.verdict} |")
+        lines.append("")
+    for title, names in (("Fixes", result.fixes), ("Newly skipped", result.new_skips),
+                         ("Missing from the current run", result.missing)):
+        if names:
+            lines.extend([f"### {title} ({len(names)})", ""] + [f"- `{n}`" for n in names[:50]])
+            if len(names) > 50:
+                lines.append(f"- ... and {len(names) - 50} more")
+            lines.append("")
+    if not (result.red or result.fixes or result.new_skips or result.missing or regressions):
+        lines.append("No change in conformance or performance.")
+    return "\n".join(lines).rstrip() + "\n"
