@@ -811,6 +811,19 @@ class CrashesEverywhere(DeadlocksEverywhere):
             os._exit(9)
 
 
+class KillsItsTestProcess(ReferenceCoC):
+    """configure of the plain fused flags at TP 8 kills the process calling it (an xdist worker, in-process)."""
+
+    name = "fault-kills-worker"
+
+    def configure(self, argv: Sequence[str] | None, env: Mapping[str, str] | None, **kw: Any) -> CoCConfig:
+        import os
+
+        if list(argv or ()) == ["--use-ascend-coc", "--coc-fused-kernel"] and kw.get("tp_size") == 8:
+            os._exit(3)
+        return super().configure(argv, env, **kw)
+
+
 # --- correct variants: what the checks must pass (or skip) ----------------------------------------
 
 

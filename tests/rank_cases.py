@@ -75,3 +75,10 @@ def count_collectives(ctx: RankContext, chunks: int, use_async: bool) -> list[tu
 
 def pid(ctx: RankContext) -> int:
     return os.getpid()
+
+
+def budget_then_hang(ctx: RankContext) -> None:
+    """A quick serial reference, then a hang: declared at the budget, not at the ceiling."""
+    ctx.budget_from(0.01)
+    while True:
+        time.sleep(0.05)

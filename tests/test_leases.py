@@ -14,9 +14,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _spawn(lease_dir: Path, devices: str, count: int, rounds: int, log: Path,
-           exclusive: bool = False) -> subprocess.Popen[bytes]:
+           exclusive: bool = False, **options: float) -> subprocess.Popen[bytes]:
     args = [sys.executable, "-m", "tests.lease_worker", str(lease_dir), devices, str(count),
-            str(rounds), str(log)] + (["exclusive"] if exclusive else [])
+            str(rounds), str(log)] + (["exclusive"] if exclusive else []) + [f"{k}={v}" for k, v in options.items()]
     return subprocess.Popen(args, cwd=ROOT)
 
 
@@ -24,9 +24,14 @@ def _intervals(logs: list[Path]) -> list[tuple[float, float, set[str], str]]:
     found = []
     for log in logs:
         for line in log.read_text().splitlines():
-            start, end, held = line.split()
+            _, start, end, held = line.split()
             found.append((float(start), float(end), set(held.split(",")), log.name))
     return found
+
+
+def _waits(log: Path) -> list[float]:
+    rows = (line.split() for line in log.read_text().splitlines())
+    return [float(start) - float(asked) for asked, start, _, _ in rows]
 
 
 def test_workers_never_hold_the_same_device_at_once(tmp_path: Path) -> None:
@@ -66,3 +71,38 @@ def test_more_devices_than_the_node_has_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(LeaseUnsatisfiable, match="needs 8 devices but this node has 4"):
         with DeviceLeases(tmp_path, ["0", "1", "2", "3"]).lease(8):
             pass
+
+
+def test_a_whole_node_request_is_not_starved_by_small_ones(tmp_path: Path) -> None:
+    """Four workers keep all 8 devices busy with 2-device leases; one asks for the whole node.
+
+    Requests are served in order, so the big one waits only for the leases
+    running when it asked (0.1 s each here), never for the small workers to
+    run out of work (about 6 s).  The bound allows for a loaded machine.
+    """
+    logs = [tmp_path / f"small-{i}.log" for i in range(4)]
+    procs = [_spawn(tmp_path / "leases", "0,1,2,3,4,5,6,7", 2, 60, log, hold=0.1) for log in logs]
+    big = tmp_path / "big.log"
+    procs.append(_spawn(tmp_path / "leases", "0,1,2,3,4,5,6,7", 0, 3, big, exclusive=True, hold=0.05, delay=1.0))
+    assert [p.wait(timeout=120) for p in procs] == [0] * 5
+    waits = _waits(big)
+    print(f"whole-node request waited {[round(w, 3) for w in waits]} s behind 2-device leases held 0.1 s")
+    assert len(waits) == 3 and max(waits) < 2.0, waits
+    small_end = max(float(line.split()[2]) for log in logs for line in log.read_text().splitlines())
+    assert max(float(line.split()[1]) for line in big.read_text().splitlines()) < small_end - 1.0
+
+
+def test_a_dead_workers_lease_and_ticket_are_released(tmp_path: Path) -> None:
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time\n"
+        "from pathlib import Path\n"
+        "from conformance.harness.leases import DeviceLeases\n"
+        "leases = DeviceLeases(Path(sys.argv[1]), ['0', '1'])\n"
+        "with leases.lease(2):\n"
+        "    print('held', flush=True)\n"
+        "    time.sleep(600)\n"), str(tmp_path)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+    holder.kill()
+    holder.wait()
+    with DeviceLeases(tmp_path, ["0", "1"], wait_s=5).lease(2) as held:
+        assert set(held) == {"0", "1"}

@@ -153,6 +153,7 @@ def layer_task(ctx: RankContext, *, job: LayerJob) -> LayerOutcome:
     from coc_shared.megatron_harness import model_parallel
 
     problem, tp = job.problem, job.tp
+    ctx.budget_from(0.0)  # configure and the serial reference: the floor, until the serial time is known
     kwargs: dict[str, Any] = {"tp_size": tp}
     if job.coc_cfgs is not None:
         kwargs["coc_cfgs"] = dict(job.coc_cfgs)

@@ -180,6 +180,7 @@ def op_task(ctx: RankContext, *, run: OpRun) -> OpRunOutcome:
 
     from conformance.judge.checks import bitwise_equal, describe_difference
 
+    ctx.budget_from(0.0)  # the serial references: the floor, until their time is known
     place = tp_place(ctx, run.tp, run.layout)
     fn = getattr(ctx.impl, run.op)
     kwargs: dict[str, Any] = {"group": place.group, "transpose_weight": run.transpose_weight, **run.extra}

@@ -18,3 +18,21 @@ def impl_accepts_blocks(coc_impl: Any) -> Callable[[str], bool]:
         return "blocks" in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
 
     return accepts
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Fail the session when the suite's parametrisation leaves a combination of the catalogue uncovered."""
+    from conformance.suite.coverage import holes
+
+    narrowed = any("::" in str(arg) for arg in config.args)
+    if narrowed:
+        return
+    cases = [(getattr(item, "originalname", item.name), getattr(getattr(item, "callspec", None), "params", {}))
+             for item in items if "/suite/" in f"/{item.nodeid}"]
+    found = holes(cases)
+    if found:
+        lines = [f"{requirement}: {missing[:6]}{' ...' if len(missing) > 6 else ''}"
+                 for requirement, missing in found.items()]
+        raise pytest.UsageError("the suite's cases leave combinations of the catalogue uncovered:\n  "
+                                + "\n  ".join(lines))

@@ -1,0 +1,110 @@
+"""A broken implementation fails fast and clearly (docs/DESIGN.md#time-budget, #storm-breaker).
+
+The bad-input table: every row is tried here (or, for results of the wrong
+kind, in the proof table of tests/test_suite_bites.py) and must end in a clear
+error on every rank -- never a hang, never a pass.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from conformance.harness.case import Budget, RankTask
+from conformance.harness.errors import CaseTimeout, RankCrashed
+from conformance.harness.launchers.devices import DeviceKind
+from conformance.harness.launchers.process_pool import ProcessLauncher
+from conformance.options import DEFAULT_IMPL
+from tests import rank_cases
+from tests.conftest import SuiteRun
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_a_hang_in_a_quick_case_is_declared_at_its_budget_not_the_ceiling() -> None:
+    launcher = ProcessLauncher(DeviceKind("cpu", "gloo", None, 8), max_live_ranks=2)
+    try:
+        launcher.run(RankTask(rank_cases.rank_sum, 2), (), DEFAULT_IMPL)  # the pool's start is not the hang
+        start = time.monotonic()
+        with pytest.raises(CaseTimeout, match="the case's budget; ceiling 120 s") as info:
+            launcher.run(RankTask(rank_cases.budget_then_hang, 2, timeout=120, budget=Budget(20, 1.5)), (),
+                         DEFAULT_IMPL)
+        assert time.monotonic() - start < 1.5 + 5
+        assert all("budget_then_hang" in info.value.stacks[r] for r in (0, 1))
+    finally:
+        launcher.close()
+
+
+def test_a_rank_that_dies_while_the_pool_starts_is_a_crash_with_its_output() -> None:
+    launcher = ProcessLauncher(DeviceKind("cpu", "no-such-backend", None, 8), max_live_ranks=2)
+    try:
+        with pytest.raises(RankCrashed, match=r"failed to start: rank\(s\) \[.*\] exited") as info:
+            launcher.run(RankTask(rank_cases.whoami, 2), (), DEFAULT_IMPL)
+        assert any("no-such-backend" in stack for stack in info.value.stacks.values()), info.value.stacks
+    finally:
+        launcher.close()
+
+
+@pytest.mark.parametrize("fault, what", [("DeadlocksEverywhere", "hung"), ("CrashesEverywhere", "crashed")])
+def test_a_storm_of_hangs_fails_the_rest_of_the_capability_at_once(run_suite: Callable[..., SuiteRun],
+                                                                   fault: str, what: str) -> None:
+    """Two hangs (or crashes) in a row of matmul_all_reduce; its other cases fail without running."""
+    start = time.monotonic()
+    run = run_suite("test_ops", f"tests.faulty_impls:{fault}", "-k", "op_matches_golden and matmul_all_reduce",
+                    "--coc-storm", "2", "--coc-budget-floor", "2")
+    elapsed = time.monotonic() - start
+    broken = run.output.count("not run: 2 case(s) of op:matmul_all_reduce in a row hung or crashed")
+    assert len(run.failed) == 18 and not run.passed, run.output[-3000:]
+    assert broken >= 16, f"{broken} storm-broken cases\n{run.output[-3000:]}"
+    assert "--- rank 1 stack ---" in run.output or "exit code 9" in run.output
+    print(f"{fault}: 18 cases in {elapsed:.1f} s")
+    assert elapsed < 120
+
+
+def test_an_implementation_that_cannot_be_loaded_stops_the_session_at_once(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(broken_impl="raise RuntimeError('the vendor library is missing')\n",
+                        not_impl="class Thing:\n    pass\nTHING = Thing()\n")
+    for spec, message in (("broken_impl:Impl", "importing 'broken_impl' raised RuntimeError: the vendor library"),
+                          ("not_impl:THING", "lacks 'name' and 'configure'"),
+                          ("nowhere_impl:Impl", "no module named 'nowhere_impl'")):
+        result = pytester.runpytest_subprocess("-p", "conformance.plugin", "--coc-impl", spec)
+        assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str()
+        assert message in result.stderr.str(), result.stderr.str()
+
+
+def test_a_corrupted_golden_file_names_the_file_and_the_fix(run_suite: Callable[..., SuiteRun], tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    store = tmp_path / "golden"
+    shutil.copytree(ROOT / "golden", store, ignore=shutil.ignore_patterns("*.py", "__pycache__"))
+    victim = next((store / "data").glob("op-matmul_all_reduce-m64k96n64-float32-*.npz"))
+    victim.write_bytes(victim.read_bytes()[:-7] + b"garbage")
+    monkeypatch.setenv("COC_GOLDEN_DIR", str(store))
+    run = run_suite("test_ops", DEFAULT_IMPL, "-k", "op_matches_golden and matmul_all_reduce and m64k96n64 and tp2 "
+                    "and not wT")
+    assert run.failed and not run.passed
+    assert victim.name in run.output and "python -m golden.generate" in run.output
+    victim.unlink()
+    run = run_suite("test_ops", DEFAULT_IMPL, "-k", "op_matches_golden and matmul_all_reduce and m64k96n64 and tp2 "
+                    "and not wT")
+    assert run.failed and "is missing" in run.output and "python -m golden.generate" in run.output
+
+
+def test_a_worker_that_dies_loses_only_its_case(run_suite: Callable[..., SuiteRun], tmp_path: Path) -> None:
+    """Results of finished cases survive; the summary counts collected cases against results."""
+    summary = tmp_path / "coc-summary.json"
+    results = tmp_path / "allure-results"
+    run_suite("test_config", "tests.faulty_impls:KillsItsTestProcess", "-n", "2", "-k", "effective_config",
+              "--coc-summary", str(summary), f"--alluredir={results}")
+    doc = json.loads(summary.read_text())
+    victims = [c for c in doc["cases"] if "cli-fused" in c["id"]]
+    assert doc["collected"] == 12 and doc["reported"] == 12, doc
+    assert victims and victims[0]["outcome"] in ("failed", "error"), victims
+    assert doc["crashed"], doc
+    lines = (summary.with_name(summary.name + "l")).read_text().splitlines()
+    assert len(lines) == 12
+    assert doc["allure_results"] == 11  # the crashed case wrote no result of its own
