@@ -1,4 +1,4 @@
-"""The fused CoC ops of SPEC section 4: one validated front door, several backends.
+"""The fused CoC ops (``docs/DESIGN.md#fused-ops``): one validated front door, several backends.
 
 Per rank of a TP group of size ``tp`` (``w`` is the logical ``[k, n]`` weight,
 stored ``[n, k]`` when ``transpose_weight=True``; the flag alone decides, a
@@ -17,8 +17,10 @@ reduction: in the output dtype (one rounding) normally, in float32 before the
 single final cast under ``deterministic=True`` (see
 :mod:`coc_impl.deterministic`).
 
-Every argument is checked here, locally and before any collective, so a bad
-call raises the same error on every rank instead of leaving peers waiting.
+Every generic argument check is made once, by :meth:`OpCall.validate`, locally
+and before any collective, so a bad call raises the same error on every rank
+instead of leaving peers waiting; the backends take the validated
+:class:`OpCall` (``backend.run(call)``) and check only their own limits.
 
 Backends: ``"portable"`` (:mod:`coc_impl.backends.portable`, any device and
 any TP, executes a tiling plan with real overlap; ``blocks`` overrides the
@@ -38,8 +40,9 @@ same overlap engine, tiled by the portable plan instead of equal chunks.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from types import ModuleType
-from typing import Any
+from typing import Any, Literal, get_args
 
 import torch
 import torch.distributed as dist
@@ -48,12 +51,15 @@ from coc_impl import scripted
 from coc_impl.backends import ascend, portable
 from coc_impl.config import FUSED_TP_SIZE, CoCConfig
 from coc_impl.errors import CoCArgumentError, CoCFusedTPError, CoCShapeError
-from coc_impl.quant import check_antiquant, weight_kn
+from coc_impl.quant import Antiquant, check_antiquant, weight_kn
 from coc_impl.scripted import LayerCall, MatmulSite
 
 Tensor = torch.Tensor
 BACKENDS = ("portable", "atb", "auto")
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+#: The fused ops, by the name of their function here (and in :attr:`OpCall.op`).
+OpName = Literal["matmul_all_reduce", "matmul_reduce_scatter", "all_gather_matmul", "all_gather_matmul_v2"]
+OPS: tuple[OpName, ...] = get_args(OpName)
 
 
 def check_fused_tp(tp_size: int) -> None:
@@ -63,6 +69,81 @@ def check_fused_tp(tp_size: int) -> None:
             f"--coc-fused-kernel requires --tensor-model-parallel-size {FUSED_TP_SIZE} "
             f"(ATB restriction), got {tp_size}"
         )
+
+
+@dataclass(frozen=True, eq=False)
+class OpCall:
+    """One call of a fused op, validated once: everything a backend needs.
+
+    Built only by :meth:`validate`, on every rank before any collective, so a
+    bad call raises the same error everywhere and no backend checks it again.
+    """
+
+    op: OpName
+    x: Tensor
+    #: As given: ``[k, n]``, or ``[n, k]`` when ``transpose_weight``; int8 under w8A16.
+    w: Tensor
+    bias: Tensor | None
+    group: dist.ProcessGroup
+    transpose_weight: bool
+    deterministic: bool
+    antiquant: Antiquant | None
+    #: An explicit tiling of :attr:`tiled_rows` (portable backend only), or None for the plan.
+    blocks: tuple[int, ...] | None
+    m: int
+    k: int
+    n: int
+    tp: int
+
+    @classmethod
+    def validate(
+        cls,
+        op: OpName,
+        x: Any,
+        w: Any,
+        bias: Any = None,
+        *,
+        group: Any,
+        transpose_weight: Any = False,
+        deterministic: Any = False,
+        antiquant_scale: Any = None,
+        antiquant_offset: Any = None,
+        antiquant_group_size: Any = 0,
+        blocks: Any = None,
+    ) -> OpCall:
+        """Every generic check of a fused-op call, in the order the errors are reported."""
+        if op not in OPS:
+            raise CoCArgumentError(f"op must be one of {list(OPS)}, got {op!r}")
+        for name, flag in (("transpose_weight", transpose_weight), ("deterministic", deterministic)):
+            if not isinstance(flag, bool):
+                raise CoCArgumentError(f"{name} must be True or False, got {flag!r}")
+        tp = _check_group(group)
+        quantised = op == "matmul_all_reduce"
+        if not quantised and (antiquant_scale is not None or antiquant_offset is not None or antiquant_group_size):
+            raise CoCArgumentError(f"antiquant arguments apply to matmul_all_reduce only, not {op}")
+        k, n = _check_operands(x, w, bias, transpose_weight, allow_int8=quantised)
+        antiquant = check_antiquant(
+            x, w, antiquant_scale, antiquant_offset, antiquant_group_size, transpose_weight=transpose_weight
+        )
+        m = x.shape[0]
+        if op == "matmul_reduce_scatter" and m % tp:
+            raise CoCShapeError(
+                f"{op}: m={m} rows cannot be scattered over tp={tp} ranks (m must be a multiple of tp)"
+            )
+        call = cls(op, x, w, bias, group, transpose_weight, deterministic, antiquant, None, m, k, n, tp)
+        if blocks is None:
+            return call
+        axis = "m/tp" if op == "matmul_reduce_scatter" else "m"
+        return replace(call, blocks=_check_blocks(blocks, call.tiled_rows, axis))
+
+    @property
+    def tiled_rows(self) -> int:
+        """The rows a tiling splits: each rank's ``m/tp`` output rows for reduce-scatter, else ``m``."""
+        return self.m // self.tp if self.op == "matmul_reduce_scatter" else self.m
+
+    def add_bias(self, out: Tensor) -> Tensor:
+        """The bias once, after the collective, in the output dtype (one rounding)."""
+        return out if self.bias is None else out.add_(self.bias)
 
 
 def matmul_all_reduce(
@@ -80,19 +161,12 @@ def matmul_all_reduce(
     blocks: Sequence[int] | None = None,
 ) -> Tensor:
     """``allreduce_sum(x @ w) + bias`` -> ``[m, n]``; int8 ``w`` with antiquant args is w8A16."""
-    _check_flags(transpose_weight=transpose_weight, deterministic=deterministic)
-    _check_group(group)
-    _check_operands(x, w, bias, transpose_weight, allow_int8=True)
-    check_antiquant(
-        x, w, antiquant_scale, antiquant_offset, antiquant_group_size, transpose_weight=transpose_weight
+    call = OpCall.validate(
+        "matmul_all_reduce", x, w, bias, group=group, transpose_weight=transpose_weight,
+        deterministic=deterministic, antiquant_scale=antiquant_scale, antiquant_offset=antiquant_offset,
+        antiquant_group_size=antiquant_group_size, blocks=blocks,
     )
-    _check_blocks(blocks, x.shape[0], "m")
-    impl, options = _backend(backend, blocks)
-    return impl.matmul_all_reduce(
-        x, w, bias, group=group, transpose_weight=transpose_weight, deterministic=deterministic,
-        antiquant_scale=antiquant_scale, antiquant_offset=antiquant_offset,
-        antiquant_group_size=antiquant_group_size, **options,
-    )
+    return _backend(backend, call).run(call)
 
 
 def matmul_reduce_scatter(
@@ -110,21 +184,11 @@ def matmul_reduce_scatter(
 
     ``blocks`` tile the ``m/tp`` rows each rank receives.
     """
-    _check_flags(transpose_weight=transpose_weight, deterministic=deterministic)
-    _check_group(group)
-    _check_operands(x, w, bias, transpose_weight)
-    tp = group.size()
-    m = x.shape[0]
-    if m % tp:
-        raise CoCShapeError(
-            f"matmul_reduce_scatter: m={m} rows cannot be scattered over tp={tp} ranks "
-            f"(m must be a multiple of tp)"
-        )
-    _check_blocks(blocks, m // tp, "m/tp")
-    impl, options = _backend(backend, blocks)
-    return impl.matmul_reduce_scatter(
-        x, w, bias, group=group, transpose_weight=transpose_weight, deterministic=deterministic, **options
+    call = OpCall.validate(
+        "matmul_reduce_scatter", x, w, bias, group=group, transpose_weight=transpose_weight,
+        deterministic=deterministic, blocks=blocks,
     )
+    return _backend(backend, call).run(call)
 
 
 def all_gather_matmul(
@@ -138,8 +202,10 @@ def all_gather_matmul(
     blocks: Sequence[int] | None = None,
 ) -> Tensor:
     """``all_gather(x) @ w`` -> ``[m*tp, n]`` (+ bias); ``blocks`` tile each rank's ``m`` rows."""
-    impl, options = _check_gather(x, w, bias, group, transpose_weight, backend, blocks)
-    return impl.all_gather_matmul(x, w, bias, group=group, transpose_weight=transpose_weight, **options)
+    call = OpCall.validate(
+        "all_gather_matmul", x, w, bias, group=group, transpose_weight=transpose_weight, blocks=blocks
+    )
+    return _backend(backend, call).run(call)
 
 
 def all_gather_matmul_v2(
@@ -153,35 +219,26 @@ def all_gather_matmul_v2(
     blocks: Sequence[int] | None = None,
 ) -> tuple[Tensor, Tensor]:
     """``(all_gather(x) @ w (+ bias), all_gather(x))``, gathered rows rank-major."""
-    impl, options = _check_gather(x, w, bias, group, transpose_weight, backend, blocks)
-    return impl.all_gather_matmul_v2(x, w, bias, group=group, transpose_weight=transpose_weight, **options)
+    call = OpCall.validate(
+        "all_gather_matmul_v2", x, w, bias, group=group, transpose_weight=transpose_weight, blocks=blocks
+    )
+    return _backend(backend, call).run(call)
 
 
-def _check_gather(
-    x: Any, w: Any, bias: Any, group: Any, transpose_weight: bool, backend: str,
-    blocks: Sequence[int] | None,
-) -> tuple[ModuleType, dict[str, Any]]:
-    _check_flags(transpose_weight=transpose_weight)
-    _check_group(group)
-    _check_operands(x, w, bias, transpose_weight)
-    _check_blocks(blocks, x.shape[0], "m")
-    return _backend(backend, blocks)
-
-
-def _check_flags(**flags: Any) -> None:
-    for name, value in flags.items():
-        if not isinstance(value, bool):
-            raise CoCArgumentError(f"{name} must be True or False, got {value!r}")
-
-
-def _check_group(group: Any) -> None:
-    # Required: silently reducing over WORLD instead of the TP group would be wrong, not slow.
+def _check_group(group: Any) -> int:
+    """The TP group's size; the group is required and must include this process."""
+    # Silently reducing over WORLD instead of the TP group would be wrong, not slow.
     if not isinstance(group, dist.ProcessGroup):
         raise CoCArgumentError(f"group must be the tensor-parallel ProcessGroup, got {group!r}")
+    if group.rank() < 0:
+        raise CoCArgumentError("this process is not a member of the given group")
+    return group.size()
 
 
-def _check_operands(x: Any, w: Any, bias: Any, transpose_weight: bool, allow_int8: bool = False) -> None:
-    """Shapes, dtypes and devices of ``x``, ``w`` and ``bias``.
+def _check_operands(
+    x: Any, w: Any, bias: Any, transpose_weight: bool, allow_int8: bool = False
+) -> tuple[int, int]:
+    """Shapes, dtypes and devices of ``x``, ``w`` and ``bias``; returns the logical ``(k, n)``.
 
     ``allow_int8`` leaves an int8 ``w`` to :func:`~coc_impl.quant.check_antiquant`.
     """
@@ -217,39 +274,41 @@ def _check_operands(x: Any, w: Any, bias: Any, transpose_weight: bool, allow_int
             raise CoCArgumentError(f"bias has dtype {bias.dtype}; it must match x's dtype {x.dtype}")
         if bias.device != x.device:
             raise CoCArgumentError(f"bias is on {bias.device} but x is on {x.device}")
+    return k, n
 
 
-def _check_blocks(blocks: Sequence[int] | None, rows: int, axis: str) -> None:
+def _check_blocks(blocks: Any, rows: int, axis: str) -> tuple[int, ...]:
     """An explicit tiling must cover the tiled axis exactly with positive blocks."""
-    if blocks is None:
-        return
     try:
-        sizes = list(blocks)
+        sizes = tuple(blocks)
     except TypeError:
         raise CoCShapeError(f"blocks must be a sequence of row counts, got {blocks!r}") from None
     if not sizes or any(isinstance(b, bool) or not isinstance(b, int) or b <= 0 for b in sizes):
-        raise CoCShapeError(f"blocks must be positive integers, got {sizes}")
+        raise CoCShapeError(f"blocks must be positive integers, got {list(sizes)}")
     if sum(sizes) != rows:
-        raise CoCShapeError(f"blocks {sizes} sum to {sum(sizes)} but the tiled axis {axis} has {rows} rows")
+        raise CoCShapeError(
+            f"blocks {list(sizes)} sum to {sum(sizes)} but the tiled axis {axis} has {rows} rows"
+        )
+    return sizes
 
 
-def _backend(name: str, blocks: Sequence[int] | None) -> tuple[ModuleType, dict[str, Any]]:
-    """The backend module for ``name`` and the options only it takes.
+def _backend(name: str, call: OpCall) -> ModuleType:
+    """The backend module for ``name``; it takes the call with ``run(call)``.
 
     An explicit tiling can only be honoured by the portable backend: with
     ``"atb"`` it is an error, ``"auto"`` takes it as a request for portable.
     """
     if name not in BACKENDS:
         raise CoCArgumentError(f"backend must be one of {list(BACKENDS)}, got {name!r}")
-    if name == "portable" or (name == "auto" and (blocks is not None or not ascend.is_available())):
-        return portable, {"blocks": blocks}
-    if blocks is not None:
+    if name == "portable" or (name == "auto" and (call.blocks is not None or not ascend.is_available())):
+        return portable
+    if call.blocks is not None:
         raise CoCArgumentError(
-            f"blocks={list(blocks)} cannot be honoured by backend 'atb' (the kernel tiles "
+            f"blocks={list(call.blocks)} cannot be honoured by backend 'atb' (the kernel tiles "
             "internally); use backend='portable'"
         )
     ascend.load()  # CoCBackendUnavailable with the reason where it cannot run
-    return ascend, {}
+    return ascend
 
 
 def planned_blocks(call: LayerCall, site: MatmulSite) -> tuple[int, ...]:

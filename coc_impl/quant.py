@@ -1,4 +1,4 @@
-"""w8A16 pseudo-quantisation of the fused ``matmul_all_reduce`` weight (SPEC section 4).
+"""w8A16 pseudo-quantisation of the fused ``matmul_all_reduce`` weight (``docs/DESIGN.md#fused-ops``).
 
 The fused MATMUL_ALL_REDUCE kernel takes an int8 weight with a float16 or
 bfloat16 activation and dequantises on the fly, halving the weight's memory
@@ -25,8 +25,10 @@ the dequantised weight -- ``matmul_all_reduce(x, w8, scale=s)`` equals
 ``matmul_all_reduce(x, dequantize(w8, ...))`` bit for bit, deterministic mode
 included -- which keeps quantisation orthogonal to tiling and reduction.
 
-:func:`check_antiquant` runs locally, before any collective, so a bad argument
-raises the same :class:`~coc_impl.errors.CoCArgumentError` on every rank.
+:func:`check_antiquant` is part of the fused ops' single validation
+(:meth:`coc_impl.fused.OpCall.validate`), run locally before any collective, so
+a bad argument raises the same :class:`~coc_impl.errors.CoCArgumentError` on
+every rank; the backends take the resulting :class:`Antiquant`.
 """
 
 from __future__ import annotations

@@ -1,9 +1,14 @@
 """Ascend backend: honest unavailability, host-side validation, the MC2 binding
 and the deterministic routing (through a recording stand-in for torch_npu), and
-device numerics over HCCL ranks (skipped without NPUs)."""
+device numerics over HCCL ranks (skipped without NPUs).
+
+The backend takes a call validated by :meth:`coc_impl.fused.OpCall.validate`;
+the generic argument errors are checked here through the front door with
+``backend="atb"``, which must refuse them before the backend is reached."""
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.abc
 import importlib.util
@@ -18,6 +23,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import coc_impl.backends as backends
+from coc_impl import fused
 from coc_impl.backends import ascend, portable
 from coc_impl.errors import CoCArgumentError, CoCBackendUnavailable, CoCShapeError
 
@@ -30,18 +36,12 @@ F16, BF16 = torch.float16, torch.bfloat16
 # --------------------------------------------------------------------------- stand-ins
 
 
-class FakeGroup:
+class FakeGroup(dist.ProcessGroup):
     """An HCCL process group as the backend sees it: rank, size, communicator names."""
 
     def __init__(self, rank: int = 0, size: int = 4):
-        self._rank, self._size = rank, size
+        super().__init__(rank, size)
         self.backend_devices: list = []
-
-    def rank(self) -> int:
-        return self._rank
-
-    def size(self) -> int:
-        return self._size
 
     def _get_backend(self, device):
         self.backend_devices.append(device)
@@ -97,12 +97,14 @@ def _operands(m=8, k=256, n=256, dtype=F16, transposed=False):
     return x, w, torch.randn(n).to(dtype)
 
 
-OPS = {
-    "matmul_all_reduce": ascend.matmul_all_reduce,
-    "matmul_reduce_scatter": ascend.matmul_reduce_scatter,
-    "all_gather_matmul": ascend.all_gather_matmul,
-    "all_gather_matmul_v2": ascend.all_gather_matmul_v2,
-}
+def _run(op, *args, **kwargs):
+    """The backend on one validated call of ``op``."""
+    return ascend.run(fused.OpCall.validate(op, *args, **kwargs))
+
+
+#: The backend's entry per op, and the front door choosing it.
+OPS = {name: functools.partial(_run, name) for name in fused.OPS}
+ATB = {name: functools.partial(getattr(fused, name), backend="atb") for name in fused.OPS}
 
 
 # --------------------------------------------------------------------------- CPU honesty
@@ -139,11 +141,12 @@ def test_unavailable_with_an_honest_reason():
 
 
 @without_npu
+@pytest.mark.parametrize("entry", [OPS, ATB], ids=["backend", "front door"])
 @pytest.mark.parametrize("name", OPS)
-def test_ops_raise_unavailable_with_the_reason(name):
+def test_ops_raise_unavailable_with_the_reason(name, entry):
     x, w, bias = _operands()
     with pytest.raises(CoCBackendUnavailable, match="torch_npu|NPU") as info:
-        OPS[name](x, w, bias, group=FakeGroup())
+        entry[name](x, w, bias, group=FakeGroup())
     assert ascend.unavailable_reason() in str(info.value)
 
 
@@ -175,7 +178,7 @@ def _x(m=8, k=256, dtype=F16):
 
 
 G = FakeGroup()
-AR = ascend.matmul_all_reduce
+AR = ATB["matmul_all_reduce"]
 
 
 def _aq(scale_shape, group_size=0, offset_shape=None, dtype=F16):
@@ -185,21 +188,20 @@ def _aq(scale_shape, group_size=0, offset_shape=None, dtype=F16):
                       antiquant_offset=offset, antiquant_group_size=group_size)
 
 
+#: Refused by the front door's single validation, whatever the backend.
 INVALID = {
-    "x 3-D": (lambda: AR(_x().view(2, 4, 256), _x(256, 256), group=G), "x must be a 2-D"),
-    "x float32": (lambda: AR(_x(dtype=torch.float32), _x(256, 256, torch.float32), group=G),
-                  "float16 or bfloat16"),
+    "x 3-D": (lambda: AR(_x().view(2, 4, 256), _x(256, 256), group=G), "x must be 2-D"),
     "int8 w, float32 x": (lambda: AR(_x(dtype=torch.float32), _int8(), group=G,
                                      antiquant_scale=torch.ones(1)), "w8A16"),
-    "w dtype": (lambda: AR(_x(), _x(256, 256, BF16), group=G), "must match x dtype"),
-    "k mismatch": (lambda: AR(_x(), _x(128, 256), group=G), "has k=128"),
+    "w dtype": (lambda: AR(_x(), _x(256, 256, BF16), group=G), "must match"),
+    "k mismatch": (lambda: AR(_x(), _x(128, 256), group=G), "w's k=128"),
     "k mismatch transposed": (lambda: AR(_x(), _x(256, 128), group=G, transpose_weight=True),
-                              r"\[n, k\].*has k=128"),
-    "transpose flag": (lambda: AR(_x(), _x(256, 256), group=G, transpose_weight=1), "must be a bool"),
+                              r"\[n, k\].*w's k=128"),
+    "transpose flag": (lambda: AR(_x(), _x(256, 256), group=G, transpose_weight=1), "must be True or False"),
     "empty": (lambda: AR(_x(0), _x(256, 256), group=G), "empty"),
     "bias shape": (lambda: AR(_x(), _x(256, 128), torch.zeros(1, 128, dtype=F16), group=G),
-                   r"bias must be a 1-D tensor \[n=128\]"),
-    "bias dtype": (lambda: AR(_x(), _x(256, 128), torch.zeros(128), group=G), "bias dtype"),
+                   r"bias must have shape \[n=128\]"),
+    "bias dtype": (lambda: AR(_x(), _x(256, 128), torch.zeros(128), group=G), "bias has dtype"),
     "int8 without scale": (lambda: AR(_x(), _int8(), group=G), "antiquant_scale is missing"),
     "scale without int8": (lambda: AR(_x(), _x(256, 256), group=G,
                                       antiquant_scale=torch.ones(1, dtype=F16)), "w8A16 needs an int8 w"),
@@ -209,25 +211,44 @@ INVALID = {
     "per-channel shape": (_aq((255,)), "per-channel"),
     "offset shape": (_aq((256,), offset_shape=(1,)), "antiquant_offset has shape"),
     "scale dtype": (_aq((256,), dtype=BF16), "antiquant_scale has dtype"),
-    "int8 reduce-scatter": (lambda: ascend.matmul_reduce_scatter(_x(), _int8(), group=G),
+    "int8 reduce-scatter": (lambda: ATB["matmul_reduce_scatter"](_x(), _int8(), group=G),
                             "matmul_all_reduce only"),
-    "int8 all-gather": (lambda: ascend.all_gather_matmul(_x(), _int8(), group=G), "matmul_all_reduce only"),
-    "no group": (lambda: AR(_x(), _x(256, 256), group=None), "group is required"),
+    "int8 all-gather": (lambda: ATB["all_gather_matmul"](_x(), _int8(), group=G), "matmul_all_reduce only"),
+    "no group": (lambda: AR(_x(), _x(256, 256), group=None), "group must be the tensor-parallel ProcessGroup"),
     "not a member": (lambda: AR(_x(), _x(256, 256), group=FakeGroup(rank=-1)), "not a member"),
 }
 
 
+@pytest.fixture
+def backend_spy(fake_npu, monkeypatch):
+    """The Ascend backend as the front door would reach it (available), recording every entry."""
+    reached = []
+    monkeypatch.setattr(ascend, "run", lambda call: reached.append(call))
+    monkeypatch.setattr(portable, "run", lambda call: reached.append(call))
+    return reached
+
+
 @pytest.mark.parametrize("case", INVALID)
-def test_invalid_arguments_fail_before_the_device(case):
+def test_invalid_arguments_fail_before_the_backend(backend_spy, fake_npu, case):
     call, match = INVALID[case]
     with pytest.raises(CoCArgumentError, match=match):
         call()
+    assert backend_spy == [] and fake_npu.calls == []
 
 
-def test_reduce_scatter_rows_must_split_over_tp():
+def test_reduce_scatter_rows_must_split_over_tp(backend_spy):
     x, w, _ = _operands(m=6)
     with pytest.raises(CoCShapeError, match=r"m=6.*tp=4"):
-        ascend.matmul_reduce_scatter(x, w, group=FakeGroup(size=4))
+        ATB["matmul_reduce_scatter"](x, w, group=FakeGroup(size=4))
+    assert backend_spy == []
+
+
+@pytest.mark.parametrize("name", OPS)
+def test_mc2_activation_dtypes_are_checked_before_the_runtime(name):
+    """float32 is a valid call, but not for MC2: said on the host, before torch_npu is asked for."""
+    x, w, _ = _operands(dtype=torch.float32)
+    with pytest.raises(CoCArgumentError, match="x must be float16 or bfloat16 on Ascend, got torch.float32"):
+        OPS[name](x, w, group=G)
 
 
 # --------------------------------------------------------------------------- binding (fake torch_npu)
@@ -257,7 +278,7 @@ def test_reasons_name_the_missing_piece(monkeypatch):
         reason = ascend.unavailable_reason()
         assert "npu_mm_reduce_scatter_base" in reason and "npu_all_gather_base_mm" in reason
         with pytest.raises(CoCBackendUnavailable, match="lacks the MC2 ops"):
-            ascend.matmul_all_reduce(*_operands(), group=FakeGroup())
+            OPS["matmul_all_reduce"](*_operands(), group=FakeGroup())
     finally:
         ascend._probe.cache_clear()
 
@@ -278,17 +299,19 @@ def test_weight_is_passed_as_kn_view_never_guessed(fake_npu, name, transpose_wei
 def test_strided_weight_is_made_contiguous(fake_npu):
     x, _, _ = _operands()
     w = torch.randn(256, 512).to(F16)[:, ::2]  # neither ND nor a transposed ND view
-    ascend.matmul_all_reduce(x, w, group=FakeGroup())
+    OPS["matmul_all_reduce"](x, w, group=FakeGroup())
     (_, (_, x2, _), _), = fake_npu.calls
     assert x2.is_contiguous() and torch.equal(x2, w)
 
 
+@pytest.mark.parametrize("entry", [OPS, ATB], ids=["backend", "front door"])
 @pytest.mark.parametrize("name", OPS)
-def test_bias_is_added_once_after_the_kernel(fake_npu, name):
+def test_bias_is_added_once_after_the_kernel(fake_npu, name, entry):
     x, w, bias = _operands()
-    result = OPS[name](x, w, bias, group=FakeGroup(size=4))
+    result = entry[name](x, w, bias, group=FakeGroup(size=4))
     out = result[0] if isinstance(result, tuple) else result
-    (_, _, kwargs), = fake_npu.calls
+    (_, args, kwargs), = fake_npu.calls
+    assert args[0] is x and args[1] is w  # the operands as given, through the call object
     assert "bias" not in kwargs
     assert torch.equal(out, torch.ones_like(out) + bias)
 
@@ -296,9 +319,9 @@ def test_bias_is_added_once_after_the_kernel(fake_npu, name):
 def test_hcom_and_world_size_come_from_the_group(fake_npu):
     group = FakeGroup(rank=1, size=4)
     x, w, _ = _operands()
-    ascend.matmul_all_reduce(x, w, group=group)
-    ascend.matmul_reduce_scatter(x, w, group=group)
-    ascend.all_gather_matmul(x, w, group=group)
+    OPS["matmul_all_reduce"](x, w, group=group)
+    OPS["matmul_reduce_scatter"](x, w, group=group)
+    OPS["all_gather_matmul"](x, w, group=group)
     ar, rs, ag = fake_npu.calls
     assert ar[1][2] == rs[1][2] == ag[1][2] == "hcom-9"  # global rank of group rank 1
     assert rs[1][3] == ag[1][3] == 4
@@ -310,10 +333,10 @@ def test_hcom_and_world_size_come_from_the_group(fake_npu):
 
 def test_all_gather_v2_returns_the_gathered_input(fake_npu):
     x, w, bias = _operands(m=8)
-    out, gathered = ascend.all_gather_matmul_v2(x, w, bias, group=FakeGroup(size=4))
+    out, gathered = OPS["all_gather_matmul_v2"](x, w, bias, group=FakeGroup(size=4))
     assert fake_npu.calls[0][2]["gather_output"] is True
     assert out.shape == (32, 256) and torch.equal(gathered, x.repeat(4, 1))
-    assert isinstance(ascend.all_gather_matmul(x, w, group=FakeGroup(size=4)), torch.Tensor)
+    assert isinstance(OPS["all_gather_matmul"](x, w, group=FakeGroup(size=4)), torch.Tensor)
 
 
 @pytest.mark.parametrize("dtype", [F16, BF16])
@@ -321,10 +344,10 @@ def test_antiquant_arguments_pass_through(fake_npu, dtype):
     x = _x(dtype=dtype)
     w = _int8()
     scale, offset = torch.rand(8, 256).to(dtype), torch.randn(8, 256).to(dtype)
-    ascend.matmul_all_reduce(x, w, group=FakeGroup(), antiquant_scale=scale, antiquant_offset=offset,
+    OPS["matmul_all_reduce"](x, w, group=FakeGroup(), antiquant_scale=scale, antiquant_offset=offset,
                              antiquant_group_size=32)
     per_channel = torch.rand(256).to(dtype)
-    ascend.matmul_all_reduce(x, w, group=FakeGroup(), antiquant_scale=per_channel)
+    OPS["matmul_all_reduce"](x, w, group=FakeGroup(), antiquant_scale=per_channel)
     grouped, channel = (kwargs for _, _, kwargs in fake_npu.calls)
     assert grouped["antiquant_scale"] is scale and grouped["antiquant_offset"] is offset
     assert grouped["antiquant_group_size"] == 32
@@ -352,29 +375,23 @@ def test_deterministic_needs_deterministic_algorithms(fake_npu, name):
 def test_deterministic_runs_the_rank_ordered_pipeline_not_mc2(fake_npu, monkeypatch):
     """MC2 cannot promise the reference order; the portable pipeline implements it."""
     delegated = []
-
-    def recorder(name):
-        def call(*args, **kwargs):
-            delegated.append((name, args, kwargs))
-            return name
-        return call
-
     monkeypatch.setattr(torch, "are_deterministic_algorithms_enabled", lambda: True)
-    monkeypatch.setattr(portable, "matmul_all_reduce", recorder("ar"))
-    monkeypatch.setattr(portable, "matmul_reduce_scatter", recorder("rs"))
+    monkeypatch.setattr(portable, "run", lambda call: delegated.append(call) or call.op)
     group = FakeGroup()
     x, w, bias = _operands(transposed=True)
     scale = torch.rand(256).to(F16)
     w8 = _int8()
-    assert ascend.matmul_all_reduce(x, w8, bias, group=group, deterministic=True,
-                                    antiquant_scale=scale) == "ar"
-    assert ascend.matmul_reduce_scatter(x, w, bias, group=group, transpose_weight=True,
-                                        deterministic=True) == "rs"
-    (_, ar_args, ar_kwargs), (_, rs_args, rs_kwargs) = delegated
-    assert ar_args[0] is x and ar_args[1] is w8 and ar_args[2] is bias
-    assert ar_kwargs == {"group": group, "transpose_weight": False, "deterministic": True,
-                         "antiquant_scale": scale, "antiquant_offset": None, "antiquant_group_size": 0}
-    assert rs_args[1] is w and rs_kwargs == {"group": group, "transpose_weight": True, "deterministic": True}
+    ar = fused.OpCall.validate("matmul_all_reduce", x, w8, bias, group=group, deterministic=True,
+                               antiquant_scale=scale)
+    rs = fused.OpCall.validate("matmul_reduce_scatter", x, w, bias, group=group, transpose_weight=True,
+                               deterministic=True)
+    assert ascend.run(ar) == "matmul_all_reduce"
+    assert ascend.run(rs) == "matmul_reduce_scatter"
+    # The very call, as validated: int8 weight and antiquant untouched, flags and group as given.
+    assert len(delegated) == 2 and delegated[0] is ar and delegated[1] is rs
+    assert ar.x is x and ar.w is w8 and ar.bias is bias and ar.group is group and not ar.transpose_weight
+    assert ar.antiquant.scale is scale and ar.antiquant.offset is None and ar.antiquant.group_size == 0
+    assert rs.w is w and rs.transpose_weight and rs.antiquant is None and rs.blocks is None
     assert fake_npu.calls == []
 
 
@@ -408,17 +425,16 @@ def _device_worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
         cols = slice(rank * DEV_K, (rank + 1) * DEV_K)
         x, w, wq = x_full[:, cols].contiguous(), w_full[cols].contiguous(), w_q[cols].contiguous()
         xr = x_rows[rank * DEV_M:(rank + 1) * DEV_M]
+        ar, rs = ATB["matmul_all_reduce"], ATB["matmul_reduce_scatter"]
         out = {
-            "ar": ascend.matmul_all_reduce(x, w, bias, group=g),
-            "ar_t": ascend.matmul_all_reduce(x, w.t().contiguous(), bias, group=g, transpose_weight=True),
-            "ar_det": [ascend.matmul_all_reduce(x, w, bias, group=g, deterministic=True) for _ in range(2)],
-            "rs": ascend.matmul_reduce_scatter(x, w, bias, group=g),
-            "rs_det": [ascend.matmul_reduce_scatter(x, w, bias, group=g, deterministic=True)
-                       for _ in range(2)],
-            "ag": ascend.all_gather_matmul(xr, w_col, bias, group=g),
-            "ag_v2": ascend.all_gather_matmul_v2(xr, w_col, bias, group=g),
-            "w8a16": ascend.matmul_all_reduce(x, wq, bias, group=g, antiquant_scale=scale,
-                                              antiquant_offset=offset),
+            "ar": ar(x, w, bias, group=g),
+            "ar_t": ar(x, w.t().contiguous(), bias, group=g, transpose_weight=True),
+            "ar_det": [ar(x, w, bias, group=g, deterministic=True) for _ in range(2)],
+            "rs": rs(x, w, bias, group=g),
+            "rs_det": [rs(x, w, bias, group=g, deterministic=True) for _ in range(2)],
+            "ag": ATB["all_gather_matmul"](xr, w_col, bias, group=g),
+            "ag_v2": ATB["all_gather_matmul_v2"](xr, w_col, bias, group=g),
+            "w8a16": ar(x, wq, bias, group=g, antiquant_scale=scale, antiquant_offset=offset),
         }
         torch.save(_to_cpu(out), Path(out_dir) / f"{rank}.pt")
     finally:

@@ -253,6 +253,60 @@ def test_argument_errors_on_every_rank(case: str) -> None:
         assert text in message
 
 
+def _attempt_every_case(rank: int, tp: int, backends: tuple[str, ...]) -> list:
+    """Every bad call of ERRORS with each backend (unless the case names one), then one good call."""
+    results = []
+    for case in sorted(ERRORS):
+        op, overrides, _, _ = ERRORS[case]
+        for backend in backends if "backend" not in overrides else (overrides["backend"],):
+            results.append((case, backend, *_attempt(rank, tp, op, {"backend": backend, **overrides})))
+    results.append(("valid", "portable", *_attempt(rank, tp, "rs", {"blocks": [1, 3]})))
+    return results
+
+
+def test_bad_arguments_are_refused_before_any_backend(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One validation, in the front door: no backend is chosen, loaded or run for a bad call."""
+    touched = []
+
+    def spy(name: str):
+        def record(*args):
+            touched.append((name, args))
+            raise RuntimeError(f"{name} reached")  # the error the valid call must end with
+        return record
+
+    monkeypatch.setattr(portable, "run", spy("portable.run"))
+    monkeypatch.setattr(ascend, "run", spy("ascend.run"))
+    monkeypatch.setattr(ascend, "load", spy("ascend.load"))
+    monkeypatch.setattr(ascend, "is_available", spy("ascend.is_available"))
+    for results in run_threaded(2, _attempt_every_case, ("portable", "atb", "auto")):
+        *refused, (_, _, valid_type, valid_message) = results
+        for case, backend, got_type, message in refused:
+            assert got_type is ERRORS[case][2], (case, backend, message)
+            assert ERRORS[case][3] in message, (case, backend, message)
+        assert (valid_type, valid_message) == (RuntimeError, "portable.run reached")
+    # Only the valid call (once per rank) got past the validation, as one OpCall.
+    assert [name for name, _ in touched] == ["portable.run"] * 2
+    for _, (call,) in touched:
+        assert isinstance(call, fused.OpCall) and call.op == "matmul_reduce_scatter"
+        assert call.blocks == (1, 3)
+
+
+def test_the_call_object_holds_what_a_backend_needs() -> None:
+    group = dist.ProcessGroup(1, 4)  # a rank of a TP group of 4, as the validation sees it
+    x, w, b = torch.zeros(8, 16), torch.zeros(4, 16), torch.zeros(4)
+    call = fused.OpCall.validate("matmul_reduce_scatter", x, w, b, group=group, transpose_weight=True,
+                                 deterministic=True, blocks=[1, 1])
+    assert (call.op, call.m, call.k, call.n, call.tp, call.tiled_rows) == ("matmul_reduce_scatter", 8, 16, 4, 4, 2)
+    assert call.x is x and call.w is w and call.bias is b and call.group is group
+    assert call.transpose_weight and call.deterministic and call.antiquant is None and call.blocks == (1, 1)
+    with pytest.raises(AttributeError):
+        call.blocks = None  # frozen: a backend cannot alter what was validated
+    gather = fused.OpCall.validate("all_gather_matmul", x, w.t(), group=group)
+    assert (gather.m, gather.k, gather.n, gather.tiled_rows, gather.blocks) == (8, 16, 4, 8, None)
+    with pytest.raises(CoCArgumentError, match="op must be one of"):
+        fused.OpCall.validate("matmul", x, w.t(), group=group)
+
+
 @pytest.mark.skipif(ascend.is_available(), reason="an Ascend device is present")
 def test_atb_without_ascend_says_why() -> None:
     got_type, message = run_threaded(2, _attempt, "ar", {"x": torch.zeros(8, 16, dtype=torch.float16),

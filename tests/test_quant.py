@@ -216,3 +216,23 @@ def test_errors_raise_on_every_rank_before_any_collective(case: str) -> None:
 def test_unquantised_call_needs_no_antiquant() -> None:
     x, w = torch.zeros(4, K, dtype=torch.float16), torch.zeros(K, N, dtype=torch.float16)
     assert check_antiquant(x, w, None, None, 0, transpose_weight=False) is None
+
+
+def test_the_validated_call_carries_the_antiquant() -> None:
+    """The front door validates the antiquant once; the call keeps the int8 weight for the backend."""
+    group = dist.ProcessGroup(0, 2)
+    args = _quant_args("group", True, torch.float16)
+    x, w = torch.zeros(8, K, dtype=torch.float16), _int8_weight(0, transpose=True)
+    call = fused.OpCall.validate("matmul_all_reduce", x, w, group=group, transpose_weight=True, **args)
+    aq = call.antiquant
+    assert call.w is w and (call.k, call.n) == (K, N)
+    assert aq is not None and aq.granularity == "group" and aq.group_size == G and aq.dtype == torch.float16
+    assert aq.scale is args["antiquant_scale"] and aq.offset is args["antiquant_offset"]
+
+
+@pytest.mark.parametrize("op", ["matmul_reduce_scatter", "all_gather_matmul", "all_gather_matmul_v2"])
+def test_antiquant_is_for_matmul_all_reduce_only(op: str) -> None:
+    x = torch.zeros(8, K, dtype=torch.float16)
+    w = torch.zeros(K, N, dtype=torch.float16)
+    with pytest.raises(CoCArgumentError, match="matmul_all_reduce only"):
+        fused.OpCall.validate(op, x, w, group=dist.ProcessGroup(0, 2), antiquant_scale=torch.ones(1))

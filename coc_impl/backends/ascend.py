@@ -2,9 +2,11 @@
 
 This is the only module of the project that imports ``torch_npu``, and it does
 so lazily (:func:`load`), so importing it on a machine without an NPU is cheap
-and has no side effects.  Every op checks its arguments on the host first
-(:class:`CoCArgumentError` / :class:`CoCShapeError`, so the checks run on CPU),
-then asks for the runtime (:class:`CoCBackendUnavailable`, carrying the reason),
+and has no side effects.  :func:`run` takes a call whose arguments
+:meth:`coc_impl.fused.OpCall.validate` has already checked, and checks only
+what the MC2 kernels add: float16/bfloat16 activations on the host
+(:class:`CoCArgumentError`), then the runtime, the determinism requirement and
+the kernels' size limits (:class:`CoCBackendUnavailable`, carrying the reason),
 and only then touches the device.
 
 Binding (MC2 kernels, CANN / torch_npu 8.0.RC2 or later):
@@ -65,24 +67,22 @@ import torch
 import torch.distributed as dist
 
 from coc_impl.backends import portable
-from coc_impl.errors import CoCArgumentError, CoCBackendUnavailable, CoCShapeError
-from coc_impl.quant import check_antiquant, weight_kn
+from coc_impl.errors import CoCArgumentError, CoCBackendUnavailable
 
 if TYPE_CHECKING:
     from torch import Tensor
     from torch.distributed import ProcessGroup
 
+    from coc_impl.fused import OpCall
+
 __all__ = [
     "MC2_OPS",
     "VISIBLE_DEVICES_ENV",
-    "all_gather_matmul",
-    "all_gather_matmul_v2",
     "bind_device",
     "init_process_group_kwargs",
     "is_available",
     "load",
-    "matmul_all_reduce",
-    "matmul_reduce_scatter",
+    "run",
     "unavailable_reason",
     "visible_devices_env",
 ]
@@ -186,198 +186,56 @@ def init_process_group_kwargs() -> dict[str, Any]:
 # --------------------------------------------------------------------------- fused ops
 
 
-def matmul_all_reduce(
-    x: Tensor,
-    w: Tensor,
-    bias: Tensor | None = None,
-    *,
-    group: ProcessGroup,
-    transpose_weight: bool = False,
-    deterministic: bool = False,
-    antiquant_scale: Tensor | None = None,
-    antiquant_offset: Tensor | None = None,
-    antiquant_group_size: int = 0,
-) -> Tensor:
-    """``allreduce_sum(x @ w) + bias`` -> ``[m, n]``; ``w`` is ``[k, n]`` (``[n, k]`` if transposed).
-
-    w8A16: an int8 ``w`` with ``x`` float16/bfloat16 and the antiquant
-    arguments of :mod:`coc_impl.quant`.
-    """
-    op = "matmul_all_reduce"
-    _, k, n = _check_operands(op, x, w, bias, transpose_weight, int8_weight_ok=True)
-    antiquant = check_antiquant(
-        x, w, antiquant_scale, antiquant_offset, antiquant_group_size, transpose_weight=transpose_weight
-    )
-    _group_size(op, group)
+def run(call: OpCall) -> Tensor | tuple[Tensor, Tensor]:
+    """One call validated by :meth:`coc_impl.fused.OpCall.validate`, on the MC2 kernels."""
+    op = call.op
+    if call.x.dtype not in _MC2_DTYPES:
+        raise CoCArgumentError(f"{op}: x must be float16 or bfloat16 on Ascend, got {call.x.dtype}")
     npu = load()
-    if deterministic:
+    if call.deterministic:
         _require_deterministic_algorithms(op)
-        return portable.matmul_all_reduce(
-            x, w, bias, group=group, transpose_weight=transpose_weight, deterministic=True,
-            antiquant_scale=antiquant_scale, antiquant_offset=antiquant_offset,
-            antiquant_group_size=antiquant_group_size,
-        )
-    kwargs: dict[str, Any] = {"reduce_op": "sum", "comm_turn": 0}
-    if antiquant is not None:
-        if max(k, n) > _MC2_ANTIQUANT_MAX:
-            raise CoCBackendUnavailable(
-                f"{op}: the MC2 w8A16 kernel needs k, n <= {_MC2_ANTIQUANT_MAX}, got k={k}, n={n}"
-            )
-        # Only what is set, so torch_npu releases without per-group support still bind.
-        kwargs["antiquant_scale"] = antiquant.scale
-        if antiquant.offset is not None:
-            kwargs["antiquant_offset"] = antiquant.offset
-        if antiquant.group_size:
-            kwargs["antiquant_group_size"] = antiquant.group_size
-    out = npu.npu_mm_all_reduce_base(
-        x.contiguous(), _weight_kn(w, transpose_weight), _hccl_comm_name(group), **kwargs
-    )
-    return _add_bias(out, bias)
-
-
-def matmul_reduce_scatter(
-    x: Tensor,
-    w: Tensor,
-    bias: Tensor | None = None,
-    *,
-    group: ProcessGroup,
-    transpose_weight: bool = False,
-    deterministic: bool = False,
-) -> Tensor:
-    """``reduce_scatter_sum(x @ w)`` along m, plus ``bias`` once -> ``[m/tp, n]``."""
-    op = "matmul_reduce_scatter"
-    m, k, _ = _check_operands(op, x, w, bias, transpose_weight)
-    tp = _group_size(op, group)
-    if m % tp:
-        raise CoCShapeError(
-            f"{op}: m={m} rows cannot be reduce-scattered over tp={tp} ranks (m % tp = {m % tp})"
-        )
-    npu = load()
-    if deterministic:
-        _require_deterministic_algorithms(op)
-        return portable.matmul_reduce_scatter(
-            x, w, bias, group=group, transpose_weight=transpose_weight, deterministic=True
-        )
-    _check_mc2_k(op, k)
-    out = npu.npu_mm_reduce_scatter_base(
-        x.contiguous(), _weight_kn(w, transpose_weight), _hccl_comm_name(group), tp,
-        reduce_op="sum", comm_turn=0,
-    )
-    return _add_bias(out, bias)
-
-
-def all_gather_matmul(
-    x: Tensor,
-    w: Tensor,
-    bias: Tensor | None = None,
-    *,
-    group: ProcessGroup,
-    transpose_weight: bool = False,
-) -> Tensor:
-    """``all_gather(x) @ w + bias`` -> ``[m*tp, n]``, rows in rank-major order."""
-    out, _ = _all_gather_matmul("all_gather_matmul", x, w, bias, group, transpose_weight, False)
-    return out
-
-
-def all_gather_matmul_v2(
-    x: Tensor,
-    w: Tensor,
-    bias: Tensor | None = None,
-    *,
-    group: ProcessGroup,
-    transpose_weight: bool = False,
-) -> tuple[Tensor, Tensor]:
-    """As :func:`all_gather_matmul`, also returning the gathered ``x`` ``[m*tp, k]``."""
-    return _all_gather_matmul("all_gather_matmul_v2", x, w, bias, group, transpose_weight, True)
-
-
-def _all_gather_matmul(
-    op: str,
-    x: Tensor,
-    w: Tensor,
-    bias: Tensor | None,
-    group: ProcessGroup,
-    transpose_weight: bool,
-    gather_output: bool,
-) -> tuple[Tensor, Tensor]:
-    _, k, _ = _check_operands(op, x, w, bias, transpose_weight)
-    tp = _group_size(op, group)
-    npu = load()
-    _check_mc2_k(op, k)
+        return portable.run(call)
+    _check_kernel_limits(call)
+    x1, x2, hcom = call.x.contiguous(), _weight_kn(call), _hccl_comm_name(call.group)
+    if op == "matmul_all_reduce":
+        out = npu.npu_mm_all_reduce_base(x1, x2, hcom, reduce_op="sum", comm_turn=0, **_antiquant_kwargs(call))
+        return call.add_bias(out)
+    if op == "matmul_reduce_scatter":
+        out = npu.npu_mm_reduce_scatter_base(x1, x2, hcom, call.tp, reduce_op="sum", comm_turn=0)
+        return call.add_bias(out)
+    gather_output = op == "all_gather_matmul_v2"
     out, gathered = npu.npu_all_gather_base_mm(
-        x.contiguous(),
-        _weight_kn(w, transpose_weight),
-        _hccl_comm_name(group),
-        tp,
-        gather_index=0,
-        gather_output=gather_output,
-        comm_turn=0,
+        x1, x2, hcom, call.tp, gather_index=0, gather_output=gather_output, comm_turn=0
     )
-    return _add_bias(out, bias), gathered
+    return (call.add_bias(out), gathered) if gather_output else call.add_bias(out)
+
+
+def _antiquant_kwargs(call: OpCall) -> dict[str, Any]:
+    """w8A16 arguments of ``npu_mm_all_reduce_base``; only what is set, so releases without per-group still bind."""
+    aq = call.antiquant
+    if aq is None:
+        return {}
+    kwargs: dict[str, Any] = {"antiquant_scale": aq.scale}
+    if aq.offset is not None:
+        kwargs["antiquant_offset"] = aq.offset
+    if aq.group_size:
+        kwargs["antiquant_group_size"] = aq.group_size
+    return kwargs
 
 
 # --------------------------------------------------------------------------- checks
 
 
-def _check_operands(
-    op: str,
-    x: Tensor,
-    w: Tensor,
-    bias: Tensor | None,
-    transpose_weight: bool,
-    *,
-    int8_weight_ok: bool = False,
-) -> tuple[int, int, int]:
-    """Validate ``x``, ``w``, ``bias`` against what the MC2 kernels take; return ``(m, k, n)``.
-
-    An int8 ``w`` (when allowed) is left to :func:`coc_impl.quant.check_antiquant`.
-    """
-    for name, t in (("x", x), ("w", w)):
-        if not isinstance(t, torch.Tensor) or t.dim() != 2:
-            got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
-            raise CoCArgumentError(f"{op}: {name} must be a 2-D tensor, got {got}")
-    if not isinstance(transpose_weight, bool):
-        raise CoCArgumentError(f"{op}: transpose_weight must be a bool, got {transpose_weight!r}")
-    if x.dtype not in _MC2_DTYPES:
-        why = " (w8A16 needs float16/bfloat16 activations)" if w.dtype == torch.int8 else ""
-        raise CoCArgumentError(f"{op}: x must be float16 or bfloat16 on Ascend, got {x.dtype}{why}")
-    if w.dtype == torch.int8:
-        if not int8_weight_ok:
-            raise CoCArgumentError(f"{op}: int8 weights (w8A16) are supported by matmul_all_reduce only")
-    elif w.dtype != x.dtype:
-        raise CoCArgumentError(f"{op}: w dtype {w.dtype} must match x dtype {x.dtype} (or be int8)")
-    m, k = x.shape
-    wk, n = weight_kn(w, transpose_weight)
-    if wk != k:
-        layout = "[n, k]" if transpose_weight else "[k, n]"
-        raise CoCArgumentError(
-            f"{op}: x is [m={m}, k={k}] but w {tuple(w.shape)} read as {layout} "
-            f"(transpose_weight={transpose_weight}) has k={wk}"
+def _check_kernel_limits(call: OpCall) -> None:
+    """Sizes the MC2 kernels do not take are reported, never sent (``backend="portable"`` takes them)."""
+    if call.op != "matmul_all_reduce":
+        lo, hi = _MC2_GATHER_SCATTER_K
+        if not lo <= call.k < hi:
+            raise CoCBackendUnavailable(f"{call.op}: the MC2 kernel needs {lo} <= k < {hi}, got k={call.k}")
+    elif call.antiquant is not None and max(call.k, call.n) > _MC2_ANTIQUANT_MAX:
+        raise CoCBackendUnavailable(
+            f"{call.op}: the MC2 w8A16 kernel needs k, n <= {_MC2_ANTIQUANT_MAX}, got k={call.k}, n={call.n}"
         )
-    if 0 in (m, k, n):
-        raise CoCArgumentError(f"{op}: empty operands are not supported (m={m}, k={k}, n={n})")
-    if bias is not None:
-        if not isinstance(bias, torch.Tensor) or tuple(bias.shape) != (n,):
-            got = tuple(bias.shape) if isinstance(bias, torch.Tensor) else type(bias).__name__
-            raise CoCArgumentError(f"{op}: bias must be a 1-D tensor [n={n}], got {got}")
-        if bias.dtype != x.dtype:
-            raise CoCArgumentError(f"{op}: bias dtype {bias.dtype} must match x dtype {x.dtype}")
-    return m, k, n
-
-
-def _group_size(op: str, group: ProcessGroup) -> int:
-    """Size of the TP group, which this process must belong to."""
-    if group is None:
-        raise CoCArgumentError(f"{op}: group is required (the tensor-parallel process group)")
-    if group.rank() < 0:
-        raise CoCArgumentError(f"{op}: this process is not a member of the given group")
-    return group.size()
-
-
-def _check_mc2_k(op: str, k: int) -> None:
-    lo, hi = _MC2_GATHER_SCATTER_K
-    if not lo <= k < hi:
-        raise CoCBackendUnavailable(f"{op}: the MC2 kernel needs {lo} <= k < {hi}, got k={k}")
 
 
 def _require_deterministic_algorithms(op: str) -> None:
@@ -391,9 +249,9 @@ def _require_deterministic_algorithms(op: str) -> None:
 # --------------------------------------------------------------------------- device helpers
 
 
-def _weight_kn(w: Tensor, transpose_weight: bool) -> Tensor:
+def _weight_kn(call: OpCall) -> Tensor:
     """``w`` as a logical ``[k, n]`` matrix in a layout MC2 reads: ND or a transposed ND view."""
-    kn = w.t() if transpose_weight else w
+    kn = call.w.t() if call.transpose_weight else call.w
     if kn.is_contiguous() or kn.t().is_contiguous():
         return kn
     return kn.contiguous()
@@ -404,8 +262,3 @@ def _hccl_comm_name(group: ProcessGroup) -> str:
     global_rank = dist.get_global_rank(group, group.rank())
     hccl = group._get_backend(_npu_device())  # torch_npu's ProcessGroupHCCL
     return hccl.get_hccl_comm_name(global_rank)  # type: ignore[attr-defined]
-
-
-def _add_bias(out: Tensor, bias: Tensor | None) -> Tensor:
-    """Once, after the kernel, in the output dtype."""
-    return out if bias is None else out.add_(bias)

@@ -1,7 +1,7 @@
 """Portable backend of the fused ops: a tiling plan executed by the overlap engine.
 
 Runs wherever ``torch.distributed`` does (gloo on CPU, nccl on CUDA, hccl on
-NPU) and at any TP size, so the fused semantics of SPEC section 4 are testable
+NPU) and at any TP size, so the fused semantics (``docs/DESIGN.md#fused-ops``) are testable
 without Ascend hardware.  Each op multiplies and communicates block by block
 through :mod:`coc_impl.overlap` with real asynchronous collectives
 (compute-first for all-reduce / reduce-scatter, communicate-first for
@@ -16,22 +16,24 @@ An explicit ``blocks`` is executed exactly.  Without it the plan comes from
 Matmuls go through :func:`~coc_impl.deterministic.stable_matmul`, so a thin
 tile gets the bits the same rows would get in one large matmul; with
 ``deterministic=True`` the tiles are float32 partials reduced by
-:class:`~coc_impl.deterministic.RankOrderedReducer`.  The arguments are the
-ones validated by :mod:`coc_impl.fused`; call through it.
+:class:`~coc_impl.deterministic.RankOrderedReducer`.  :func:`run` takes a
+call already validated by :mod:`coc_impl.fused` and checks nothing again.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import torch
-import torch.distributed as dist
 
 from coc_impl import overlap
 from coc_impl.deterministic import RankOrderedReducer, finish, fp32_partial, fp32_weight, stable_product
 from coc_impl.planner import ROW_ALIGN, plan_blocks
-from coc_impl.quant import check_antiquant, dequantize
+from coc_impl.quant import dequantize
 from coc_shared.cost_model import CommCost, CostModels
+
+if TYPE_CHECKING:
+    from coc_impl.fused import OpCall
 
 Tensor = torch.Tensor
 
@@ -85,126 +87,38 @@ def plan(
     return tuple(b for b in blocks if b > 0)
 
 
-def _weight_kn(w: Tensor, transpose_weight: bool) -> Tensor:
-    """The logical ``[k, n]`` weight (a view; the flag decides, never the shape)."""
-    return w.t() if transpose_weight else w
-
-
-def _summed_product(
-    pipeline: Callable[..., overlap.InFlight[Tensor]],
-    x: Tensor,
-    w_kn: Tensor,
-    bias: Tensor | None,
-    blocks: Sequence[int],
-    group: dist.ProcessGroup,
-    deterministic: bool,
-) -> Tensor:
-    """``pipeline`` (all-reduce or reduce-scatter) of ``x @ w_kn``, then the bias once.
-
-    Deterministic: float32 partials summed in rank order, one cast at the end.
-    """
-    if deterministic:
-        w32, n = fp32_weight(w_kn), w_kn.shape[1]
+def run(call: OpCall) -> Tensor | tuple[Tensor, Tensor]:
+    """Execute one call validated by :meth:`coc_impl.fused.OpCall.validate`."""
+    w_kn = _weight_kn(call)
+    k, n, itemsize = call.k, call.n, call.x.element_size()
+    if call.op in ("all_gather_matmul", "all_gather_matmul_v2"):
+        keep = call.op == "all_gather_matmul_v2"
+        blocks = call.blocks or plan(call.tiled_rows, call.tp, k, n, itemsize, comm_width=k)
+        out, gathered = overlap.all_gather_matmul(
+            call.x, stable_product(w_kn), blocks, call.group, keep_gathered=keep
+        )
+        if keep:
+            assert gathered is not None
+            return call.add_bias(out), gathered
+        return call.add_bias(out)
+    if call.op == "matmul_all_reduce":
+        pipeline, factor = overlap.matmul_all_reduce, 1
+    else:
+        pipeline, factor = overlap.matmul_reduce_scatter, call.tp
+    blocks = call.blocks or plan(call.tiled_rows, factor, k, n, itemsize)
+    if call.deterministic:
+        # Float32 partials summed in rank order, one cast at the end.
+        w32 = fp32_weight(w_kn)
         total = pipeline(
-            x, lambda tile: fp32_partial(tile, w32, n), blocks, group, reducer=RankOrderedReducer()
+            call.x, lambda tile: fp32_partial(tile, w32, n), blocks, call.group, reducer=RankOrderedReducer()
         ).wait()
-        return finish(total, bias, x.dtype)
-    return _add_bias(pipeline(x, stable_product(w_kn), blocks, group).wait(), bias)
+        return finish(total, call.bias, call.x.dtype)
+    return call.add_bias(pipeline(call.x, stable_product(w_kn), blocks, call.group).wait())
 
 
-def matmul_all_reduce(
-    x: Tensor,
-    w: Tensor,
-    bias: Tensor | None = None,
-    *,
-    group: dist.ProcessGroup,
-    transpose_weight: bool = False,
-    deterministic: bool = False,
-    antiquant_scale: Tensor | None = None,
-    antiquant_offset: Tensor | None = None,
-    antiquant_group_size: int = 0,
-    blocks: Sequence[int] | None = None,
-) -> Tensor:
-    """``allreduce_sum(x @ w) + bias``; an int8 ``w`` is dequantised once per call."""
-    antiquant = check_antiquant(
-        x, w, antiquant_scale, antiquant_offset, antiquant_group_size, transpose_weight=transpose_weight
-    )
-    if antiquant is not None:
-        w = dequantize(w, antiquant, transpose_weight=transpose_weight)
-    w_kn = _weight_kn(w, transpose_weight)
-    m, (k, n) = x.shape[0], w_kn.shape
-    if blocks is None:
-        blocks = plan(m, 1, k, n, x.element_size())
-    return _summed_product(overlap.matmul_all_reduce, x, w_kn, bias, blocks, group, deterministic)
-
-
-def matmul_reduce_scatter(
-    x: Tensor,
-    w: Tensor,
-    bias: Tensor | None = None,
-    *,
-    group: dist.ProcessGroup,
-    transpose_weight: bool = False,
-    deterministic: bool = False,
-    blocks: Sequence[int] | None = None,
-) -> Tensor:
-    """``reduce_scatter_sum(x @ w)`` along ``m`` (+ bias once); ``blocks`` tile ``m/tp``."""
-    tp = group.size()
-    w_kn = _weight_kn(w, transpose_weight)
-    m, (k, n) = x.shape[0], w_kn.shape
-    if blocks is None:
-        blocks = plan(m // tp, tp, k, n, x.element_size())
-    return _summed_product(overlap.matmul_reduce_scatter, x, w_kn, bias, blocks, group, deterministic)
-
-
-def all_gather_matmul(
-    x: Tensor,
-    w: Tensor,
-    bias: Tensor | None = None,
-    *,
-    group: dist.ProcessGroup,
-    transpose_weight: bool = False,
-    blocks: Sequence[int] | None = None,
-) -> Tensor:
-    """``all_gather(x) @ w + bias`` (the gathered ``x`` is not kept)."""
-    return _all_gather_matmul(x, w, bias, group, transpose_weight, blocks, keep_gathered=False)[0]
-
-
-def all_gather_matmul_v2(
-    x: Tensor,
-    w: Tensor,
-    bias: Tensor | None = None,
-    *,
-    group: dist.ProcessGroup,
-    transpose_weight: bool = False,
-    blocks: Sequence[int] | None = None,
-) -> tuple[Tensor, Tensor]:
-    """``(all_gather(x) @ w + bias, all_gather(x))``, rows rank-major."""
-    out, gathered = _all_gather_matmul(x, w, bias, group, transpose_weight, blocks, keep_gathered=True)
-    assert gathered is not None
-    return out, gathered
-
-
-def _all_gather_matmul(
-    x: Tensor,
-    w: Tensor,
-    bias: Tensor | None,
-    group: dist.ProcessGroup,
-    transpose_weight: bool,
-    blocks: Sequence[int] | None,
-    *,
-    keep_gathered: bool,
-) -> tuple[Tensor, Tensor | None]:
-    w_kn = _weight_kn(w, transpose_weight)
-    m, (k, n) = x.shape[0], w_kn.shape
-    if blocks is None:
-        blocks = plan(m, group.size(), k, n, x.element_size(), comm_width=k)
-    out, gathered = overlap.all_gather_matmul(
-        x, stable_product(w_kn), blocks, group, keep_gathered=keep_gathered
-    )
-    return _add_bias(out, bias), gathered
-
-
-def _add_bias(out: Tensor, bias: Tensor | None) -> Tensor:
-    """Once, after the collective, in the output dtype (one rounding)."""
-    return out if bias is None else out.add_(bias)
+def _weight_kn(call: OpCall) -> Tensor:
+    """The logical ``[k, n]`` float weight: a view, dequantised once per call under w8A16."""
+    w = call.w
+    if call.antiquant is not None:
+        w = dequantize(w, call.antiquant, transpose_weight=call.transpose_weight)
+    return w.t() if call.transpose_weight else w
