@@ -204,7 +204,7 @@ def _measure_and_plan(m: int, k: int, n: int, group: dist.ProcessGroup, dtype: t
                     {p: us[f"two@{p}"] for p in counts}, m=m, collective=collective)
     if decision.candidate == 1:
         return decision
-    race = {"one": functools.partial(probe.pipeline, m, 1),
+    race: dict[str, Callable[[], None]] = {"one": functools.partial(probe.pipeline, m, 1),
             "many": functools.partial(probe.pipeline, m // decision.candidate, decision.candidate)}
     with torch.no_grad():
         rounds = probe.samples(race, CONFIRM_REPEATS)

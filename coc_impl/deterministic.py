@@ -86,7 +86,7 @@ def fp32_partial(x_tile: torch.Tensor, w32: torch.Tensor, n: int) -> torch.Tenso
     return stable_matmul(x_tile.float(), w32)[:, :n].contiguous()
 
 
-def rank_ordered_sum(parts: Sequence[torch.Tensor], out: torch.Tensor | None = None) -> torch.Tensor:
+def rank_ordered_sum(parts: Sequence[torch.Tensor] | torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """Step 2: ``((parts[0] + parts[1]) + parts[2]) + ...``, into ``out`` if given."""
     if out is None:
         out = parts[0].clone()

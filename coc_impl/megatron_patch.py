@@ -1,7 +1,7 @@
 """Route megatron-core's TP linear layers through CoC, reversibly.
 
 :func:`patch_megatron` replaces ``forward`` of megatron's
-``ColumnParallelLinear`` and ``RowParallelLinear`` (megatron-core 0.16.1) for
+``ColumnParallelLinear`` and ``RowParallelLinear`` (megatron-core 0.7 to 0.16) for
 the duration of a ``with`` block and restores the originals on exit, also
 when the block raises.  The replacements keep megatron's signatures
 (``functools.wraps``) and its conventions: ``(output, output_bias)`` with
@@ -32,10 +32,12 @@ from coc_impl import scripted
 from coc_impl.config import CoCConfig
 from coc_impl.errors import CoCBackendUnavailable
 from coc_shared.megatron_harness import (
+    COLUMN_HAS_RUNTIME_GATHER_OUTPUT,
     ColumnParallelLinear,
     RowParallelLinear,
     cpu_device_redirect,
     gather_from_tensor_model_parallel_region,
+    layer_tp_group,
     scatter_to_tensor_model_parallel_region,
 )
 
@@ -106,7 +108,7 @@ def _column_uses_coc(layer: ColumnParallelLinear) -> bool:
 
 def _row_uses_coc(layer: RowParallelLinear) -> bool:
     return (
-        layer.tp_group.size() > 1
+        layer_tp_group(layer).size() > 1
         and not layer.explicit_expert_comm
         and layer.config._cpu_offloading_context is None
     )
@@ -115,8 +117,14 @@ def _row_uses_coc(layer: RowParallelLinear) -> bool:
 def _column_forward(original: Callable[..., Any], backend: Any, config: CoCConfig) -> Callable[..., Any]:
     @functools.wraps(original)
     def forward(self, input_, weight=None, runtime_gather_output=None):
-        if not _column_uses_coc(self):
+        if not COLUMN_HAS_RUNTIME_GATHER_OUTPUT:
+            if runtime_gather_output is not None:  # as megatron before 0.10 refuses it
+                raise TypeError("forward() got an unexpected keyword argument 'runtime_gather_output'")
+            if not _column_uses_coc(self):
+                return original(self, input_, weight)
+        elif not _column_uses_coc(self):
             return original(self, input_, weight, runtime_gather_output)
+        group = layer_tp_group(self)
         if weight is None:
             if self.weight is None:
                 raise RuntimeError(
@@ -133,12 +141,12 @@ def _column_forward(original: Callable[..., Any], backend: Any, config: CoCConfi
                 )
         output_parallel = backend.column_forward(
             input_, weight, None if self.skip_bias_add else self.bias,
-            group=self.tp_group, sequence_parallel=self.sequence_parallel, config=config,
+            group=group, sequence_parallel=self.sequence_parallel, config=config,
             gradient_accumulation_fusion=self.gradient_accumulation_fusion,
         )
         gather_output = self.gather_output if runtime_gather_output is None else runtime_gather_output
         if gather_output:
-            output = gather_from_tensor_model_parallel_region(output_parallel, group=self.tp_group)
+            output = gather_from_tensor_model_parallel_region(output_parallel, group=group)
         else:
             output = output_parallel
         return output, (self.bias if self.skip_bias_add else None)
@@ -151,13 +159,14 @@ def _row_forward(original: Callable[..., Any], backend: Any, config: CoCConfig) 
     def forward(self, input_):
         if not _row_uses_coc(self):
             return original(self, input_)
+        group = layer_tp_group(self)
         if self.input_is_parallel:
             input_parallel = input_
         else:
-            input_parallel = scatter_to_tensor_model_parallel_region(input_, group=self.tp_group)
+            input_parallel = scatter_to_tensor_model_parallel_region(input_, group=group)
         output = backend.row_forward(
             input_parallel, self.weight, None if self.skip_bias_add else self.bias,
-            group=self.tp_group, sequence_parallel=self.sequence_parallel, config=config,
+            group=group, sequence_parallel=self.sequence_parallel, config=config,
             gradient_accumulation_fusion=self.gradient_accumulation_fusion,
         )
         return output, (self.bias if self.skip_bias_add else None)

@@ -122,8 +122,8 @@ def _measured_chunks(call: LayerCall, site: MatmulSite) -> int:
     """``parallel_num auto``: the chunk count the live group's measured costs favour."""
     from coc_impl import autotune
 
-    collective = ("all_gather" if site.gathers
-                  else "all_reduce" if site.split_rows == site.m else "reduce_scatter")
+    collective: autotune.Collective = ("all_gather" if site.gathers
+                                       else "all_reduce" if site.split_rows == site.m else "reduce_scatter")
     return autotune.choose_chunks(site.m, site.k, site.n, group=call.group,
                                   dtype=_ITEMSIZE_DTYPES.get(site.itemsize, torch.float32),
                                   collective=collective)

@@ -1,7 +1,27 @@
-"""The one place that talks to megatron-core: CPU redirection, groups, layers.
+"""The one place that talks to megatron-core: CPU redirection, groups, layers, release differences.
 
-What breaks when megatron-core 0.16.1's tensor-parallel layers run on a
-CPU-only torch with gloo (found by running them): only
+Supported: every minor release from 0.7 to 0.16 (:mod:`coc_shared.megatron_range`
+holds the range).  The releases differ in ways this module hides, each detected
+once at import from signatures and attributes, never from version strings:
+
+=============================================  ==========  ==========================================
+difference                                     from        here
+=============================================  ==========  ==========================================
+``initialize_model_parallel(create_gloo_       0.12        passed only where accepted (before, megatron
+process_groups=)``                                         always builds its gloo groups: harmless)
+``parallel_state._global_process_group_list``  0.15        not used: the groups megatron creates are
+                                                           recorded while it initialises
+layers' ``tp_group=`` and ``layer.tp_group``   0.13        passed where accepted; before, only
+                                                           megatron's own TP group, then set on the layer
+``mappings.*_region(group=)``                  0.13        :func:`gather_from_tensor_model_parallel_region`
+                                                           / :func:`scatter_to_tensor_model_parallel_region`
+``ColumnParallelLinear.forward(                0.10        :data:`COLUMN_HAS_RUNTIME_GATHER_OUTPUT`
+runtime_gather_output=)``
+``pkg_resources`` imported by megatron         0.7-0.8     the environment installs setuptools < 70
+=============================================  ==========  ==========================================
+
+What breaks when these tensor-parallel layers run on a CPU-only torch with
+gloo (found by running them on every release): only
 ``torch.cuda.current_device()``, which megatron uses as the ``device=`` of the
 buffers it allocates (the global all-gather buffer of the SP column forward,
 the reduce-scatter output of the SP column backward, the outputs of the
@@ -22,6 +42,7 @@ else in ``coc_impl`` imports megatron names from here.
 
 from __future__ import annotations
 
+import inspect
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -35,17 +56,59 @@ try:
     from megatron.core import parallel_state
     from megatron.core.model_parallel_config import ModelParallelConfig
     from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
-    from megatron.core.tensor_parallel.mappings import (
-        gather_from_tensor_model_parallel_region,
-        scatter_to_tensor_model_parallel_region,
-    )
+    from megatron.core.tensor_parallel import mappings as _mappings
 except ImportError as exc:  # pragma: no cover - depends on the environment
+    from coc_shared.megatron_range import SUPPORTED
+
     raise ImportError(
-        "coc_shared.megatron_harness needs megatron-core (tested with 0.16.1): "
-        f"pip install megatron-core ({exc})"
+        f"coc_shared.megatron_harness needs megatron-core {SUPPORTED}: pip install megatron-core ({exc})"
     ) from exc
 
+
+def _takes(fn: Callable[..., Any], name: str) -> bool:
+    return name in inspect.signature(fn).parameters
+
+
+# --- differences between megatron-core releases (the table in the module docstring) ----------------
+_INIT_TAKES_GLOO_FLAG = _takes(parallel_state.initialize_model_parallel, "create_gloo_process_groups")
+_LAYERS_TAKE_TP_GROUP = all(_takes(cls.__init__, "tp_group") for cls in (ColumnParallelLinear, RowParallelLinear))
+_MAPPINGS_TAKE_GROUP = _takes(_mappings.gather_from_tensor_model_parallel_region, "group")
+#: Whether ``ColumnParallelLinear.forward`` takes ``runtime_gather_output`` (0.10 and later).
+COLUMN_HAS_RUNTIME_GATHER_OUTPUT = _takes(ColumnParallelLinear.forward, "runtime_gather_output")
+
+
+def _only_megatrons_group(group: dist.ProcessGroup | None, what: str) -> None:
+    """Before 0.13 layers and mappings use megatron's TP group only: refuse another one."""
+    if group is not None and group is not parallel_state.get_tensor_model_parallel_group():
+        raise ValueError(f"this megatron-core takes no tp_group for {what}: only megatron's own "
+                         "tensor-parallel group (parallel_state) can be used")
+
+
+def gather_from_tensor_model_parallel_region(input_: torch.Tensor,
+                                             group: dist.ProcessGroup | None = None) -> torch.Tensor:
+    """Megatron's gather along the last dim, with ``group=`` on every release."""
+    if _MAPPINGS_TAKE_GROUP:
+        return _mappings.gather_from_tensor_model_parallel_region(input_, group=group)
+    _only_megatrons_group(group, "gather_from_tensor_model_parallel_region")
+    return _mappings.gather_from_tensor_model_parallel_region(input_)
+
+
+def scatter_to_tensor_model_parallel_region(input_: torch.Tensor,
+                                            group: dist.ProcessGroup | None = None) -> torch.Tensor:
+    """Megatron's scatter along the last dim, with ``group=`` on every release."""
+    if _MAPPINGS_TAKE_GROUP:
+        return _mappings.scatter_to_tensor_model_parallel_region(input_, group=group)
+    _only_megatrons_group(group, "scatter_to_tensor_model_parallel_region")
+    return _mappings.scatter_to_tensor_model_parallel_region(input_)
+
+
+def layer_tp_group(layer: Any) -> dist.ProcessGroup:
+    """A layer's TP group: ``layer.tp_group`` where set (0.13+, or :func:`build_column`), else megatron's."""
+    group = getattr(layer, "tp_group", None)
+    return group if group is not None else parallel_state.get_tensor_model_parallel_group()
+
 __all__ = [
+    "COLUMN_HAS_RUNTIME_GATHER_OUTPUT",
     "ColumnParallelLinear",
     "RowParallelLinear",
     "ParallelLinear",
@@ -54,6 +117,7 @@ __all__ = [
     "build_row",
     "cpu_device_redirect",
     "gather_from_tensor_model_parallel_region",
+    "layer_tp_group",
     "load_global_weights",
     "model_parallel",
     "release_model_parallel",
@@ -114,6 +178,8 @@ class TensorParallel:
 
 #: ``(tp, world size)`` of the parallel state this module initialised and keeps (None: none).
 _kept: tuple[int, int] | None = None
+#: The process groups megatron created for it (destroyed with it).
+_kept_groups: list[Any] = []
 
 
 @contextmanager
@@ -139,12 +205,7 @@ def model_parallel(
     with cpu_device_redirect():
         if _kept != sizes or not parallel_state.model_parallel_is_initialized():
             release_model_parallel()
-            parallel_state.initialize_model_parallel(
-                tensor_model_parallel_size=tp_size,
-                # Megatron's extra gloo groups serve its distributed optimizer and
-                # checkpointing, not the TP layers.
-                create_gloo_process_groups=False,
-            )
+            _kept_groups[:] = _initialize(tp_size)
             _kept = sizes
         try:
             if torch.cuda.is_available():
@@ -163,18 +224,54 @@ def model_parallel(
                 release_model_parallel()
 
 
+def _initialize(tp_size: int) -> list[Any]:
+    """``initialize_model_parallel`` on any release; returns the process groups it created.
+
+    Every release creates its groups through ``torch.distributed.new_group``,
+    so they are recorded there (only 0.15+ keeps a list of its own).
+    """
+    kwargs: dict[str, Any] = {"tensor_model_parallel_size": tp_size}
+    if _INIT_TAKES_GLOO_FLAG:
+        # Megatron's extra gloo groups serve its distributed optimizer and checkpointing, not the TP layers.
+        kwargs["create_gloo_process_groups"] = False
+    created: list[Any] = []
+    real_new_group = dist.new_group
+
+    def recording_new_group(*args: Any, **kw: Any) -> Any:
+        group = real_new_group(*args, **kw)
+        created.append(group)
+        return group
+
+    dist.new_group = recording_new_group
+    try:
+        parallel_state.initialize_model_parallel(**kwargs)
+    except BaseException:
+        dist.new_group = real_new_group
+        parallel_state.destroy_model_parallel()
+        _destroy(created)
+        raise
+    dist.new_group = real_new_group
+    return created
+
+
+def _destroy(groups: list[Any]) -> None:
+    """Destroy the groups still registered (0.9-0.11 destroy their gloo groups themselves)."""
+    alive = dist.distributed_c10d._world.pg_map
+    for group in groups:
+        if isinstance(group, dist.ProcessGroup) and group in alive:
+            dist.destroy_process_group(group)
+
+
 def release_model_parallel() -> None:
     """Destroy megatron's parallel state and the process groups it created (if any)."""
     global _kept
     _kept = None
-    if not parallel_state.model_parallel_is_initialized():
-        return
-    # destroy_model_parallel() only forgets megatron's groups; destroy the
-    # process groups themselves too, or every use leaks their threads and sockets.
-    created = [g for g in parallel_state._global_process_group_list or () if g is not None]
-    parallel_state.destroy_model_parallel()
-    for group in created:
-        dist.destroy_process_group(group)
+    if parallel_state.model_parallel_is_initialized():
+        # destroy_model_parallel() only forgets megatron's groups; destroy the
+        # process groups themselves too, or every use leaks their threads and sockets.
+        parallel_state.destroy_model_parallel()
+    _destroy(_kept_groups)
+    _kept_groups.clear()
 
 
 def parallel_config(
@@ -276,7 +373,12 @@ def _build(
     """Construct a megatron TP linear of ``cls`` on the TP group and load global weights if given."""
     group = _tp_group(tp_group)
     config = parallel_config(tp_size=group.size(), sequence_parallel=sequence_parallel, dtype=dtype)
-    layer = cls(in_features, out_features, config=config, tp_group=group, **layer_options)
+    if _LAYERS_TAKE_TP_GROUP:
+        layer = cls(in_features, out_features, config=config, tp_group=group, **layer_options)
+    else:
+        _only_megatrons_group(group, cls.__name__)
+        layer = cls(in_features, out_features, config=config, **layer_options)
+        layer.tp_group = group  # what 0.13+ sets itself; older releases never read it
     layer.gradient_accumulation_fusion = gradient_accumulation_fusion
     if weight is not None:
         load_global_weights(layer, weight, bias_value)
@@ -292,7 +394,7 @@ def load_global_weights(
     slice of the bias; Row rank ``r`` owns columns ``r*in/tp : (r+1)*in/tp`` of W
     and the whole bias.
     """
-    group = layer.tp_group
+    group = layer_tp_group(layer)
     tp, rank = group.size(), group.rank()
     shard_dim = 0 if isinstance(layer, ColumnParallelLinear) else 1
     if weight.dim() != 2 or weight.shape[shard_dim] % tp != 0:

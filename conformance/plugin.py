@@ -126,16 +126,18 @@ def rank_runner(config: pytest.Config) -> RankRunner:
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
-    """Refuse a ``--coc-impl`` that cannot be loaded once, up front, instead of once per case."""
+    """Refuse, once and up front, a ``--coc-impl`` that cannot be loaded or an unsupported megatron-core."""
     config = session.config
     if hasattr(config, "workerinput") or config.getoption("collectonly"):
         return  # xdist workers: the controller checked already
+    from coc_shared.megatron_range import UnsupportedMegatron, check
     from conformance.harness.impl_loader import ImplementationLoadError, load_implementation
     from conformance.protocol import DeclarationError, declarations
 
     try:
+        check()
         declarations(load_implementation(impl_spec(config)))
-    except (ImplementationLoadError, DeclarationError) as exc:
+    except (ImplementationLoadError, DeclarationError, UnsupportedMegatron) as exc:
         raise pytest.UsageError(str(exc)) from None
 
 

@@ -352,29 +352,30 @@ class StaleSavedGather(_PatchedPipeline):
 # --- uneven token counts, silent serial paths, blocking "async" calls (issue classes of real patches) ----
 
 
-class UnevenTokensGarbageRows(_PatchedPipeline):
+class UnevenTokensGarbageRows(ReferenceCoC):
     """m % p != 0: floor-sized chunks, the remainder rows never computed (as MindSpeed's lcal_coc does)."""
 
     name = "fault-uneven-garbage"
-    target = "chunked_blocks"
-
-    def wrap(self, original: Any) -> Any:
-        def blocks(call: Any, site: Any) -> Any:
-            p = call.config.chunks_for(site.m, site.k, site.n)
-            p = 1 if p == "auto" else p
-            if site.split_rows % p == 0 or site.split_rows < p:
-                return original(call, site)
-            return [site.split_rows // p] * p  # leaves split_rows % p rows out
-
-        return blocks
 
     def patch_megatron(self, config: CoCConfig) -> Any:
+        from contextlib import ExitStack
         from unittest import mock
 
         import coc_impl.overlap as overlap
+        import coc_impl.scripted as scripted
 
-        stack = super().patch_megatron(config)
+        def chunks(config: CoCConfig, *, m: int, k: int, n: int, **kw: Any) -> int:
+            p = config.chunks_for(m, k, n)
+            return 1 if p == "auto" or m < p else p  # never refuses
+
+        def floor_blocks(total: int, parts: int, *, what: str = "") -> list[int]:
+            return [total // parts] * parts  # leaves total % parts rows out
+
+        stack = ExitStack()
+        stack.enter_context(mock.patch.object(scripted, "resolve_chunks", chunks))
+        stack.enter_context(mock.patch.object(scripted, "equal_blocks", floor_blocks))
         stack.enter_context(mock.patch.object(overlap, "validate_blocks", lambda blocks, total, what: tuple(blocks)))
+        stack.enter_context(super().patch_megatron(config))
         return stack
 
 
@@ -622,28 +623,35 @@ class GradInBothPlaces(_PatchedPipeline):
 
 
 class ReusedOutputWorkspace(_PatchedPipeline):
-    """The row forward writes every call's output into one workspace: kept outputs change under later calls."""
+    """The row layer returns its output in one persistent workspace: kept outputs change under later calls."""
 
     name = "fault-reused-workspace"
-    target = "matmul_all_reduce"
+    target = "row_forward"
 
     def wrap(self, original: Any) -> Any:
         workspace: dict[tuple[Any, int], Any] = {}
 
-        def pipeline(x: Any, matmul: Any, blocks: Any, group: Any, **kw: Any) -> Any:
-            import torch
+        import torch
 
-            result = original(x, matmul, blocks, group, **kw)
-            out = result.wait()
-            key = (out.dtype, out.shape[-1])
-            if key not in workspace or workspace[key].shape[0] < out.shape[0]:
-                workspace[key] = torch.empty(max(out.shape[0], 256), out.shape[-1], dtype=out.dtype)
-            view = workspace[key][: out.shape[0]]
-            view.copy_(out)
-            result.result = view
-            return result
+        class IntoWorkspace(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx: Any, out: Any) -> Any:
+                key = (out.dtype, out.shape[-1])
+                if key not in workspace or workspace[key].numel() < out.numel():
+                    workspace[key] = torch.empty(max(out.numel(), 1 << 16), dtype=out.dtype)
+                # Shares the workspace's memory without being a view of it (as a kernel's output would):
+                # the next call overwrites it.
+                alias = torch.empty(0, dtype=out.dtype).set_(workspace[key].untyped_storage(), 0, out.shape)
+                return alias.copy_(out)
 
-        return pipeline
+            @staticmethod
+            def backward(ctx: Any, grad: Any) -> Any:
+                return grad
+
+        def row_forward(x: Any, weight: Any, bias: Any, **kw: Any) -> Any:
+            return IntoWorkspace.apply(original(x, weight, bias, **kw))
+
+        return row_forward
 
 
 class RaggedTilingOffset(ReferenceCoC):

@@ -112,7 +112,7 @@ def sp_without_redirect(rank: int, tp: int) -> str:
     from megatron.core import parallel_state
 
     adapter.release_model_parallel()
-    parallel_state.initialize_model_parallel(tp, create_gloo_process_groups=False)
+    parallel_state.initialize_model_parallel(tp)
     try:
         module = build("column", True, PROBLEM)
         try:

@@ -115,8 +115,9 @@ def call_conventions(rank: int, tp: int) -> dict[str, object]:
         cases = {
             "column skip_bias_add": (lambda: build("column", False, skip_bias_add=True), lambda m: m(x)),
             "column gather_output": (lambda: build("column", False, gather_output=True), lambda m: m(x)),
-            "column runtime_gather_output": (
-                lambda: build("column", False), lambda m: m(x, runtime_gather_output=True)),
+            **({"column runtime_gather_output": (
+                lambda: build("column", False), lambda m: m(x, runtime_gather_output=True))}
+               if adapter.COLUMN_HAS_RUNTIME_GATHER_OUTPUT else {}),
             "column weight override": (
                 lambda: build("column", False), lambda m: m(x, weight=m.weight.detach() * 2)),
             "row skip_bias_add": (lambda: build("row", False, skip_bias_add=True), lambda m: m(x_row)),

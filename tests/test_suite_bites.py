@@ -22,7 +22,7 @@ from tests.conftest import SuiteRun
 
 FAULTS = "tests.faulty_impls"
 #: Extra options per suite module (hangs in configure are meant to be declared quickly).
-OPTIONS = {"test_config": ("--coc-tp", "2", "--coc-budget-floor", "3")}
+OPTIONS = {"test_config": ("--coc-tp", "2", "--coc-budget-floor", "8")}
 
 #: (suite module, fault, -k selection of the checks expected to catch it, regex the failure must show)
 FAULT_TABLE = [

@@ -118,7 +118,7 @@ def _measure(launcher: ProcessLauncher, task: RankTask, impl: str) -> dict[str, 
 
 
 def _summary(result: dict[str, Any], case: hardware.PerfCase) -> perf.Measurement:
-    return perf.summarize(result["samples"], result["blocks"], rows=case.m, order=case.order,  # type: ignore[arg-type]
+    return perf.summarize(result["samples"], result["blocks"], rows=case.m, order=case.order,
                           cpu=perf.cpu_demand(result))
 
 

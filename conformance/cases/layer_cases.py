@@ -272,10 +272,16 @@ def _train(problem: LayerProblem, job: LayerJob, par: Any, batches: list[list[di
             if param is None:
                 continue
             if name in prefill:
-                grads["d" + name] = param.main_grad.detach().cpu().clone()
-                weight_grad["d" + name] = ("None" if param.grad is None else
-                                           "values" if not getattr(param, "grad_added_to_main_grad", False)
-                                           else "dummy")
+                # What Megatron's DDP backward hook leaves: main_grad, plus a .grad not marked as added
+                # (megatron/core/distributed/distributed_data_parallel.py, _make_backward_post_hook).
+                unmarked = param.grad is not None and not getattr(param, "grad_added_to_main_grad", False)
+                effective = param.main_grad.detach().cpu().clone()
+                if unmarked:
+                    effective += param.grad.detach().cpu().float()
+                grads["d" + name] = effective
+                untouched = torch.equal(param.main_grad.detach().cpu(), prefill[name])
+                weight_grad["d" + name] = ("None" if param.grad is None else "dummy" if not unmarked
+                                           else "grad only" if untouched else "values")
             elif fusion is False and job.main_grad and name.startswith("w"):
                 # The serial reference of a fusion case: what main_grad must hold afterwards.
                 start = _shard_weights(problem, main_grad_prefill(problem, step), rank, tp)[name]

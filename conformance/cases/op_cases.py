@@ -122,13 +122,13 @@ def poisoned_allocations(on: bool = True) -> Iterator[None]:
         return
     was_on = torch.are_deterministic_algorithms_enabled()
     was_warn = torch.is_deterministic_algorithms_warn_only_enabled()
-    was_fill = det.fill_uninitialized_memory
+    was_fill = det.fill_uninitialized_memory  # type: ignore[attr-defined]
     torch.use_deterministic_algorithms(True, warn_only=True)
-    det.fill_uninitialized_memory = True
+    det.fill_uninitialized_memory = True  # type: ignore[attr-defined]
     try:
         yield
     finally:
-        det.fill_uninitialized_memory = was_fill
+        det.fill_uninitialized_memory = was_fill  # type: ignore[attr-defined]
         torch.use_deterministic_algorithms(was_on, warn_only=was_warn)
 
 
@@ -230,12 +230,16 @@ def op_task(ctx: RankContext, *, run: OpRun) -> OpRunOutcome:
                 call.mutated[name] = describe_difference(before, now)
         for j, (result, snapshot) in enumerate(returned[i]):
             call.results.append(result)
-            call.changed_after_return.append(
-                "" if bitwise_equal(snapshot, result) else describe_difference(snapshot, result))
-            call.shared_memory.append(", ".join(_sharing(result, (i, j), returned, operands)))
             device = operands[i]["x"].device
             moved = [t.device for t in _tensors(result) if t.device != device]
             call.wrong_device.append(f"the result is on {moved[0]}, its inputs on {device}" if moved else "")
+            if moved:  # nothing more can be compared on this rank
+                call.changed_after_return.append("")
+                call.shared_memory.append("")
+                continue
+            call.changed_after_return.append(
+                "" if bitwise_equal(snapshot, result) else describe_difference(snapshot, result))
+            call.shared_memory.append(", ".join(_sharing(result, (i, j), returned, operands)))
         call.results = [_to_cpu(r) for r in call.results]
         call.serial, call.reference = _to_cpu(call.serial), _to_cpu(call.reference)
     return OpRunOutcome(calls, place.replica, place.tp_rank, place.members,

@@ -45,7 +45,7 @@ from coc_shared.timing import Settings, time_interleaved, warm_up
 from conformance.cases.groups import TPPlace
 from conformance.cases.layer_cases import coc_argv
 from conformance.cases.op_cases import serial_composition
-from conformance.harness.case import RankContext
+from conformance.harness.case import RankContext, call_capturing_errors
 from conformance.harness.impl_loader import missing_capability
 from conformance.harness.probes import record_collectives
 from conformance.judge.perf import COMM, MM, SERIAL, block_key
@@ -140,7 +140,11 @@ def pipeline_perf_case(ctx: RankContext, *, op: str, m: int, k: int, n: int, dty
                 items[variant] = partial(getattr(impl, op), x, weight, None, group=group,
                                          transpose_weight=True)
             else:
-                config = impl.configure(coc_argv(chunk_flag(variant)), {}, tp_size=tp)
+                config, refused = call_capturing_errors(impl.configure, coc_argv(chunk_flag(variant)), {},
+                                                        tp_size=tp)
+                if refused is not None:
+                    skipped[variant] = f"configure refused it: {refused.describe()}"
+                    continue
 
                 def patched(config: Any = config) -> Any:
                     with impl.patch_megatron(config):
@@ -160,7 +164,7 @@ def pipeline_perf_case(ctx: RankContext, *, op: str, m: int, k: int, n: int, dty
 
         # Warm-up of everything (auto measures its costs here), then which blocks each variant uses.
         warm_up(items, warmup, barrier=barrier, synchronize=synchronize)
-        blocks = {v: _observed_blocks(items[v], KINDS[op], m) for v in runnable}
+        blocks = {v: _observed_blocks(items[v], KINDS[op], m) for v in runnable if v in items}
         for size in sorted({b for used in blocks.values() if used for b in used} - {m}):
             items[block_key(MM, size)] = partial(costs.matmul, size)
             items[block_key(COMM, size)] = partial(costs.collective, size)

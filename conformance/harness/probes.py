@@ -306,6 +306,7 @@ def _dispatched_call(func: Any, args: Any, kwargs: Any, stack: list[tuple[str, b
     schema = func._schema.arguments
     values = dict(zip((a.name for a in schema), args))
     values.update(kwargs)
+    async_op: bool | None
     if stack:  # called through torch.distributed: the user's own arguments say it all
         api, async_op, group = stack[0]
         ranks = _group_ranks(group)
@@ -323,7 +324,7 @@ def _functional_ranks(group_name: str) -> tuple[int, ...] | None:
     try:
         from torch.distributed.distributed_c10d import _resolve_process_group
 
-        return _group_ranks(_resolve_process_group(group_name))
+        return _group_ranks(_resolve_process_group(group_name))  # type: ignore[arg-type]
     except Exception:  # noqa: BLE001
         return None
 

@@ -52,6 +52,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from coc_shared.timeline import Order
+
 PROFILE_DIR = Path(__file__).resolve().parents[1] / "profiles"
 SCHEMA = 1
 #: The fused ops a perf case can time, each one matmul + collective pipeline.
@@ -116,7 +118,7 @@ class PerfCase:
         return f"{self.profile}/{self.id}-tp{self.tp}"
 
     @property
-    def order(self) -> str:
+    def order(self) -> Order:
         """Lane order of the pipeline model: the all-gather precedes its matmul."""
         return "comm_first" if self.op == "all_gather_matmul" else "compute_first"
 

@@ -25,6 +25,7 @@ from conformance.harness.case import CapturedError
 from conformance.judge import checks, numerics
 from conformance.judge.failures import ContractViolation, NumericMismatch, WrongError
 from conformance.judge.layouts import Split, assemble, layout, row_owner
+from conformance.judge.levels import Level
 
 
 def golden_problem(case_id: str) -> LayerProblem:
@@ -69,7 +70,7 @@ def truth(problem: LayerProblem, step: int, replica: int, fusion: bool) -> Truth
                                                               if k not in ("y", "dx")},
                      [{k: envelope[k] for k in ("y", "dx")}], {k: v for k, v in envelope.items()
                                                                if k not in ("y", "dx")})
-    weights = {n: None if t is None else _f64(t) for n, t in layer_weights(problem, step).items()}
+    weights: dict[str, Any] = {n: None if t is None else _f64(t) for n, t in layer_weights(problem, step).items()}
     micro, envelopes = [], []
     grads: dict[str, np.ndarray] = {}
     grad_env: dict[str, tuple[np.ndarray, int]] = {}
@@ -220,3 +221,15 @@ def check_main_grad(outcomes: Sequence[LayerOutcome]) -> None:
                     f"rank {rank} step {step}: with gradient-accumulation fusion the weight gradient went into "
                     f"main_grad *and* .grad ({sorted(doubled)}), without grad_added_to_main_grad set: Megatron's "
                     "DDP would add it twice")
+
+
+def check_fusion_honoured(outcomes: Sequence[LayerOutcome]) -> None:
+    """SHOULD: under fusion the weight gradient is accumulated into ``main_grad``, not returned as a full ``.grad``."""
+    for rank, outcome in enumerate(outcomes):
+        for step, run in enumerate(outcome.coc[0]):
+            unfused = sorted(name for name, state in run.weight_grad.items() if state == "grad only")
+            if unfused:
+                raise WrongError(
+                    f"rank {rank} step {step}: gradient-accumulation fusion not honoured: the weight gradient "
+                    f"came back as a full .grad ({unfused}) and main_grad was left alone (Megatron's DDP adds it, "
+                    "so training is right, but the fusion's memory and time saving is lost)", level=Level.SHOULD)

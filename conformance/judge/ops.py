@@ -144,6 +144,11 @@ def check_numerics(run: OpRun, outcomes: Sequence[OpRunOutcome], *, exact: bool 
             y, envelope, x = truth_of(problem, replica)
             runs = len(ranks[0].calls[i].results)
             for j in range(runs):
+                pieces = [_first(o.calls[i].results[j], run.op) for o in ranks]
+                unusable = [_kind(p) for p in pieces if not isinstance(p, torch.Tensor) or p.device.type != "cpu"]
+                if unusable:
+                    raise NumericMismatch(f"{_label(run, i, replica, len(groups), j)}: cannot compare {unusable[0]} "
+                                          "with the expected result (see the result contract)")
                 out = assemble([_first(o.calls[i].results[j], run.op) for o in ranks], split,
                                f"{run.op} y")
                 serial = (assemble([_first(o.calls[i].serial, run.op) for o in ranks], split, "serial y")

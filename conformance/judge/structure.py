@@ -63,7 +63,12 @@ def check_phase(timeline: Timeline | None, key: str, declared: OverlapStrategy |
         if wanted is None:
             raise StructureMismatch(f"{key}: declared to overlap the {declared.matmul} matmul, which this "
                                     f"phase does not have; {seen}")
-        if not any(c.overlappable and any(matmul_matches(s, wanted) for s in c.overlapped) for c in calls):
+        others = [shape for name, shape in matmuls.items() if name != declared.matmul and len(shape) == 2]
+
+        def is_wanted(shape: Shape | None) -> bool:
+            return matmul_matches(shape, wanted) and not any(matmul_matches(shape, o) for o in others)
+
+        if not any(c.overlappable and any(is_wanted(s) for s in c.overlapped) for c in calls):
             raise StructureMismatch(f"{key}: declared one {kind} overlapped with the {declared.matmul} matmul "
                                     f"(output {list(wanted)}); no {kind} was in flight while it ran; {seen}")
         return

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Generator
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -83,11 +83,11 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
     except BaseException as exc:
         if isinstance(exc, (pytest.skip.Exception, pytest.xfail.Exception)) or not isinstance(exc, Exception):
             raise
-        recorded = item.stash.setdefault(verdicts_key, Verdicts())
+        found = item.stash.setdefault(verdicts_key, Verdicts())
         name = getattr(item, "originalname", item.name)
         category = exc.category if isinstance(exc, CheckFailure) else type(exc).__name__
-        recorded.results.append(CheckResult(name, failure_level(item, exc), False, _first_line(exc), category))
-        recorded.exceptions.append(exc)
+        found.results.append(CheckResult(name, failure_level(item, exc), False, _first_line(exc), category))
+        found.exceptions.append(exc)
         raise
     recorded = item.stash.get(verdicts_key, None)
     if recorded is None:
@@ -140,7 +140,7 @@ def checks_of(report: pytest.TestReport) -> list[dict[str, Any]]:
     """The check results a report carries (empty for setup and teardown)."""
     for name, value in report.user_properties:
         if name == CHECKS_PROPERTY:
-            return list(value)
+            return list(cast(list[dict[str, Any]], value))
     return []
 
 

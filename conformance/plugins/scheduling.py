@@ -55,7 +55,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     raw = config.getoption("--coc-tp")
     chosen = {int(v) for v in raw.split(",") if v.strip()} if raw else None
     limit = int(os.environ.get("WORLD_SIZE", "1")) if config.getoption("--coc-launcher") == "torchrun" else None
-    keep, drop = [], []
+    keep: list[pytest.Item] = []
+    drop: list[pytest.Item] = []
     for item in items:
         params = getattr(getattr(item, "callspec", None), "params", {})
         tps = [params[p] for p in TP_PARAMS if isinstance(params.get(p), int)]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Generator
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -52,7 +52,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 def timings_of(report: pytest.TestReport) -> dict[str, Any] | None:
     for name, value in report.user_properties:
         if name == TIMINGS_PROPERTY:
-            return dict(value)
+            return dict(cast(dict[str, Any], value))
     return None
 
 

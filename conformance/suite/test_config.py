@@ -101,16 +101,17 @@ class BadSetting:
 
 SCRIPTED = ON + ["--coc-parallel-num", "2"]
 ERRORS = [
-    BadSetting("mc2", "mc2", "incompatible", SCRIPTED, kwargs={"use_ascend_mc2": True}, names=r"--use-ascend-mc2"),
+    BadSetting("mc2", "mc2", "incompatible", SCRIPTED, kwargs={"use_ascend_mc2": True},
+               names=r"use[-_]ascend[-_]mc2|\bmc2\b"),
     BadSetting("moe", "moe", "incompatible", SCRIPTED, kwargs={"num_experts": 8}, names=r"num[-_]experts|MoE"),
     BadSetting("tp-2d", "tp2d", "incompatible", SCRIPTED, kwargs={"tp_2d": True}, names=r"tp[-_]2d|2-?D"),
     BadSetting("transformer-engine", "te", "incompatible", SCRIPTED,
                kwargs={"transformer_impl": "transformer_engine"}, names=r"transformer[-_ ]?(impl|engine)"),
-    BadSetting("chunks-cli-3", "chunks", "config", ON + ["--coc-parallel-num", "3"], names=r"--coc-parallel-num"),
+    BadSetting("chunks-cli-3", "chunks", "config", ON + ["--coc-parallel-num", "3"], names=r"coc[-_]parallel[-_]num"),
     BadSetting("chunks-cli-16", "chunks", "config", ON + ["--coc-parallel-num", "16"],
-               names=r"--coc-parallel-num"),
+               names=r"coc[-_]parallel[-_]num"),
     BadSetting("chunks-cli-word", "chunks", "config", ON + ["--coc-parallel-num", "many"],
-               names=r"--coc-parallel-num"),
+               names=r"coc[-_]parallel[-_]num"),
     BadSetting("chunks-env-6", "chunks", "config", [], {"COC_PARALLEL_NUM": "6"}, names=r"COC_PARALLEL_NUM",
                level=Level.SHOULD),
     BadSetting("fused-env-value", "env-value", "config", [], {"USE_COC_FUSED_KERNEL": "maybe"},

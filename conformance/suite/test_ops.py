@@ -42,7 +42,7 @@ from conformance.protocol import Declarations
 from golden.catalogue import DTYPES, TP_SIZES
 
 OPS = ("matmul_all_reduce", "matmul_reduce_scatter", "all_gather_matmul", "all_gather_matmul_v2")
-OP_CASES = golden.catalogue("op")
+OP_CASES: tuple[Any, ...] = golden.catalogue("op")
 QUANT_CASES = golden.catalogue("w8a16")
 
 
@@ -272,7 +272,7 @@ def test_w8a16_matches_dequantised_golden(coc_ranks: Any, case_id: str, tp: int)
     outcomes = coc_ranks.run(quant_task, tp, run=QuantRun(case_id, tp))
     errors = [o.error for o in outcomes]
     if all(e is not None and e.is_a("builtins.NotImplementedError") for e in errors):
-        pytest.skip(f"not implemented: {errors[0].message}")  # type: ignore[union-attr]
+        pytest.skip(f"not implemented: {errors[0].message}")
     raised = [(r, e) for r, e in enumerate(errors) if e is not None]
     if raised:
         raise WrongError(f"rank(s) {[r for r, _ in raised]} raised {raised[0][1].describe()}")
@@ -306,7 +306,7 @@ def test_w8a16_bad_arguments_refused_on_every_rank(coc_ranks: Any, verdicts: Any
     outcomes = coc_ranks.run(quant_task, tp, run=QuantRun(case_id, tp, change))
     errors = [o.error for o in outcomes]
     if all(e is not None and e.is_a("builtins.NotImplementedError") for e in errors):
-        pytest.skip(f"not implemented: {errors[0].message}")  # type: ignore[union-attr]
+        pytest.skip(f"not implemented: {errors[0].message}")
     with verdicts.check("refused, naming the argument", Level.MUST):
         checks.check_refused_on_every_rank(errors, what=f"w8A16 {change}", patterns=[BAD_QUANT_NAMES[change]])
     if errors[0] is not None:

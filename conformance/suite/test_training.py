@@ -60,6 +60,8 @@ def _check(coc_ranks: Any, verdicts: Any, job: LayerJob, *, world: int | None = 
     if job.main_grad:
         with verdicts.check("gradient lands in main_grad once", Level.MUST):
             judge.check_main_grad(outcomes)
+        with verdicts.check("fusion honoured: gradient accumulated into main_grad", Level.SHOULD):
+            judge.check_fusion_honoured(outcomes)
 
 
 @pytest.mark.parametrize("layer, sp, tp", _params())

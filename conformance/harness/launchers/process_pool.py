@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
-from typing import NoReturn
+from typing import NoReturn, cast
 
 from conformance.harness.case import RankOutcome, RankTask
 from conformance.harness.errors import CaseTimeout, RankCrashed
@@ -210,8 +210,9 @@ class RankPool:
             dead = [r for r, p in enumerate(self._procs) if not p.alive()]
             if dead or time.monotonic() > deadline:
                 self._fail_start(dead)
-            for conn in wait([self._conns[r] for r in waiting], timeout=0.2):
-                rank = self._conns.index(conn)  # type: ignore[arg-type]
+            for ready in wait([self._conns[r] for r in waiting], timeout=0.2):
+                conn = cast(Connection, ready)
+                rank = self._conns.index(conn)
                 try:
                     message = conn.recv_bytes()
                 except (EOFError, OSError):
@@ -250,9 +251,9 @@ class RankPool:
         deadline, limit = ceiling, task.timeout
         while pending:
             # Exits are noticed through the socket: a dead rank's end reads EOF.
-            ready = wait(list(pending.values()), timeout=max(0.0, deadline - time.monotonic()))
-            for conn in ready:
-                rank = self._conns.index(conn)  # type: ignore[arg-type]
+            for ready in wait(list(pending.values()), timeout=max(0.0, deadline - time.monotonic())):
+                conn = cast(Connection, ready)
+                rank = self._conns.index(conn)
                 try:
                     data = conn.recv_bytes()
                 except (EOFError, OSError):

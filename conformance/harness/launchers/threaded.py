@@ -34,7 +34,7 @@ class ThreadedLauncher:
 
         with _LOCK:
             world = _install_threaded_pg()
-            torch._C._distributed_c10d._set_thread_isolation_mode(True)
+            torch._C._distributed_c10d._set_thread_isolation_mode(True)  # type: ignore[attr-defined]
             store = dist.HashStore()
             outcomes: dict[int, RankOutcome] = {}
             terminated: set[int] = set()
@@ -88,7 +88,7 @@ class ThreadedLauncher:
             finally:
                 ProcessLocalGroup.reset()
                 _uninstall_threaded_pg()
-                torch._C._distributed_c10d._set_thread_isolation_mode(False)
+                torch._C._distributed_c10d._set_thread_isolation_mode(False)  # type: ignore[attr-defined]
 
     def close(self) -> None:
         pass
