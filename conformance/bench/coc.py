@@ -16,6 +16,11 @@ A shape whose target verdict sits within the noise of its rounds is
 measured again (``--resample`` times) and judged on the pooled rounds, as the
 suite's gates measure a miss once more.
 
+Several implementations side by side: ``--coc-impl A --coc-impl B`` times
+every implementation's variants in the same interleaved rounds against the
+same serial (named ``<implementation>:<variant>``), so "reference vs
+MindSpeed" is one table with paired gains and intervals for each.
+
 Only ratios measured in the same run mean anything on a shared machine; the
 absolute times move with whatever else runs.  The last line is one JSON
 object with every figure, keyed by shape, TP and variant.
@@ -69,12 +74,18 @@ def _certainty(ci: Sequence[float], threshold: float) -> str:
     return "clear" if low >= threshold or high < threshold else "within the noise of this run"
 
 
-def targets(figures: dict[str, dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+def targets(figures: dict[str, dict[str, dict[str, Any]]], prefix: str = "") -> dict[str, dict[str, Any]]:
     """The benchmark's targets, met or missed, with the figures they were judged on.
 
     Each is judged on the median *paired* gain (each pair of calls ran back to
     back) and says whether its confidence interval clears the threshold.
+    ``prefix`` (``"<implementation>:"``) picks one implementation's variants
+    of a side-by-side run.
     """
+    if prefix:
+        figures = {shape: {tp: {**f, "variants": {v.removeprefix(prefix): x for v, x in f["variants"].items()
+                                                  if v.startswith(prefix)}}
+                           for tp, f in by_tp.items()} for shape, by_tp in figures.items()}
     out: dict[str, dict[str, Any]] = {}
     shape, tp = BALANCED
     balanced = figures.get(shape, {}).get(f"tp{tp}")
@@ -122,9 +133,18 @@ def _summary(result: dict[str, Any], case: hardware.PerfCase) -> perf.Measuremen
                           cpu=perf.cpu_demand(result))
 
 
+def all_targets(figures: dict[str, dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """:func:`targets` of every implementation of a run (``"<implementation>: <target>"`` side by side)."""
+    labels = sorted({v.split(":", 1)[0] for by_tp in figures.values() for f in by_tp.values()
+                     for v in f["variants"] if ":" in v})
+    if not labels:
+        return targets(figures)
+    return {f"{label}: {goal}": verdict for label in labels for goal, verdict in targets(figures, f"{label}:").items()}
+
+
 def _undecided(name: str, tp: int, measurement: perf.Measurement) -> bool:
     """Whether a target judged on this shape sits within the noise of the rounds so far."""
-    goals = targets({name: {f"tp{tp}": measurement.as_dict()}})
+    goals = all_targets({name: {f"tp{tp}": measurement.as_dict()}})
     return any(goal["certainty"] != "clear" for goal in goals.values())
 
 
@@ -147,10 +167,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=30, help="interleaved rounds per shape")
     parser.add_argument("--resample", type=int, default=1,
                         help="extra measurements (pooled) of a shape whose target verdict is within the noise")
-    parser.add_argument("--impl", default=overhead.IMPL, help="implementation under test (module:attr)")
+    parser.add_argument("--coc-impl", "--impl", dest="impls", action="append", metavar="MODULE:ATTR",
+                        help="implementation under test (module:attr); repeat to compare several side by side "
+                             f"(default {overhead.IMPL})")
     parser.add_argument("--overhead-cases", type=int, default=30, help="pool cases per TP (0: skip overhead)")
     parser.add_argument("--spawns", type=int, default=1, help="spawned cases per TP for the overhead figures")
     args = parser.parse_args(argv)
+    impls = args.impls or [overhead.IMPL]
 
     profile = hardware.by_name(args.profile)
     shapes = _shapes(profile, [s for s in args.shapes.split(",") if s])
@@ -166,14 +189,14 @@ def main(argv: list[str] | None = None) -> int:
         for tp in tps:
             for name, case in shapes.items():
                 params = dict(op=case.op, m=case.m, k=case.k, n=case.n, dtype=case.dtype,
-                              variants=variants, warmup=args.warmup, repeats=args.repeats)
-                result = _measure(launcher, RankTask(pipeline_perf_case, tp, params, timeout=1800.0), args.impl)
+                              variants=variants, warmup=args.warmup, repeats=args.repeats, impl_specs=impls)
+                result = _measure(launcher, RankTask(pipeline_perf_case, tp, params, timeout=1800.0), impls[0])
                 measurement = _summary(result, case)
                 rounds = args.repeats
                 for _ in range(args.resample):
                     if not _undecided(name, tp, measurement):
                         break
-                    again = _measure(launcher, RankTask(pipeline_perf_case, tp, params, timeout=1800.0), args.impl)
+                    again = _measure(launcher, RankTask(pipeline_perf_case, tp, params, timeout=1800.0), impls[0])
                     result = {**result, "samples": perf.pooled(result["samples"], again["samples"])}
                     measurement, rounds = _summary(result, case), rounds + args.repeats
                 identity = result["identity"]
@@ -196,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{'world':>5} {'pool ms':>9} {'pool+allreduce ms':>18} {'spawn ms':>9}")
         for world, c in costs.items():
             print(f"{world:>5} {c['pool_ms']:>9.3f} {c['pool_allreduce_ms']:>18.3f} {c['spawn_ms']:>9.1f}")
-    goals = targets(figures)
+    goals = all_targets(figures)
     print("\n== targets")
     for goal, verdict in goals.items():
         detail = ", ".join(f"{k}={v}" for k, v in verdict.items() if k != "met")
@@ -205,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"bench time {time.perf_counter() - start:.0f} s; 1-min load average {load['before']} before, "
           f"{load['after']} after ({os.cpu_count()} CPUs)")
     print(json.dumps({"machine": {**identity, "cpus": os.cpu_count(), "load_avg": load},
-                      "impl": args.impl, "profile": profile.name,
+                      "impl": impls, "profile": profile.name,
                       "settings": {"warmup": args.warmup, "repeats": args.repeats, "threads_per_rank": 1},
                       "shapes": figures, "overhead": costs, "targets": goals}))
     return 0

@@ -95,18 +95,27 @@ def chunk_flag(variant: str) -> str:
 
 
 def pipeline_perf_case(ctx: RankContext, *, op: str, m: int, k: int, n: int, dtype: str,
-                       variants: list[str], warmup: int, repeats: int) -> dict[str, Any]:
-    """Interleaved timings (ms, max over ranks) of serial, each variant and the costs alone."""
+                       variants: list[str], warmup: int, repeats: int,
+                       impl_specs: list[str] | None = None) -> dict[str, Any]:
+    """Interleaved timings (ms, max over ranks) of serial, each variant and the costs alone.
+
+    With several ``impl_specs`` every implementation's variants are timed in
+    the same rounds against the same serial, named ``<implementation>:<variant>``.
+    """
     import torch
     import torch.distributed as dist
 
     from coc_shared.megatron_harness import build_column, build_row, model_parallel
+    from conformance.harness.impl_loader import load_implementation
 
-    tp, impl = ctx.world_size, ctx.impl
+    tp = ctx.world_size
+    impls = {impl.name: impl for impl in (load_implementation(spec) for spec in impl_specs or [ctx.impl_spec])}
+    named = len(impls) > 1
     torch_dtype = getattr(torch, dtype)
     device = torch.device(ctx.device)
-    skipped = {v: r for v in variants if (r := variant_reason(impl, v, op)) is not None}
-    runnable = [v for v in variants if v not in skipped]
+    wanted = [(f"{label}:{v}" if named else v, impl, v) for label, impl in impls.items() for v in variants]
+    skipped = {key: r for key, impl, v in wanted if (r := variant_reason(impl, v, op)) is not None}
+    runnable = [(key, impl, v) for key, impl, v in wanted if key not in skipped]
     sp = op != "matmul_all_reduce"
     gen = torch.Generator().manual_seed(1234 + ctx.rank)
 
@@ -133,24 +142,23 @@ def pipeline_perf_case(ctx: RankContext, *, op: str, m: int, k: int, n: int, dty
         items: dict[str, Callable[[], Any]] = {
             SERIAL: lambda: serial_composition(place, op, x, w_kn, None),
         }
-        for variant in runnable:
+        for key, impl, variant in runnable:
             if variant == SERIAL_REUSED:
-                items[variant] = costs.serial_reused
+                items[key] = costs.serial_reused
             elif variant == "fused":
-                items[variant] = partial(getattr(impl, op), x, weight, None, group=group,
-                                         transpose_weight=True)
+                items[key] = partial(getattr(impl, op), x, weight, None, group=group, transpose_weight=True)
             else:
                 config, refused = call_capturing_errors(impl.configure, coc_argv(chunk_flag(variant)), {},
                                                         tp_size=tp)
                 if refused is not None:
-                    skipped[variant] = f"configure refused it: {refused.describe()}"
+                    skipped[key] = f"configure refused it: {refused.describe()}"
                     continue
 
-                def patched(config: Any = config) -> Any:
+                def patched(impl: Any = impl, config: Any = config) -> Any:
                     with impl.patch_megatron(config):
                         return layer(x_layer)
 
-                items[variant] = patched
+                items[key] = patched
         items[MM] = partial(costs.matmul, m)
         items[COMM] = partial(costs.collective, m)
 
@@ -164,7 +172,7 @@ def pipeline_perf_case(ctx: RankContext, *, op: str, m: int, k: int, n: int, dty
 
         # Warm-up of everything (auto measures its costs here), then which blocks each variant uses.
         warm_up(items, warmup, barrier=barrier, synchronize=synchronize)
-        blocks = {v: _observed_blocks(items[v], KINDS[op], m) for v in runnable if v in items}
+        blocks = {key: _observed_blocks(items[key], KINDS[op], m) for key, _, _ in runnable if key in items}
         for size in sorted({b for used in blocks.values() if used for b in used} - {m}):
             items[block_key(MM, size)] = partial(costs.matmul, size)
             items[block_key(COMM, size)] = partial(costs.collective, size)

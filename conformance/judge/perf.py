@@ -295,23 +295,20 @@ def _fmt(value: float | None, spec: str, width: int) -> str:
     return f"{'-':>{width}}" if value is None else format(value, spec)
 
 
-TABLE_HEADER = (f"{'variant':<13} {'ms':>8} {'spread':>7} {'x serial':>8} {'gain':>7} "
-                f"{'paired gain [90% CI]':>25} "
-                f"{'overlap':>7} {'exposed':>8} {'model ms':>8} {'model err':>9}  blocks")
-
-
 def table(measurement: Measurement, verdicts: Mapping[str, Verdict] | None = None) -> str:
     """A text table: serial, the matmul and collective alone, then one row per variant."""
     m = measurement
-    lines = [TABLE_HEADER]
+    w = max([13, *(len(name) for name in m.variants)])
+    lines = [f"{'variant':<{w}} {'ms':>8} {'spread':>7} {'x serial':>8} {'gain':>7} {'paired gain [90% CI]':>25} "
+             f"{'overlap':>7} {'exposed':>8} {'model ms':>8} {'model err':>9}  blocks"]
     for name, stats in ((SERIAL, m.serial), (MM, m.mm), (COMM, m.comm)):
-        lines.append(f"{name:<13} {stats.median:>8.2f} {stats.spread:>7.1%}")
+        lines.append(f"{name:<{w}} {stats.median:>8.2f} {stats.spread:>7.1%}")
     for name, v in m.variants.items():
         low, high = v.paired_gain_ci
         paired = f"{v.paired_gains.median:+.1%} [{low:+.1%}, {high:+.1%}]"
         blocks = "-" if v.blocks is None else (
             f"{len(v.blocks)} x {v.blocks[0]}" if len(set(v.blocks)) == 1 else str(list(v.blocks)))
-        line = (f"{name:<13} {v.time.median:>8.2f} {v.time.spread:>7.1%} {v.speedup:>7.3f}x "
+        line = (f"{name:<{w}} {v.time.median:>8.2f} {v.time.spread:>7.1%} {v.speedup:>7.3f}x "
                 f"{v.gain:>+7.1%} {paired:>25} {_fmt(v.overlap_efficiency, '>7.2f', 7)} "
                 f"{v.exposed_comm_ms:>8.2f} {_fmt(v.predicted_ms, '>8.2f', 8)} "
                 f"{_fmt(v.prediction_error, '>+9.1%', 9)}  {blocks}")
