@@ -235,3 +235,25 @@ def attach_timeline(predicted: Timeline | None, measured: Timeline | Mapping[str
         end = max((e for intervals in lanes.values() for _, e in intervals), default=0.0)
         spans.append(f"{what} {end:.1f} us")
     _attach_png(plots.lanes(rows, title=f"{title}: {', '.join(spans)}"), f"{title}: timeline")
+
+
+def label_levels(checks: Sequence[Mapping[str, Any]]) -> None:
+    """Tag the case with the requirement levels of its checks; ``requirement`` is the worst failed one."""
+    if not _active or not checks:
+        return
+    levels = sorted({str(c["level"]) for c in checks})
+    for level in levels:
+        allure.dynamic.tag(level)
+    failed = [str(c["level"]) for c in checks if not c.get("passed")]
+    order = ("MUST", "STRUCTURE", "SHOULD")
+    worst = min(failed, key=lambda level: order.index(level) if level in order else len(order)) if failed else None
+    allure.dynamic.label("requirement", worst or ("MUST" if "MUST" in levels else levels[0]))
+
+
+def attach_timings(timings: Mapping[str, Any] | None) -> None:
+    """Where the case's time went (lease wait, pool start, implementation, references, checks), as a table."""
+    if not _active or not timings:
+        return
+    rows = [(key, timings[key]) for key in ("lease_wait", "pool_start", "pools_started", "impl", "reference",
+                                             "ranks", "checks", "total", "runs") if key in timings]
+    allure.attach(_table(rows), name="time breakdown (s)", attachment_type=allure.attachment_type.CSV)

@@ -5,6 +5,8 @@
 * teardown: default feature, story, severity and title for what the test did
   not describe through :func:`conformance.reporting.allure.describe_case`;
 * a failing :class:`~conformance.harness.errors.CaseError`: every rank's evidence;
+* after the call: each check's requirement level as a tag (and the level of the
+  worst failed check as label ``requirement``), and where the case's time went;
 * session end: ``categories.json`` and ``environment.properties``.  Under
   xdist only the controller writes them, after every worker has reported
   what it ran on (``workeroutput``); allure-pytest's per-test files carry
@@ -81,6 +83,10 @@ class AllureHooks:
         report = yield
         if call.excinfo is not None and isinstance(call.excinfo.value, CaseError):
             reporting.attach_evidence(call.excinfo.value)
+        if call.when == "call":
+            properties = dict(report.user_properties)
+            reporting.label_levels(properties.get("coc_checks") or [])
+            reporting.attach_timings(properties.get("coc_timings"))
         return report
 
     def _observe_device(self) -> None:
