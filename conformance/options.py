@@ -17,6 +17,10 @@ TP_PARAMS = ("tp", "world_size")
 WORLD_PARAM = "world"
 
 
+#: ``--coc-figures`` choices: which comparisons get a histogram (and, when failed, a heat-map).
+FIGURES = ("failed", "all", "none")
+
+
 def add_options(parser: pytest.Parser) -> None:
     group = parser.getgroup("coc-conformance", "CoC conformance suite")
     group.addoption(
@@ -83,6 +87,12 @@ def add_options(parser: pytest.Parser) -> None:
     group.addoption(
         "--coc-summary", default=None, metavar="FILE",
         help="Write the compact JSON summary of the run here (default: next to --alluredir, if given).",
+    )
+    group.addoption(
+        "--coc-figures", default="failed", choices=FIGURES,
+        help="Error-distribution figures in the Allure results: for failed comparisons only (default; "
+        "each figure costs tens of milliseconds, thousands per run), for every comparison, or none. "
+        "Every comparison gets its statistics table either way.",
     )
     parser.addini("coc_impl", "Default CoC implementation under test (MODULE:ATTR).", default=None)
 

@@ -107,4 +107,8 @@ def test_a_worker_that_dies_loses_only_its_case(run_suite: Callable[..., SuiteRu
     assert doc["crashed"], doc
     lines = (summary.with_name(summary.name + "l")).read_text().splitlines()
     assert len(lines) == 12
-    assert doc["allure_results"] == 11  # the crashed case wrote no result of its own
+    assert doc["allure_results"] == 12  # the controller wrote the crashed case's
+    lost = [json.loads(p.read_text()) for p in results.glob("*-result.json")]
+    lost = [r for r in lost if r["status"] == "broken"]
+    assert [r["name"] for r in lost] == [victims[0]["nodeid"].split("::", 1)[1]], lost
+    assert lost[0]["statusDetails"]["message"].startswith("conformance.harness.errors.WorkerLost: ")

@@ -9,6 +9,7 @@ way; the device must not change a history id.
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import re
@@ -99,8 +100,7 @@ def test_perf_timeline():
 
 #: test function -> (status, category, attachment names)
 EXPECTED = {
-    "test_numerics[2]": (
-        "passed", None, {"out: error statistics", "out: |diff| / bound"}),
+    "test_numerics[2]": ("passed", None, {"out: error statistics"}),
     "test_numerics[4]": ("failed", "Numeric mismatch",
                          {"out: error statistics", "out: |diff| / bound", "out: |diff| heat-map"}),
     "test_hang[4]": ("failed", report_meta.HANG, {"rank 0 stack", "rank 1 stack", "rank 0 log"}),
@@ -163,7 +163,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Iterator[t
     def make(root: Path) -> tuple[Run, Run]:
         if not (root / "done").exists():
             _run_synthetic(root / "single", "cpu")
-            _run_synthetic(root / "xdist", "npu:0", "-n", "2")
+            _run_synthetic(root / "xdist", "npu:0", "-n", "2", "--coc-figures=all")
             (root / "done").touch()
         return Run.load(root / "single" / "allure-results", "cpu"), \
             Run.load(root / "xdist" / "allure-results", "npu:0")
@@ -219,6 +219,19 @@ def test_attachments_present(runs: tuple[Run, Run]) -> None:
         assert pngs and all((run.results / a["source"]).read_bytes()[:4] == b"\x89PNG" for a in pngs)
     stack = next(a for a in runs[0].cases["test_hang[4]"]["attachments"] if a["name"] == "rank 0 stack")
     assert "all_reduce()" in (runs[0].results / stack["source"]).read_text()
+
+
+def test_figures_for_failures_unless_all_are_asked_for(runs: tuple[Run, Run]) -> None:
+    """A passing comparison gets its table (with the distribution); a figure only with --coc-figures=all."""
+    default, every = runs
+    default_names, every_names = ({a["name"] for a in run.cases["test_numerics[2]"]["attachments"]}
+                                  for run in runs)
+    assert "out: |diff| / bound" not in default_names
+    assert "out: |diff| / bound" in every_names
+    table = next(a for a in default.cases["test_numerics[2]"]["attachments"] if a["name"] == "out: error statistics")
+    rows = dict(csv.reader((default.results / table["source"]).read_text().splitlines()[1:]))
+    decades = {k: int(v) for k, v in rows.items() if k.startswith("|diff|")}
+    assert sum(decades.values()) == 24 * 8 and not decades["|diff| / bound > 1 (violations)"], rows
 
 
 def _category(rules: list[dict[str, Any]], result: dict[str, Any]) -> str | None:

@@ -1,4 +1,4 @@
-"""``python -m conformance.bench {overhead,coc} [options]``."""
+"""``python -m conformance.bench {overhead,coc,bounds} [options]``."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import sys
 BENCHMARKS = {
     "overhead": "conformance.bench.overhead",
     "coc": "conformance.bench.coc",
+    "bounds": "conformance.bench.bounds",
 }
 
 

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import functools
 import platform
+import time
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -170,18 +171,48 @@ def pipeline_perf_case(ctx: RankContext, *, op: str, m: int, k: int, n: int, dty
             dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
             return t.cpu().tolist()
 
-        # Warm-up of everything (auto measures its costs here), then which blocks each variant uses.
-        warm_up(items, warmup, barrier=barrier, synchronize=synchronize)
-        blocks = {key: _observed_blocks(items[key], KINDS[op], m) for key, _, _ in runnable if key in items}
+        # Warm-up of everything (auto measures its costs here), then which blocks each variant uses;
+        # each first call is where a broken implementation hangs, so each gets its own budget.
+        armed = _armed_per_call(ctx, items)
+        started = time.perf_counter()
+        warm_up(armed, warmup, barrier=barrier, synchronize=synchronize)
+        round_s = (time.perf_counter() - started) / max(1, warmup)
+        blocks = {key: _observed_blocks(armed[key], KINDS[op], m) for key, _, _ in runnable if key in items}
         for size in sorted({b for used in blocks.values() if used for b in used} - {m}):
             items[block_key(MM, size)] = partial(costs.matmul, size)
             items[block_key(COMM, size)] = partial(costs.collective, size)
-        # One more warm-up round, for the block items just added.
+        # The timed rounds (one more warm-up, for the block items just added) run unwrapped, under
+        # one budget from the warm-up round's time.
+        ctx.budget_from(round_s, calls=repeats + 2)
         samples = time_interleaved(items, Settings(1, repeats), barrier=barrier,
                                    synchronize=synchronize, max_over_ranks=max_over_ranks)
         cpu = _cpu_demand(items, group, calls=max(3, warmup)) if device.type == "cpu" else None
         identity = device_identity(ctx, dist.get_backend(group))
     return {"identity": identity, "samples": samples, "blocks": blocks, "skipped": skipped, "cpu": cpu}
+
+
+def _armed_per_call(ctx: RankContext, items: dict[str, Callable[[], Any]]) -> dict[str, Callable[[], Any]]:
+    """``items`` wrapped so that each call re-arms the case's deadline at one call's budget.
+
+    A perf case makes dozens of calls, so one budget for all of them would be no
+    tighter than the ceiling.  Armed per call, from the serial path's time
+    (measured here, after the floor), a call that hangs is declared within its
+    own budget.
+    """
+    if ctx.budget is None:
+        return items
+    ctx.budget_from(0.0)
+    started = time.perf_counter()
+    items[SERIAL]()
+    seconds = ctx.budget.seconds(time.perf_counter() - started)
+
+    def armed(call: Callable[[], Any]) -> Callable[[], Any]:
+        def within_budget() -> Any:
+            ctx.expect_within(seconds)
+            return call()
+        return within_budget
+
+    return {key: armed(call) for key, call in items.items()}
 
 
 def _cpu_demand(items: dict[str, Callable[[], Any]], group: Any, *, calls: int) -> dict[str, float]:
@@ -191,7 +222,6 @@ def _cpu_demand(items: dict[str, Callable[[], Any]], group: Any, *, calls: int) 
     threads of one process share it, so each reports its share.
     """
     import os
-    import time
 
     import torch
     import torch.distributed as dist

@@ -53,5 +53,9 @@ class StormBroken(CaseError):
     """Not run: earlier cases of the same capability hung or crashed one after another."""
 
 
+class WorkerLost(CaseError):
+    """The pytest worker running the case died, or the run ended before the case ran."""
+
+
 #: Failures filed under "hang / timeout" in the report.
-HANGS: tuple[type[CaseError], ...] = (CaseTimeout, RankCrashed, StormBroken)
+HANGS: tuple[type[CaseError], ...] = (CaseTimeout, RankCrashed, StormBroken, WorkerLost)

@@ -24,6 +24,7 @@ class CaseTimings:
     """Where one test's time went (seconds), summed over its rank runs."""
 
     lease_wait: float = 0.0
+    longest_lease_wait: float = 0.0  #: the longest single wait (a case may lease several times)
     pool_start: float = 0.0
     pools_started: int = 0
     ranks: float = 0.0  #: wall time of the launcher runs (the ranks' whole work)
@@ -64,7 +65,9 @@ class RankRunner:
         prefer: Sequence[str] = getattr(self.launcher, "preferred_devices", lambda _: ())(world_size)
         asked = time.perf_counter()
         with self.leases.lease(world_size, exclusive=exclusive, prefer=prefer) as devices:
-            record.lease_wait += time.perf_counter() - asked
+            waited = time.perf_counter() - asked
+            record.lease_wait += waited
+            record.longest_lease_wait = max(record.longest_lease_wait, waited)
             return self._run(task, devices[:world_size], record)
 
     def _run(self, task: RankTask, devices: Sequence[str], record: CaseTimings) -> list[RankOutcome]:

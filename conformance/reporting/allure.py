@@ -34,14 +34,18 @@ SEVERITIES = tuple(level.value for level in allure.severity_level)
 _MAX_TEXT = 80
 
 _active = False
+_figures = "failed"  # --coc-figures
 _described: set[str] = set()  # what the running test described itself (defaults skip it)
 _warned_no_plots = False
 
 
-def activate(on: bool) -> None:
-    """Switch recording on or off (the hooks do, at configure and unconfigure)."""
-    global _active
-    _active = on
+def activate(on: bool, *, figures: str = "failed") -> None:
+    """Switch recording on or off (the hooks do, at configure and unconfigure).
+
+    ``figures`` (``--coc-figures``): which comparisons get figures: ``failed``, ``all`` or ``none``.
+    """
+    global _active, _figures
+    _active, _figures = on, figures
 
 
 def is_active() -> bool:
@@ -180,18 +184,47 @@ def _table(rows: Iterable[tuple[str, Any]]) -> str:
     return out.getvalue()
 
 
+#: Upper edges of the decades of |diff| / bound counted in every statistics table.
+_DECADES = (1e-4, 1e-3, 1e-2, 1e-1, 1.0)
+
+
+def ratio_decades(abs_diff: Any, bound: Any) -> list[tuple[str, int]]:
+    """How many elements have |diff| / bound in each decade: the histogram as table rows."""
+    import numpy as np
+
+    diff, bnd = np.ravel(abs_diff), np.ravel(bound)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(bnd > 0, diff / bnd, np.where(diff > 0, np.inf, 0.0))
+    rows = [("|diff| / bound = 0", int((ratio == 0).sum()))]
+    low = 0.0
+    for high in _DECADES:
+        rows.append((f"|diff| / bound in ({low:g}, {high:g}]", int(((ratio > low) & (ratio <= high)).sum())))
+        low = high
+    rows.append((f"|diff| / bound > {low:g} (violations)", int((ratio > low).sum())))
+    return rows
+
+
 def attach_comparison(comparison: Comparison, *, failed: bool | None = None) -> None:
-    """Error statistics as a table and a histogram; when failed (default: bound violated), a heat-map."""
+    """Error statistics and their distribution as a table; figures as ``--coc-figures`` says.
+
+    ``failed`` defaults to whether the bound was violated.  A failed comparison
+    gets a histogram and a heat-map of |diff| (unless figures are ``none``), a
+    passing one a histogram only with ``--coc-figures all``: drawing is the
+    dearest thing a passing case would do.
+    """
     if not _active:
+        return
+    stats = comparison.stats
+    failed = failed if failed is not None else not stats.ok
+    rows = [*stats.as_dict().items(), *ratio_decades(comparison.abs_diff, comparison.bound)]
+    allure.attach(_table(rows), name=f"{stats.name}: error statistics", attachment_type=allure.attachment_type.CSV)
+    if _figures == "none" or not (failed or _figures == "all"):
         return
     from conformance.reporting import plots
 
-    stats = comparison.stats
-    allure.attach(_table(stats.as_dict().items()), name=f"{stats.name}: error statistics",
-                  attachment_type=allure.attachment_type.CSV)
     _attach_png(plots.error_histogram(comparison.abs_diff, comparison.bound, title=stats.name),
                 f"{stats.name}: |diff| / bound")
-    if (failed if failed is not None else not stats.ok) and comparison.abs_diff.size:
+    if failed and comparison.abs_diff.size:
         _attach_png(plots.diff_heatmap(comparison.abs_diff, comparison.bound,
                                        title=f"{stats.name} {stats.dtype} {list(stats.shape)}"),
                     f"{stats.name}: |diff| heat-map")
@@ -250,10 +283,35 @@ def label_levels(checks: Sequence[Mapping[str, Any]]) -> None:
     allure.dynamic.label("requirement", worst or ("MUST" if "MUST" in levels else levels[0]))
 
 
+def report_lost_case(results_dir: str, nodeid: str, why: str) -> None:
+    """A broken result for a collected case that has none (its worker died, or never ran it).
+
+    Written by the controller, so the report lists every lost case under
+    "hang / timeout" and its count of results matches the cases collected.
+    """
+    from allure_commons.logger import AllureFileLogger
+    from allure_commons.model2 import Label, Status, StatusDetails, TestResult
+    from allure_commons.utils import md5, now, uuid4
+
+    from conformance.harness.errors import WorkerLost
+
+    module, _, test = nodeid.partition("::")
+    full_name = f"{module.removesuffix('.py').replace('/', '.')}#{test.split('[')[0]}"
+    moment = now()
+    AllureFileLogger(results_dir).report_result(TestResult(
+        uuid=uuid4(), name=test, fullName=full_name, testCaseId=md5(full_name), historyId=md5(nodeid),
+        status=Status.BROKEN, start=moment, stop=moment,
+        statusDetails=StatusDetails(message=f"{WorkerLost.__module__}.{WorkerLost.__name__}: {why}"),
+        labels=[Label("epic", EPIC), Label("feature", module.rsplit("/", 1)[-1].removesuffix(".py")),
+                Label("severity", "critical"), Label("framework", "pytest")],
+    ))
+
+
 def attach_timings(timings: Mapping[str, Any] | None) -> None:
     """Where the case's time went (lease wait, pool start, implementation, references, checks), as a table."""
     if not _active or not timings:
         return
-    rows = [(key, timings[key]) for key in ("lease_wait", "pool_start", "pools_started", "impl", "reference",
-                                             "ranks", "checks", "total", "runs") if key in timings]
+    keys = ("lease_wait", "longest_lease_wait", "pool_start", "pools_started", "impl", "reference", "ranks",
+            "checks", "total", "runs")
+    rows = [(key, timings[key]) for key in keys if key in timings]
     allure.attach(_table(rows), name="time breakdown (s)", attachment_type=allure.attachment_type.CSV)

@@ -61,9 +61,13 @@ class AllureHooks:
         self.world_sizes: set[int] = set()
         self.devices: set[str] = set()
         self.backends: set[str] = set()
+        # Under xdist the controller's view: what the workers collected, reported, and lost.
+        self.collected: list[str] = []
+        self.reported: set[str] = set()
+        self.crashed: list[str] = []
 
     def pytest_configure(self, config: pytest.Config) -> None:
-        reporting.activate(True)
+        reporting.activate(True, figures=config.getoption("coc_figures"))
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         reporting.activate(False)
@@ -84,7 +88,7 @@ class AllureHooks:
         if call.excinfo is not None and isinstance(call.excinfo.value, CaseError):
             reporting.attach_evidence(call.excinfo.value)
         if call.when == "call":
-            properties = dict(report.user_properties)
+            properties: dict[str, Any] = dict(report.user_properties)
             reporting.label_levels(properties.get("coc_checks") or [])
             reporting.attach_timings(properties.get("coc_timings"))
         return report
@@ -106,12 +110,37 @@ class AllureHooks:
                 "backends": sorted(self.backends)}
 
     @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
+        if not self.collected:
+            self.collected = list(ids)
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_handlecrashitem(self, crashitem: str, report: Any, sched: Any) -> None:
+        self.crashed.append(crashitem)
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if not hasattr(self.config, "workerinput"):
+            self.reported.add(report.nodeid)
+
+    def _report_lost_cases(self) -> None:
+        """Crashed and never-run cases get a broken result each (the workers wrote none)."""
+        results = self.config.option.allure_report_dir
+        for nodeid in self.crashed:
+            reporting.report_lost_case(results, nodeid, "the pytest worker running this case died "
+                                                        "(see the run's output for its last words)")
+        for nodeid in self.collected:
+            if nodeid not in self.reported and nodeid not in self.crashed:
+                reporting.report_lost_case(results, nodeid, "never run: the run lost its workers before "
+                                                            "reaching this case")
+
+    @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node: Any, error: Any) -> None:
         seen = getattr(node, "workeroutput", {}).get(_OUTPUT_KEY, {})
         self.world_sizes.update(seen.get("world_sizes", ()))
         self.devices.update(seen.get("devices", ()))
         self.backends.update(seen.get("backends", ()))
 
+    @pytest.hookimpl(tryfirst=True)  # lost cases are written before the summary counts results
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         config = self.config
         if hasattr(config, "workerinput"):  # an xdist worker: report to the controller
@@ -120,6 +149,7 @@ class AllureHooks:
             return
         if not self.devices:
             self._observe_device()
+        self._report_lost_cases()
         self._write_run_files()
 
     def _write_run_files(self) -> None:

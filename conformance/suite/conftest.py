@@ -22,8 +22,15 @@ def impl_accepts_blocks(coc_impl: Any) -> Callable[[str], bool]:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Fail the session when the suite's parametrisation leaves a combination of the catalogue uncovered."""
+    """Fail the session when a case on ranks escapes the storm breaker, or a combination is uncovered."""
+    from conformance.plugins.breaker import capability
     from conformance.suite.coverage import holes
+
+    unbroken = sorted({item.nodeid.split("[")[0] for item in items
+                       if "coc_ranks" in getattr(item, "fixturenames", ()) and capability(item) is None})
+    if unbroken:
+        raise pytest.UsageError("cases on ranks without a capability (the storm breaker could not stop a "
+                                "storm of them; mark them coc_capability): " + ", ".join(unbroken))
 
     narrowed = any("::" in str(arg) for arg in config.args)
     if narrowed:

@@ -258,6 +258,7 @@ def test_user_cfgs_validated(coc_impl: Any, coc_declarations: Declarations, verd
                                         what=f"coc_cfgs={cfgs}")
 
 
+@pytest.mark.coc_capability("configure")
 @pytest.mark.parametrize("world_size", [2, 8])
 @pytest.mark.parametrize("bad", [b for b in ERRORS if b.id in ("mc2", "chunks-cli-3", "fused-tp4-cli")],
                          ids=lambda b: b.id)

@@ -250,6 +250,10 @@ def test_deterministic_is_bitwise_reproducible(coc_ranks: Any, impl_accepts_bloc
                 f"({checks.describe_difference(call.reference, call.results[0])})")
 
 
+#: The storm breaker's capability of the w8A16 cases: its own path, apart from the plain op.
+W8A16 = "op:matmul_all_reduce/w8a16"
+
+
 def _quant_params() -> list[Any]:
     params = []
     for case in QUANT_CASES:
@@ -262,6 +266,7 @@ def _quant_params() -> list[Any]:
 
 
 @pytest.mark.coc_requires("matmul_all_reduce")
+@pytest.mark.coc_capability(W8A16)
 @pytest.mark.parametrize("case_id, tp", _quant_params())
 def test_w8a16_matches_dequantised_golden(coc_ranks: Any, case_id: str, tp: int) -> None:
     import torch
@@ -298,6 +303,7 @@ BAD_QUANT_NAMES = {"scale-shape": "scale", "offset-shape": "offset", "offset-wit
 
 
 @pytest.mark.coc_requires("matmul_all_reduce")
+@pytest.mark.coc_capability(W8A16)
 @pytest.mark.parametrize("tp", [2])
 @pytest.mark.parametrize("change", BAD_QUANT)
 def test_w8a16_bad_arguments_refused_on_every_rank(coc_ranks: Any, verdicts: Any, coc_declarations: Declarations,

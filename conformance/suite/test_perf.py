@@ -101,6 +101,7 @@ def _report(case: hardware.PerfCase, result: Mapping[str, Any], measurement: per
     return text
 
 
+@pytest.mark.coc_capability("perf")
 @pytest.mark.parametrize("case", _params())
 def test_coc_gain_meets_profile(coc_ranks: Any, case: hardware.PerfCase, record_property: Any,
                                 pytestconfig: pytest.Config) -> None:
