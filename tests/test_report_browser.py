@@ -2,8 +2,9 @@
 
 The suite's configuration cases run against a faulty implementation
 (environment beats command line: exactly one case fails), the offline
-report is built twice with one history file, and Chromium renders it from
-disk.  The screenshot is kept in ``reports/browser/report-summary.png``.
+report is built twice with one history file (the quality gate fails both
+builds on that case, and the report is built all the same), and Chromium
+renders it from disk.  The screenshot is kept in ``reports/browser/report-summary.png``.
 """
 
 from __future__ import annotations
@@ -74,8 +75,12 @@ def _build(results: Path, out: Path, history: Path) -> dict[str, object]:
          "--history", str(history)],
         cwd=ROOT, capture_output=True, text=True, timeout=900, env={**os.environ, "PYTHONPATH": path},
     )
-    assert done.returncode == 0, done.stdout + done.stderr
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    built: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
+    gate = built["quality_gate"]
+    assert isinstance(gate, dict)
+    # The run holds one failure: the report is built, and the gate fails it on the failure rule.
+    assert done.returncode == 1 and not gate["passed"] and "maxFailures" in gate["output"], done.stdout + done.stderr
+    return built
 
 
 def test_report_in_browser_shows_totals(run_suite: Callable[..., object], tmp_path: Path) -> None:

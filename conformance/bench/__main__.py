@@ -14,9 +14,14 @@ BENCHMARKS = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m conformance.bench")
-    parser.add_argument("benchmark", choices=sorted(BENCHMARKS))
+    # No help of its own: ``-h`` after a benchmark's name is that benchmark's.
+    parser = argparse.ArgumentParser(prog="python -m conformance.bench", add_help=False)
+    parser.add_argument("benchmark", nargs="?", choices=sorted(BENCHMARKS))
     args, rest = parser.parse_known_args(argv)
+    if args.benchmark is None:
+        parser.print_usage()
+        print("benchmarks: " + ", ".join(sorted(BENCHMARKS)) + "; `python -m conformance.bench NAME -h` for each")
+        return 0 if {"-h", "--help"} & set(rest) else 2
     module = importlib.import_module(BENCHMARKS[args.benchmark])
     return int(module.main(rest) or 0)
 

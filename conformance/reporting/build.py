@@ -4,7 +4,9 @@
         [--out reports/allure-report] [--history reports/allure-history.jsonl | --no-history]
 
 The Allure command line is pinned in ``conformance/reporting/npm/package.json`` (with
-its lock file) and installed there by ``npm ci`` on first use.  The report is
+its lock file) and installed there by ``npm ci`` on first use.  It is 3.14: the
+quality gate of 3.15 and later calls iterator helpers that need Node 22, and
+Debian's Node is 20 (the gate then fails on every run).  The report is
 one ``index.html`` (the *awesome* plugin in ``singleFile`` mode) that opens
 from disk without a server or network.  Each build appends the run to the
 history file, which feeds the report's trend.  Analytics are off: the
@@ -97,7 +99,7 @@ def quality_gate_rules(results: Path) -> list[dict[str, object]]:
 
 def allure_config(results: Path, out: Path, history: Path | None, name: str,
                   history_limit: int) -> dict[str, object]:
-    """Allure 3 configuration: single-file awesome report, history, the run's categories, the quality gate."""
+    """Allure 3 configuration: single-file awesome report, history, the run's categories."""
     categories_file = results / "categories.json"
     if categories_file.exists():
         categories = json.loads(categories_file.read_text())
@@ -112,7 +114,6 @@ def allure_config(results: Path, out: Path, history: Path | None, name: str,
         "plugins": {"awesome": {"options": {
             "singleFile": True, "reportName": name, "groupBy": ["epic", "feature", "story"],
         }}},
-        "qualityGate": {"rules": quality_gate_rules(results)},
     }
     if history is not None:
         config.update(historyPath=str(history), appendHistory=True, historyLimit=history_limit)
@@ -162,8 +163,12 @@ def build(results: Path, out: Path, history: Path | None = None, *, name: str = 
             raise ReportBuildError(f"allure generate failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
         strip_analytics(index)
         seconds = time.perf_counter() - start
-        gate = subprocess.run([str(executable), "quality-gate", str(results), "--config", str(config_file)],
-                              capture_output=True, text=True, env=env)
+        # The gate reads its own configuration (rules only): given the report's, it
+        # would append the run to the history a second time.
+        gate_file = Path(tmp) / "qualitygate.json"
+        gate_file.write_text(json.dumps({"name": name, "qualityGate": {"rules": quality_gate_rules(results)}}))
+        gate = subprocess.run([str(executable), "quality-gate", str(results), "--config", str(gate_file)],
+                              capture_output=True, text=True, env=env, cwd=tmp)
     summary = out / "summary.json"
     stats = json.loads(summary.read_text()).get("stats", {}) if summary.exists() else {}
     said = _ANSI.sub("", gate.stdout + gate.stderr).strip()
