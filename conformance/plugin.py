@@ -28,6 +28,7 @@ launcher_key = pytest.StashKey["Launcher"]()
 
 #: Sub-plugins, in registration order (each is a module of hook implementations).
 SUB_PLUGINS = (
+    "conformance.plugins.roster",
     "conformance.plugins.levels",
     "conformance.plugins.scheduling",
     "conformance.plugins.expectations",
@@ -189,6 +190,11 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
                 pytest.skip(reason)
 
 
-def pytest_report_header(config: pytest.Config) -> str:
-    return (f"coc-conformance: impl={impl_spec(config)} launcher={config.getoption('--coc-launcher')}"
-            f" pid={os.getpid()}")
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    launcher = config.getoption("--coc-launcher")
+    lines = [f"coc-conformance: impl={impl_spec(config)} launcher={launcher} pid={os.getpid()}"]
+    if launcher == "torchrun":
+        from conformance.harness.launchers.torchrun import stacks_path
+
+        lines.append(f"coc-conformance: a hang aborts the job; each rank's stacks go to {stacks_path('<rank>')}")
+    return lines

@@ -1,14 +1,18 @@
-"""Fixtures for the unit tests: running the conformance suite against a given implementation."""
+"""Fixtures for the unit tests: running the conformance suite against a given implementation, warm gloo pools."""
 
 from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from tests.dist_helpers import GlooPool
 
 pytest_plugins = ["pytester"]
 
@@ -52,3 +56,20 @@ def run_suite(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> Cal
         return SuiteRun(failed, outcomes.get("passed", 0), output, outcomes, int(result.ret))
 
     return run
+
+
+@pytest.fixture(scope="module")
+def pools() -> Iterator[Callable[[int], GlooPool]]:
+    """``pools(tp)``: a warm gloo pool of ``tp`` ranks, kept for the module's tests."""
+    from tests.dist_helpers import GlooPool  # torch: only for the tests that ask
+
+    made: dict[int, GlooPool] = {}
+
+    def get(tp: int) -> GlooPool:
+        if tp not in made or made[tp].closed:
+            made[tp] = GlooPool(tp)
+        return made[tp]
+
+    yield get
+    for pool in made.values():
+        pool.close()

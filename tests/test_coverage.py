@@ -39,3 +39,12 @@ def test_the_suite_collects_without_holes() -> None:
     done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--co", "-q",
                            "conformance/suite"], cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+
+
+def test_the_check_sees_the_collection_before_deselection() -> None:
+    """``--coc-tp``, ``-m``, ``-k`` and torchrun's world size narrow the run, not the catalogue."""
+    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--co", "-q",
+                           "conformance/suite", "--coc-tp", "2", "-m", "not perf", "-k", "not golden"],
+                          cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert " deselected" in done.stdout.splitlines()[-1]

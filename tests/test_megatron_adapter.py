@@ -10,25 +10,11 @@ import pytest
 import torch
 
 from coc_shared import megatron_harness as adapter
-from tests.dist_helpers import GlooPool, LinearProblem
+from tests.dist_helpers import LinearProblem
 
 S, B, H = 8, 2, 16  # square weights: a transposed shard cannot pass
 PROBLEM = LinearProblem.make(S, B, H, H, seed=7)
 FP32 = dict(rtol=1e-5, atol=1e-5)
-
-
-@pytest.fixture(scope="module")
-def pools():
-    made: dict[int, GlooPool] = {}
-
-    def get(tp: int) -> GlooPool:
-        if tp not in made or made[tp].closed:
-            made[tp] = GlooPool(tp)
-        return made[tp]
-
-    yield get
-    for pool in made.values():
-        pool.close()
 
 
 def build(layer: str, sp: bool, problem: LinearProblem, **options):

@@ -22,7 +22,7 @@ from coc_impl.errors import CoCBackendUnavailable
 from coc_impl.megatron_patch import backend_for, patch_megatron
 from coc_shared import megatron_harness as adapter
 from coc_shared.megatron_harness import ColumnParallelLinear, RowParallelLinear
-from tests.dist_helpers import GlooPool, LinearProblem, record_collectives
+from tests.dist_helpers import LinearProblem, record_collectives
 
 S, B, H = 16, 2, 16  # m = 32; square weights
 PROBLEM = LinearProblem.make(S, B, H, H, seed=11)
@@ -32,20 +32,6 @@ CHUNKS = (1, 2, 4, 8)
 
 def coc(parallel_num: int = 2, **kwargs) -> CoCConfig:
     return CoCConfig(enabled=True, parallel_num=parallel_num, **kwargs)
-
-
-@pytest.fixture(scope="module")
-def pools():
-    made: dict[int, GlooPool] = {}
-
-    def get(tp: int) -> GlooPool:
-        if tp not in made or made[tp].closed:
-            made[tp] = GlooPool(tp)
-        return made[tp]
-
-    yield get
-    for pool in made.values():
-        pool.close()
 
 
 def build(layer: str, sp: bool, problem: LinearProblem = PROBLEM, **options):

@@ -33,6 +33,11 @@ def sizes(item: pytest.Item) -> list[int]:
     return found
 
 
+def builds_megatron_state(item: pytest.Item) -> bool:
+    """Whether the case runs real Megatron layers (and so initialises Megatron's parallel state)."""
+    return any("patch_megatron" in mark.args for mark in item.iter_markers("coc_requires"))
+
+
 def world_size(item: pytest.Item) -> int:
     """Ranks the case needs at once (0: none)."""
     return max(sizes(item), default=0)
@@ -61,8 +66,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         params = getattr(getattr(item, "callspec", None), "params", {})
         tps = [params[p] for p in TP_PARAMS if isinstance(params.get(p), int)]
         unwanted = chosen is not None and not set(tps) <= chosen
-        too_big = limit is not None and world_size(item) > limit
-        (drop if unwanted or too_big else keep).append(item)
+        # Under torchrun a case runs on exactly the job's ranks: creating a process group
+        # (Megatron's, a TP subgroup, the implementation's own) is collective over them all.
+        elsewhere = limit is not None and world_size(item) not in (0, limit)
+        (drop if unwanted or elsewhere else keep).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
     # Only cases on rank pools move; everything else keeps its place (and its module fixtures).
@@ -70,5 +77,4 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     others = [item for item in keep if "coc_ranks" not in getattr(item, "fixturenames", ())]
     on_ranks.sort(key=order)
     items[:] = others + on_ranks
-    config.stash[needs_megatron_key] = any(
-        "patch_megatron" in mark.args for item in on_ranks for mark in item.iter_markers("coc_requires"))
+    config.stash[needs_megatron_key] = any(map(builds_megatron_state, on_ranks))

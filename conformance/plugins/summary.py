@@ -26,6 +26,7 @@ import pytest
 
 from conformance.caseids import area, case_id
 from conformance.options import impl_spec
+from conformance.plugins.roster import roster
 
 SCHEMA = 1
 FAILURE_PROPERTY = "coc_failure"
@@ -102,21 +103,8 @@ class SummaryWriter:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.lines.write_text("")
         self.records: dict[str, dict[str, Any]] = {}
-        self.collected: list[str] = []
+        self.roster = roster(config)
         self.started = time.time()
-        self.crashed: list[str] = []
-
-    def pytest_collection_finish(self, session: pytest.Session) -> None:
-        self.collected = [item.nodeid for item in session.items]
-
-    @pytest.hookimpl(optionalhook=True)
-    def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
-        if not self.collected:
-            self.collected = list(ids)
-
-    @pytest.hookimpl(optionalhook=True)
-    def pytest_handlecrashitem(self, crashitem: str, report: Any, sched: Any) -> None:
-        self.crashed.append(crashitem)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         # The call report decides; setup / teardown count only when they failed or skipped the case.
@@ -139,7 +127,7 @@ class SummaryWriter:
         for r in records:
             for check in r.get("checks", ()):
                 levels[f"{check['level']}:{'passed' if check['passed'] else 'failed'}"] += 1
-        missing = [n for n in self.collected if n not in self.records]
+        missing = [n for n in self.roster.collected if n not in self.records]
         allure_dir = self.config.getoption("allure_report_dir", None)
         allure_results = (len(list(Path(allure_dir).glob("*-result.json")))
                           if allure_dir and Path(allure_dir).is_dir() else None)
@@ -153,10 +141,10 @@ class SummaryWriter:
             "megatron_core": _version("megatron-core"),
             "started": self.started,
             "duration": round(time.time() - self.started, 2),
-            "collected": len(self.collected),
+            "collected": len(self.roster.collected),
             "reported": len(records),
             "missing": missing,
-            "crashed": self.crashed,
+            "crashed": self.roster.crashed,
             "allure_results": allure_results,
             "outcomes": dict(outcomes),
             "levels": dict(levels),
@@ -176,10 +164,10 @@ class SummaryWriter:
             terminalreporter.section("coc-conformance: skips by reason")
             for reason, count in skips.most_common(15):
                 terminalreporter.write_line(f"{count:>5}  {reason[:150]}")
-        missing = [n for n in self.collected if n not in self.records]
-        if missing or self.crashed:
+        missing = [n for n in self.roster.collected if n not in self.records]
+        if missing or self.roster.crashed:
             terminalreporter.write_line(f"coc-conformance: {len(missing)} collected case(s) have no result "
-                                        f"(crashed workers: {self.crashed})", red=True)
+                                        f"(crashed workers: {self.roster.crashed})", red=True)
         terminalreporter.write_line(f"coc-conformance: summary written to {self.path}")
 
 

@@ -24,6 +24,7 @@ import pytest
 
 from conformance import options
 from conformance.harness.errors import CaseError
+from conformance.plugins.roster import roster
 from conformance.reporting import allure as reporting
 from conformance.reporting import meta as report_meta
 from conformance.reporting.allure import readable
@@ -61,10 +62,7 @@ class AllureHooks:
         self.world_sizes: set[int] = set()
         self.devices: set[str] = set()
         self.backends: set[str] = set()
-        # Under xdist the controller's view: what the workers collected, reported, and lost.
-        self.collected: list[str] = []
-        self.reported: set[str] = set()
-        self.crashed: list[str] = []
+        self.reported: set[str] = set()  # on the controller (or without xdist)
 
     def pytest_configure(self, config: pytest.Config) -> None:
         reporting.activate(True, figures=config.getoption("coc_figures"))
@@ -109,27 +107,22 @@ class AllureHooks:
         return {"world_sizes": sorted(self.world_sizes), "devices": sorted(self.devices),
                 "backends": sorted(self.backends)}
 
-    @pytest.hookimpl(optionalhook=True)
-    def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
-        if not self.collected:
-            self.collected = list(ids)
-
-    @pytest.hookimpl(optionalhook=True)
-    def pytest_handlecrashitem(self, crashitem: str, report: Any, sched: Any) -> None:
-        self.crashed.append(crashitem)
-
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if not hasattr(self.config, "workerinput"):
             self.reported.add(report.nodeid)
 
     def _report_lost_cases(self) -> None:
-        """Crashed and never-run cases get a broken result each (the workers wrote none)."""
+        """Crashed and never-run cases get a broken result each (the workers wrote none).
+
+        Cases left unrun by ``-x`` or an interrupt, with no worker lost, stay absent.
+        """
         results = self.config.option.allure_report_dir
-        for nodeid in self.crashed:
+        lost = roster(self.config)
+        for nodeid in lost.crashed:
             reporting.report_lost_case(results, nodeid, "the pytest worker running this case died "
                                                         "(see the run's output for its last words)")
-        for nodeid in self.collected:
-            if nodeid not in self.reported and nodeid not in self.crashed:
+        for nodeid in lost.collected if lost.crashed else ():
+            if nodeid not in self.reported and nodeid not in lost.crashed:
                 reporting.report_lost_case(results, nodeid, "never run: the run lost its workers before "
                                                             "reaching this case")
 

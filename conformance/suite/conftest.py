@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from typing import Any
 
 import pytest
@@ -20,8 +20,14 @@ def impl_accepts_blocks(coc_impl: Any) -> Callable[[str], bool]:
     return accepts
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+@pytest.hookimpl(wrapper=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> Generator[None, None, None]:
+    """Check the whole collection before anything deselects from it (``-k``, ``-m``, ``--coc-tp``, torchrun)."""
+    _check_collection(config, items)
+    return (yield)
+
+
+def _check_collection(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Fail the session when a case on ranks escapes the storm breaker, or a combination is uncovered."""
     from conformance.plugins.breaker import capability
     from conformance.suite.coverage import holes

@@ -1,11 +1,15 @@
 """Every rank runs the pytest session itself (``torchrun ... -m pytest``): multi-node.
 
-The process group is initialised once from torchrun's environment.  A case
-runs in-process on this rank and on a sub-group of the first ``world_size``
-ranks; outcomes are exchanged with ``all_gather_object`` so every rank's test
+The process group is initialised once from torchrun's environment.  The
+session keeps the cases whose world size is the job's (creating a process
+group -- Megatron's, a TP subgroup, an implementation's own -- is collective
+over every rank of the job): run the job at 2, 4 and 8 ranks to cover the
+suite.  A case runs in-process on this rank; outcomes are exchanged with ``all_gather_object`` so every rank's test
 sees all ranks' results (and they all pass or fail together).  A hung rank
-cannot be rebuilt here: on timeout every thread's stack is dumped and the
-session aborts, which torchrun turns into a failed job.
+cannot be rebuilt here: on timeout every thread's stack is dumped to
+:func:`stacks_path` and the session aborts, which torchrun turns into a
+failed job.  Not to stderr: pytest captures it, into memory (no file
+descriptor for faulthandler) or into a temporary file the abort discards.
 """
 
 from __future__ import annotations
@@ -13,11 +17,18 @@ from __future__ import annotations
 import faulthandler
 import os
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from conformance.harness.case import RankContext, RankOutcome, RankTask, run_on_rank
+
+
+def stacks_path(rank: int | str) -> Path:
+    """Where this rank's stacks go when a case outlives its budget (the session header names it)."""
+    return Path(tempfile.gettempdir()) / f"coc-torchrun-rank{rank}.stacks"
 
 
 class TorchrunLauncher:
@@ -33,6 +44,7 @@ class TorchrunLauncher:
         self._groups: dict[int, Any] = {}
         # Collectives on Python objects need a CPU-capable group whatever the device backend.
         self._object_group = dist.new_group(backend="gloo")
+        self._stacks = open(stacks_path(self.rank), "w", encoding="utf-8")  # noqa: SIM115 (kept open)
 
     def _group(self, world_size: int) -> Any:
         import torch.distributed as dist
@@ -56,11 +68,11 @@ class TorchrunLauncher:
 
             def on_budget(seconds: float) -> None:  # the task's budget, under the ceiling
                 left = min(task.timeout - (time.monotonic() - started), seconds)
-                faulthandler.dump_traceback_later(max(left, 0.001), exit=True, file=sys.stderr)
+                faulthandler.dump_traceback_later(max(left, 0.001), exit=True, file=self._stacks)
 
             ctx = RankContext(self.rank, task.world_size, device, impl_spec, self.name, group,
                               on_budget=on_budget, budget=task.budget)
-            faulthandler.dump_traceback_later(task.timeout, exit=True, file=sys.stderr)
+            faulthandler.dump_traceback_later(task.timeout, exit=True, file=self._stacks)
             try:
                 outcome = run_on_rank(task.fn, task.params, ctx)
             finally:
@@ -70,7 +82,7 @@ class TorchrunLauncher:
         return [o for o in gathered[: task.world_size]]
 
     def close(self) -> None:
-        pass
+        self._stacks.close()
 
 
 def _device_type() -> str:
