@@ -112,3 +112,16 @@ def test_a_worker_that_dies_loses_only_its_case(run_suite: Callable[..., SuiteRu
     lost = [r for r in lost if r["status"] == "broken"]
     assert [r["name"] for r in lost] == [victims[0]["nodeid"].split("::", 1)[1]], lost
     assert lost[0]["statusDetails"]["message"].startswith("conformance.harness.errors.WorkerLost: ")
+
+
+def test_cases_left_unrun_by_maxfail_are_missing_not_broken(run_suite: Callable[..., SuiteRun],
+                                                             tmp_path: Path) -> None:
+    """``-x`` loses no worker: unrun cases are listed as missing, and no broken "lost" results appear."""
+    summary = tmp_path / "coc-summary.json"
+    results = tmp_path / "allure-results"
+    run_suite("test_config", "tests.faulty_impls:EnvBeatsCommandLine", "-n", "1", "-x", "-k", "effective_config",
+              "--coc-summary", str(summary), f"--alluredir={results}")
+    doc = json.loads(summary.read_text())
+    assert doc["collected"] == 12 and doc["missing"] and not doc["crashed"], doc
+    written = [json.loads(p.read_text()) for p in results.glob("*-result.json")]
+    assert len(written) == doc["reported"] and all(r["status"] != "broken" for r in written), written
