@@ -166,7 +166,8 @@ def build(results: Path, out: Path, history: Path | None = None, *, name: str = 
         # The gate reads its own configuration (rules only): given the report's, it
         # would append the run to the history a second time.
         gate_file = Path(tmp) / "qualitygate.json"
-        gate_file.write_text(json.dumps({"name": name, "qualityGate": {"rules": quality_gate_rules(results)}}))
+        rules = quality_gate_rules(results)
+        gate_file.write_text(json.dumps({"name": name, "qualityGate": {"rules": rules}}))
         gate = subprocess.run([str(executable), "quality-gate", str(results), "--config", str(gate_file)],
                               capture_output=True, text=True, env=env, cwd=tmp)
     summary = out / "summary.json"
@@ -174,7 +175,7 @@ def build(results: Path, out: Path, history: Path | None = None, *, name: str = 
     said = _ANSI.sub("", gate.stdout + gate.stderr).strip()
     return BuiltReport(str(index), index.stat().st_size, round(seconds, 2), stats,
                        str(history) if history else None,
-                       {"passed": gate.returncode == 0, "rules": quality_gate_rules(results), "output": said[-2000:]})
+                       {"passed": gate.returncode == 0, "rules": rules, "output": said[-2000:]})
 
 
 def main(argv: list[str] | None = None) -> int:
