@@ -1,4 +1,4 @@
-"""Case ids: how expectations files, the smoke tier, the summary and the gate name a case.
+"""Case ids: how expectations files, the smoke tier, the summary and the gate name a case, and its capability.
 
 A case id is the pytest node id without its directories
 (``test_layers.py::test_x[params]``), so it is the same whether the suite ran
@@ -9,6 +9,10 @@ from a checkout or from an installed package (``--pyargs``).  Patterns use
 from __future__ import annotations
 
 import fnmatch
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import pytest
 
 
 def case_id(nodeid: str) -> str:
@@ -25,3 +29,19 @@ def area(nodeid: str) -> str:
 def matches(case: str, pattern: str) -> bool:
     """Whether ``case`` matches ``pattern`` (``*`` and ``?`` wildcards, literal brackets)."""
     return fnmatch.fnmatchcase(case, pattern.replace("[", "[[]"))
+
+
+def capability(item: pytest.Item) -> str | None:
+    """The op or layer kind a case exercises (marker ``coc_capability``, else its parameters)."""
+    mark = item.get_closest_marker("coc_capability")
+    if mark is not None:
+        return str(mark.args[0])
+    params: dict[str, Any] = getattr(getattr(item, "callspec", None), "params", {})
+    if isinstance(params.get("op"), str):
+        return f"op:{params['op']}"
+    if isinstance(params.get("layer"), str):
+        return f"layer:{params['layer']}"
+    golden_id = params.get("case_id")
+    if isinstance(golden_id, str) and golden_id.startswith("layer-"):
+        return f"layer:{golden_id.split('-')[1]}"
+    return None

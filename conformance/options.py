@@ -1,15 +1,43 @@
-"""The suite's command-line options (one group, ``coc-conformance``) and what they resolve to.
+"""The suite's command-line options (one group, ``coc-conformance``), their ini twins, and what they resolve to.
 
-Imported by the plugin and by every sub-plugin that reads an option, so no
-plugin module needs another one for its settings.  Imports nothing heavy.
+Every option name is a constant here (as Hypothesis keeps its settings), so a
+plugin reads ``config.getoption(options.LAUNCHER)`` and a typo is an import
+error, not a silent default.  Bad values are refused at start-up with a usage
+error naming the option.  Imports nothing heavy.
 """
 
 from __future__ import annotations
+
+import argparse
+from pathlib import Path
 
 import pytest
 
 #: The implementation judged when neither ``--coc-impl`` nor ini ``coc_impl`` names one.
 DEFAULT_IMPL = "coc_impl.reference:ReferenceCoC"
+
+IMPL = "--coc-impl"
+LAUNCHER = "--coc-launcher"
+BACKEND = "--coc-backend"
+CASE_TIMEOUT = "--coc-case-timeout"
+BUDGET_FACTOR = "--coc-budget-factor"
+BUDGET_FLOOR = "--coc-budget-floor"
+STORM = "--coc-storm"
+CPU_SLOTS = "--coc-cpu-slots"
+MAX_LIVE_RANKS = "--coc-max-live-ranks"
+LEASE_DIR = "--coc-lease-dir"
+TP = "--coc-tp"
+GATE = "--coc-gate"
+EXPECTATIONS = "--coc-expectations"
+SUMMARY = "--coc-summary"
+FIGURES = "--coc-figures"
+
+#: ini settings a project can pin in ``pytest.ini`` / ``pyproject.toml`` (the option wins).
+INI_IMPL, INI_GATE, INI_EXPECTATIONS = "coc_impl", "coc_gate", "coc_expectations"
+
+LAUNCHERS = ("process", "threaded", "torchrun")
+#: ``--coc-figures`` choices: which comparisons get a histogram (and, when failed, a heat-map).
+FIGURE_CHOICES = ("failed", "all", "none")
 
 #: Parameter names that hold a case's TP size (``--coc-tp`` filters on them).
 TP_PARAMS = ("tp", "world_size")
@@ -17,86 +45,125 @@ TP_PARAMS = ("tp", "world_size")
 WORLD_PARAM = "world"
 
 
-#: ``--coc-figures`` choices: which comparisons get a histogram (and, when failed, a heat-map).
-FIGURES = ("failed", "all", "none")
+def _positive(kind: type[int] | type[float], *, zero: bool = False) -> object:
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if value < 0 or (value == 0 and not zero):
+            raise argparse.ArgumentTypeError(f"expected a {'non-negative' if zero else 'positive'} number, "
+                                             f"got {text!r}")
+        return value
+
+    parse.__name__ = kind.__name__  # argparse names the type in its message
+    return parse
+
+
+def _tp_sizes(text: str) -> frozenset[int]:
+    try:
+        sizes = frozenset(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated TP sizes such as 2,4, got {text!r}") from None
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"expected comma-separated TP sizes of at least 1, got {text!r}")
+    return sizes
 
 
 def add_options(parser: pytest.Parser) -> None:
     group = parser.getgroup("coc-conformance", "CoC conformance suite")
     group.addoption(
-        "--coc-impl", default=None, metavar="MODULE:ATTR",
+        IMPL, default=None, metavar="MODULE:ATTR",
         help=f"CoC implementation under test: an object, class or zero-arg callable "
-        f"(default: ini coc_impl, else {DEFAULT_IMPL}).",
+        f"(default: ini {INI_IMPL}, else {DEFAULT_IMPL}).",
     )
     group.addoption(
-        "--coc-launcher", default="process", choices=("process", "threaded", "torchrun"),
+        LAUNCHER, default="process", choices=LAUNCHERS,
         help="How ranks run: warm gloo/nccl/hccl process pools (default), threads on torch's "
         "threaded process group (fast CPU numerics, no real overlap), or torchrun (every rank "
         "runs this session; multi-node).",
     )
     group.addoption(
-        "--coc-backend", default=None,
+        BACKEND, default=None, choices=("gloo", "nccl", "hccl"),
         help="Collective backend for process ranks (default: hccl on NPU, nccl on CUDA, gloo on CPU).",
     )
     group.addoption(
-        "--coc-case-timeout", type=float, default=120.0, metavar="SECONDS",
+        CASE_TIMEOUT, type=_positive(float), default=120.0, metavar="SECONDS",
         help="Ceiling of any case: one not finished on every rank by then fails as a hang (default 120). "
         "Cases declare a tighter budget from their own measured serial time.",
     )
     group.addoption(
-        "--coc-budget-factor", type=float, default=20.0, metavar="F",
-        help="A case's budget: F times the serial path's time on the live ranks, plus --coc-budget-floor "
+        BUDGET_FACTOR, type=_positive(float), default=20.0, metavar="F",
+        help=f"A case's budget: F times the serial path's time on the live ranks, plus {BUDGET_FLOOR} "
         "(default 20).",
     )
     group.addoption(
-        "--coc-budget-floor", type=float, default=10.0, metavar="SECONDS",
+        BUDGET_FLOOR, type=_positive(float), default=10.0, metavar="SECONDS",
         help="The least budget a case gets for the implementation's calls (default 10).",
     )
     group.addoption(
-        "--coc-storm", type=int, default=3, metavar="N",
+        STORM, type=_positive(int, zero=True), default=3, metavar="N",
         help="After N hangs or crashes in a row of one capability, its remaining cases fail at once "
         "without running (default 3; 0 disables).",
     )
     group.addoption(
-        "--coc-cpu-slots", type=int, default=8, metavar="N",
+        CPU_SLOTS, type=_positive(int), default=8, metavar="N",
         help="CPU ranks allowed to run at once across all xdist workers of this machine (default 8).",
     )
     group.addoption(
-        "--coc-max-live-ranks", type=int, default=None, metavar="N",
+        MAX_LIVE_RANKS, type=_positive(int), default=None, metavar="N",
         help="Idle warm rank processes one pytest worker may keep (default: what fits in half "
         "the machine's memory shared by the xdist workers, at most 16).",
     )
     group.addoption(
-        "--coc-lease-dir", default=None, metavar="DIR",
+        LEASE_DIR, default=None, metavar="DIR",
         help="Directory of device lease locks shared by all workers (default: per-user temp dir).",
     )
     group.addoption(
-        "--coc-tp", default=None, metavar="SIZES",
+        TP, type=_tp_sizes, default=None, metavar="SIZES",
         help="Comma-separated TP sizes to run (default: every size the case lists).",
     )
     group.addoption(
-        "--coc-gate", default="all", metavar="LEVELS",
+        GATE, default=None, metavar="LEVELS",
         help="Requirement levels whose failures fail the run: comma-separated MUST, SHOULD, STRUCTURE "
-        "or 'all' (default). Failures of other levels are reported as expected failures.",
+        f"or 'all' (default: ini {INI_GATE}, else all). Failures of other levels are reported as "
+        "expected failures.",
     )
     group.addoption(
-        "--coc-expectations", default=None, metavar="FILE",
+        EXPECTATIONS, default=None, metavar="FILE",
         help="TOML file of known outcomes (fail / skip / hang) per case-id pattern; a known failure is "
-        "reported as known, an unexpected pass fails.",
+        f"reported as known, an unexpected pass fails (default: ini {INI_EXPECTATIONS}).",
     )
     group.addoption(
-        "--coc-summary", default=None, metavar="FILE",
+        SUMMARY, default=None, metavar="FILE",
         help="Write the compact JSON summary of the run here (default: next to --alluredir, if given).",
     )
     group.addoption(
-        "--coc-figures", default="failed", choices=FIGURES,
+        FIGURES, default="failed", choices=FIGURE_CHOICES,
         help="Error-distribution figures in the Allure results: for failed comparisons only (default; "
         "each figure costs tens of milliseconds, thousands per run), for every comparison, or none. "
         "Every comparison gets its statistics table either way.",
     )
-    parser.addini("coc_impl", "Default CoC implementation under test (MODULE:ATTR).", default=None)
+    parser.addini(INI_IMPL, "Default CoC implementation under test (MODULE:ATTR).", default=None)
+    parser.addini(INI_GATE, f"Default requirement levels that fail the run ({GATE}).", default=None)
+    parser.addini(INI_EXPECTATIONS, f"Default known-outcomes file ({EXPECTATIONS}), relative to the rootdir.",
+                  default=None)
 
 
 def impl_spec(config: pytest.Config) -> str:
     """The ``--coc-impl`` in force (option, then ini, then the reference)."""
-    return config.getoption("--coc-impl") or config.getini("coc_impl") or DEFAULT_IMPL
+    return config.getoption(IMPL) or config.getini(INI_IMPL) or DEFAULT_IMPL
+
+
+def gate_spec(config: pytest.Config) -> str:
+    """The ``--coc-gate`` in force (option, then ini, then every level)."""
+    return config.getoption(GATE) or config.getini(INI_GATE) or "all"
+
+
+def expectations_path(config: pytest.Config) -> Path | None:
+    """The ``--coc-expectations`` file in force (option, then ini relative to the rootdir), if any."""
+    given = config.getoption(EXPECTATIONS)
+    if given:
+        return Path(given)
+    pinned = config.getini(INI_EXPECTATIONS)
+    return config.rootpath / pinned if pinned else None

@@ -17,10 +17,11 @@ import pytest
 
 from conformance import options
 from conformance.options import impl_spec
+from conformance.roster import is_xdist_worker
 
 if TYPE_CHECKING:
     from conformance.harness.launchers import Launcher
-    from conformance.harness.runner import RankRunner
+    from conformance.harness.runner import CaseRanks, RankRunner
     from conformance.protocol import Declarations
 
 runner_key = pytest.StashKey["RankRunner"]()
@@ -28,12 +29,12 @@ launcher_key = pytest.StashKey["Launcher"]()
 
 #: Sub-plugins, in registration order (each is a module of hook implementations).
 SUB_PLUGINS = (
-    "conformance.plugins.roster",
-    "conformance.plugins.levels",
+    "conformance.roster",
+    "conformance.plugins.level_gate",
     "conformance.plugins.scheduling",
-    "conformance.plugins.expectations",
+    "conformance.plugins.known_outcomes",
     "conformance.plugins.breaker",
-    "conformance.plugins.timing",
+    "conformance.plugins.time_breakdown",
     "conformance.plugins.summary",
 )
 
@@ -68,9 +69,9 @@ def _make_launcher(config: pytest.Config) -> tuple[Launcher, Any]:
     from conformance.harness.launchers.devices import cpu, detect_device_kind
     from conformance.harness.leases import DeviceLeases, default_lease_dir
 
-    name = config.getoption("--coc-launcher")
-    backend = config.getoption("--coc-backend")
-    lease_dir = Path(config.getoption("--coc-lease-dir") or default_lease_dir())
+    name = config.getoption(options.LAUNCHER)
+    backend = config.getoption(options.BACKEND)
+    lease_dir = Path(config.getoption(options.LEASE_DIR) or default_lease_dir())
     if name == "torchrun":
         from conformance.harness.launchers.torchrun import TorchrunLauncher
 
@@ -78,17 +79,17 @@ def _make_launcher(config: pytest.Config) -> tuple[Launcher, Any]:
     if name == "threaded":
         from conformance.harness.launchers.threaded import ThreadedLauncher
 
-        kind = cpu(config.getoption("--coc-cpu-slots"))
+        kind = cpu(config.getoption(options.CPU_SLOTS))
         return ThreadedLauncher(), DeviceLeases(lease_dir, kind.lease_names())
     from conformance.harness.launchers.process_pool import ProcessLauncher
     from conformance.harness.launchers.zygote import MEGATRON
     from conformance.plugins.scheduling import needs_megatron_key
 
-    kind = detect_device_kind(config.getoption("--coc-cpu-slots"), backend)
-    max_live = config.getoption("--coc-max-live-ranks") or default_max_live_ranks()
+    kind = detect_device_kind(config.getoption(options.CPU_SLOTS), backend)
+    max_live = config.getoption(options.MAX_LIVE_RANKS) or default_max_live_ranks()
     preload = MEGATRON if config.stash.get(needs_megatron_key, True) else ()
     launcher = ProcessLauncher(kind, max_live_ranks=max_live, preload=preload)
-    return launcher, DeviceLeases(lease_dir / kind.name, kind.lease_names(), slots_option="--coc-cpu-slots"
+    return launcher, DeviceLeases(lease_dir / kind.name, kind.lease_names(), slots_option=options.CPU_SLOTS
                                   if kind.name == "cpu" else None)
 
 
@@ -120,8 +121,8 @@ def rank_runner(config: pytest.Config) -> RankRunner:
         config.stash[launcher_key] = launcher
         config.stash[runner_key] = RankRunner(
             launcher, leases, impl_spec(config),
-            default_timeout=config.getoption("--coc-case-timeout"),
-            budget=Budget(config.getoption("--coc-budget-factor"), config.getoption("--coc-budget-floor")),
+            default_timeout=config.getoption(options.CASE_TIMEOUT),
+            budget=Budget(config.getoption(options.BUDGET_FACTOR), config.getoption(options.BUDGET_FLOOR)),
         )
     return config.stash[runner_key]
 
@@ -129,7 +130,7 @@ def rank_runner(config: pytest.Config) -> RankRunner:
 def pytest_sessionstart(session: pytest.Session) -> None:
     """Refuse, once and up front, a ``--coc-impl`` that cannot be loaded or an unsupported megatron-core."""
     config = session.config
-    if hasattr(config, "workerinput") or config.getoption("collectonly"):
+    if is_xdist_worker(config) or config.getoption("collectonly"):
         return  # xdist workers: the controller checked already
     from coc_shared.megatron_range import UnsupportedMegatron, check
     from conformance.harness.impl_loader import ImplementationLoadError, load_implementation
@@ -170,10 +171,12 @@ def coc_declarations(coc_impl: Any) -> Declarations:
     return declarations(coc_impl)
 
 
-@pytest.fixture(scope="session")
-def coc_ranks(pytestconfig: pytest.Config) -> RankRunner:
-    """Run a rank task on N ranks: ``coc_ranks.run(fn, world_size, **params)``."""
-    return rank_runner(pytestconfig)
+@pytest.fixture
+def coc_ranks(request: pytest.FixtureRequest) -> CaseRanks:
+    """Run a rank task on N ranks: ``coc_ranks.run(fn, world_size, **params)`` (timed for this case)."""
+    from conformance.plugins.time_breakdown import case_timings
+
+    return rank_runner(request.config).for_case(case_timings(request.node))
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
@@ -191,7 +194,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
-    launcher = config.getoption("--coc-launcher")
+    launcher = config.getoption(options.LAUNCHER)
     lines = [f"coc-conformance: impl={impl_spec(config)} launcher={launcher} pid={os.getpid()}"]
     if launcher == "torchrun":
         from conformance.harness.launchers.torchrun import stacks_path

@@ -59,7 +59,6 @@ SUPPORTED_VERSIONS: tuple[int, ...] = (1, 2)
 
 ParallelNum = Union[int, Literal["auto"]]
 
-ErrorKind = Literal["config", "incompatible", "shape", "backend_unavailable", "argument"]
 #: ``config``: an invalid value (chunk count, coc_cfgs key or value, malformed flag);
 #: ``incompatible``: a valid setting CoC cannot combine with (MC2, MoE, TP 2-D, TE, fused TP != 8);
 #: ``shape``: a token count or tiling the op or layer cannot split;
@@ -67,8 +66,6 @@ ErrorKind = Literal["config", "incompatible", "shape", "backend_unavailable", "a
 #: ``argument``: a bad op argument (antiquant scale, offset, group size, dtype).
 ERROR_KINDS: tuple[str, ...] = ("config", "incompatible", "shape", "backend_unavailable", "argument")
 
-Phase = Literal["forward", "backward"]
-LayerKind = Literal["column", "row"]
 #: Matmuls a phase's collective may be declared to overlap (named by what they compute).
 MATMULS: tuple[str, ...] = ("output", "input_grad", "weight_grad")
 
@@ -180,14 +177,10 @@ class CoCImplementation(Protocol):
     def patch_megatron(self, config: EffectiveConfig) -> AbstractContextManager[Any]: ...
 
 
+#: The fused ops (module docstring), by their method names.
+FUSED_OPS: tuple[str, ...] = ("matmul_all_reduce", "matmul_reduce_scatter", "all_gather_matmul", "all_gather_matmul_v2")
 #: Capabilities beyond ``configure``; a case names the ones it needs.
-CAPABILITIES: tuple[str, ...] = (
-    "matmul_all_reduce",
-    "matmul_reduce_scatter",
-    "all_gather_matmul",
-    "all_gather_matmul_v2",
-    "patch_megatron",
-)
+CAPABILITIES: tuple[str, ...] = (*FUSED_OPS, "patch_megatron")
 
 
 @dataclass(frozen=True)

@@ -49,10 +49,6 @@ def linear_forward_backward(x: Tensor, w: Tensor, b: Tensor | None, dy: Tensor) 
     return LinearGrads(y, dy @ w, _flat(dy).T @ _flat(x), db)
 
 
-column_forward_backward = linear_forward_backward
-row_forward_backward = linear_forward_backward
-
-
 def gelu(h: Tensor) -> Tensor:
     return 0.5 * h * (1.0 + torch.erf(h / math.sqrt(2.0)))
 
@@ -77,11 +73,6 @@ def mlp_forward_backward(x: Tensor, w1: Tensor, b1: Tensor | None, w2: Tensor,
 def matmul(x: Tensor, w: Tensor, bias: Tensor | None = None) -> Tensor:
     """``x [m, k] @ w [k, n] (+ bias [n])``: the global result of every fused op."""
     return x @ w if bias is None else x @ w + bias
-
-
-matmul_all_reduce = matmul
-matmul_reduce_scatter = matmul
-all_gather_matmul = matmul
 
 
 def dequantize(w: Tensor, scale: Tensor, offset: Tensor | None = None,

@@ -29,9 +29,6 @@ class SuiteRun:
     outcomes: dict[str, int]
     ret: int
 
-    def failed_matching(self, pattern: str) -> set[str]:
-        return {test for test in self.failed if re.search(pattern, test)}
-
 
 @pytest.fixture
 def run_suite(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> Callable[..., SuiteRun]:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from conformance.harness.case import Budget, RankTask
-from conformance.harness.errors import CaseTimeout, RankCrashed
+from conformance.harness.case_errors import CaseTimeout, RankCrashed
 from conformance.harness.launchers.devices import DeviceKind
 from conformance.harness.launchers.process_pool import ProcessLauncher
 from conformance.options import DEFAULT_IMPL
@@ -111,7 +111,7 @@ def test_a_worker_that_dies_loses_only_its_case(run_suite: Callable[..., SuiteRu
     lost = [json.loads(p.read_text()) for p in results.glob("*-result.json")]
     lost = [r for r in lost if r["status"] == "broken"]
     assert [r["name"] for r in lost] == [victims[0]["nodeid"].split("::", 1)[1]], lost
-    assert lost[0]["statusDetails"]["message"].startswith("conformance.harness.errors.WorkerLost: ")
+    assert lost[0]["statusDetails"]["message"].startswith("conformance.harness.case_errors.WorkerLost: ")
 
 
 def test_cases_left_unrun_by_maxfail_are_missing_not_broken(run_suite: Callable[..., SuiteRun],

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from conformance.gating import compare, expectations, matrix
+from conformance.gating import expectations, gate, matrix
 from tests.conftest import SuiteRun
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,8 +45,8 @@ def _numeric(outcome: str) -> dict[str, Any]:
 def test_gate_is_red_on_a_numeric_failure_and_a_clearly_slower_coc(tmp_path: Path) -> None:
     baseline = _summary(tmp_path, "base", [_numeric("passed"), _perf_case(0.20, 1)])
     current = _summary(tmp_path, "cur", [_numeric("failed"), _perf_case(0.10, 2)])
-    result = compare.compare(compare.load_run(baseline), compare.load_run(current))
-    text = compare.markdown(result)
+    result = gate.diff_runs(gate.load_run(baseline), gate.load_run(current))
+    text = gate.markdown(result)
     assert result.red
     assert [c["id"] for c in result.new_failures] == [_numeric("failed")["id"]]
     (regression,) = result.perf_regressions
@@ -57,10 +57,10 @@ def test_gate_is_red_on_a_numeric_failure_and_a_clearly_slower_coc(tmp_path: Pat
 def test_gate_is_green_over_two_clean_runs_and_says_when_a_drop_is_noise(tmp_path: Path) -> None:
     baseline = _summary(tmp_path, "base", [_numeric("passed"), _perf_case(0.20, 1)])
     current = _summary(tmp_path, "cur", [_numeric("passed"), _perf_case(0.20, 2)])
-    assert not compare.compare(compare.load_run(baseline), compare.load_run(current)).red
+    assert not gate.diff_runs(gate.load_run(baseline), gate.load_run(current)).red
     noisy = _perf_case(0.16, 3)
     noisy["perf"]["variants"]["scripted-4"]["paired_gains"] = [0.16 + 0.2 * (-1) ** i for i in range(12)]
-    result = compare.compare(compare.load_run(baseline), compare.load_run(_summary(tmp_path, "noisy", [noisy])))
+    result = gate.diff_runs(gate.load_run(baseline), gate.load_run(_summary(tmp_path, "noisy", [noisy])))
     (change,) = result.perf_regressions
     assert not change.clear and change.verdict.startswith("within the noise") and not result.red
 
@@ -70,7 +70,7 @@ def test_gate_command_exit_codes(tmp_path: Path) -> None:
     current = _summary(tmp_path, "cur", [_numeric("failed")])
 
     def gate(*args: Path) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "conformance.gate", "--baseline", str(args[0]), "--current",
+        return subprocess.run([sys.executable, "-m", "conformance.gating.gate", "--baseline", str(args[0]), "--current",
                                str(args[1]), "--out", str(tmp_path / "gate.md")], cwd=ROOT, capture_output=True,
                               text=True)
 
@@ -88,11 +88,11 @@ def test_gate_over_real_runs(run_suite: Callable[..., SuiteRun], tmp_path: Path)
                        ("broken", "tests.faulty_impls:ReturnsWrongShape")):
         (tmp_path / name).mkdir()
         run_suite("test_ops", impl, "-k", OP_CASE, "--coc-summary", str(tmp_path / name / "coc-summary.json"))
-        runs[name] = compare.load_run(tmp_path / name)
-    assert not compare.compare(runs["base"], runs["same"]).red
-    result = compare.compare(runs["base"], runs["broken"])
+        runs[name] = gate.load_run(tmp_path / name)
+    assert not gate.diff_runs(runs["base"], runs["same"]).red
+    result = gate.diff_runs(runs["base"], runs["broken"])
     assert result.red and len(result.new_failures) == 1
-    assert "expected a tensor [64, 64]" in compare.markdown(result)
+    assert "expected a tensor [64, 64]" in gate.markdown(result)
 
 
 def test_expectations_round_trip(run_suite: Callable[..., SuiteRun], tmp_path: Path) -> None:
@@ -102,7 +102,7 @@ def test_expectations_round_trip(run_suite: Callable[..., SuiteRun], tmp_path: P
     first = run_suite("test_ops", "tests.faulty_impls:ReturnsWrongShape", *select, "--coc-summary", str(summary))
     assert first.failed
     known = tmp_path / "known.toml"
-    done = subprocess.run([sys.executable, "-m", "conformance.expectations", "--summary", str(summary), "--out",
+    done = subprocess.run([sys.executable, "-m", "conformance.gating.expectations", "--summary", str(summary), "--out",
                            str(known)], cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert len(expectations.Expectations.load(known).entries) == len(first.failed)
@@ -146,6 +146,6 @@ def test_ci_templates_parse_and_gate(name: str) -> None:
     text = (TEMPLATES / name).read_text()
     doc = yaml.safe_load(text)
     assert isinstance(doc, dict) and doc
-    for step in ("-m smoke", "--coc-expectations", "--coc-summary", "--junitxml", "python -m conformance.gate",
+    for step in ("-m smoke", "--coc-expectations", "--coc-summary", "--junitxml", "coc-gate",
                  "--baseline", "--current"):
         assert step in text, f"{name} lacks {step!r}"

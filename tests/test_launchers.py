@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from conformance.harness.case import RankTask
-from conformance.harness.errors import CaseTimeout, RankCrashed, RankRaised
+from conformance.harness.case_errors import CaseTimeout, RankCrashed, RankRaised
 from conformance.harness.launchers.devices import cpu
 from conformance.harness.launchers.process_pool import ProcessLauncher
 from conformance.harness.launchers.threaded import ThreadedLauncher

@@ -13,6 +13,7 @@ from coc_shared import timing
 from coc_shared.cost_model import MeasuredCurve
 from coc_shared.timeline import simulate
 from conformance.bench.coc import targets
+from conformance.contract import perf_items
 from conformance.judge import hardware, perf
 from tests.dist_helpers import run_threaded
 
@@ -82,7 +83,7 @@ def test_settings_are_validated():
 
 
 def _samples(serial, coc, *, mm=6.0, comm=4.0, block_mm=3.0, block_comm=2.0, name="coc"):
-    return {perf.SERIAL: serial, perf.MM: [mm] * len(serial), perf.COMM: [comm] * len(serial),
+    return {perf_items.SERIAL: serial, perf_items.MM: [mm] * len(serial), perf_items.COMM: [comm] * len(serial),
             "mm@50": [block_mm] * len(serial), "comm@50": [block_comm] * len(serial), name: coc}
 
 
@@ -362,7 +363,8 @@ def gloo_ranks():
 @pytest.mark.parametrize("op", ["matmul_all_reduce", "matmul_reduce_scatter", "all_gather_matmul"])
 def test_rank_side_times_every_item_and_the_reused_buffer_reference(gloo_ranks, op):
     """The serial-reused reference row runs without any implementation capability, on every op."""
-    from conformance.cases.perf_cases import SERIAL_REUSED, pipeline_perf_case, variant_reason
+    from conformance.cases.perf_cases import pipeline_perf_case, variant_reason
+    from conformance.contract.perf_items import SERIAL_REUSED
     from conformance.harness.case import RankTask
     assert variant_reason(object(), SERIAL_REUSED, op) is None
     params = dict(op=op, m=64, k=16, n=32, dtype="float32", variants=["scripted-2", SERIAL_REUSED],
@@ -370,6 +372,6 @@ def test_rank_side_times_every_item_and_the_reused_buffer_reference(gloo_ranks, 
     outcomes = gloo_ranks.run(RankTask(pipeline_perf_case, 2, params), (), "coc_impl.reference:ReferenceCoC")
     assert all(o.ok for o in outcomes), [o.error.traceback for o in outcomes if o.error]
     result = outcomes[0].value
-    assert {perf.SERIAL, perf.MM, perf.COMM, "scripted-2", SERIAL_REUSED} <= result["samples"].keys()
+    assert {perf_items.SERIAL, perf_items.MM, perf_items.COMM, "scripted-2", SERIAL_REUSED} <= result["samples"].keys()
     assert result["blocks"][SERIAL_REUSED] == [64] and len(result["blocks"]["scripted-2"]) == 2
     assert result["cpu"]["ranks"] == 2 and result["cpu"]["mm_ms"] > 0

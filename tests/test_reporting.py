@@ -38,7 +38,7 @@ import numpy as np
 import pytest
 
 from coc_shared.timeline import simulate
-from conformance.harness import errors
+from conformance.harness import case_errors as errors
 from conformance.judge import failures, numerics
 from conformance.reporting import allure as reporting
 from conformance.harness.case import RankOutcome, CapturedError
@@ -311,10 +311,10 @@ def test_heatmap_view_and_pooling() -> None:
 
 @pytest.mark.parametrize("message, category", [
     ("conformance.judge.failures.PerfRegression: gain 1% < 3%", "Perf regression"),
-    ("conformance.harness.errors.RankCrashed: rank 3 died (signal 9)", report_meta.HANG),
-    ("conformance.harness.errors.RankRaised: rank(s) [0] raised; rank 0: conformance.judge.failures.NumericMismatch: x",
-     "Numeric mismatch"),
-    ("conformance.harness.errors.RankRaised: rank(s) [0] raised; rank 0: builtins.ValueError: x", None),
+    ("conformance.harness.case_errors.RankCrashed: rank 3 died (signal 9)", report_meta.HANG),
+    ("conformance.harness.case_errors.RankRaised: rank(s) [0] raised; rank 0: "
+     "conformance.judge.failures.NumericMismatch: x", "Numeric mismatch"),
+    ("conformance.harness.case_errors.RankRaised: rank(s) [0] raised; rank 0: builtins.ValueError: x", None),
     ("AssertionError: NumericMismatch mentioned later", None),
     ("Failed: DID NOT RAISE <class 'Exception'>", "Missing or wrong error"),
 ])

@@ -31,7 +31,7 @@ import torch
 
 from conformance.judge import layers, numerics, ops
 
-OPS = ("matmul_all_reduce", "all_gather_matmul", "matmul_reduce_scatter", "weight_grad")
+BOUND_OPS = ("matmul_all_reduce", "all_gather_matmul", "matmul_reduce_scatter", "weight_grad")
 #: ``normal``: N(0, 1); ``shifted``: N(1, 1), sums without cancellation, as after a GELU.
 DATA = ("normal", "shifted")
 
@@ -153,7 +153,7 @@ def _parser() -> argparse.ArgumentParser:
                                      description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtypes", default="float16,bfloat16,float32")
-    parser.add_argument("--ops", default=",".join(OPS))
+    parser.add_argument("--ops", default=",".join(BOUND_OPS))
     parser.add_argument("--tp", default="2,8")
     parser.add_argument("--m", default="1024,4096,8192", help="rows (tokens); several, the kernels differ")
     parser.add_argument("--chunks", default="2,7")

@@ -37,7 +37,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from conformance.bench import overhead
-from conformance.cases.perf_cases import SERIAL_REUSED, pipeline_perf_case
+from conformance.cases.perf_cases import pipeline_perf_case
+from conformance.contract.perf_items import SERIAL_REUSED
 from conformance.harness.case import RankTask
 from conformance.harness.launchers.devices import cpu
 from conformance.harness.launchers.process_pool import ProcessLauncher

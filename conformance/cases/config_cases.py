@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from conformance.cases.results import ConfigOutcome
+from conformance.contract.results import ConfigOutcome
 from conformance.harness.case import RankContext, call_capturing_errors
 from conformance.harness.probes import record_collectives
 

@@ -17,7 +17,9 @@ from typing import Any
 
 from conformance.harness.case import RankContext
 
-LAYOUTS = ("contiguous", "strided")
+GROUP_LAYOUTS = ("contiguous", "strided")
+#: ``(world size, TP size)`` of the cases whose TP group is a proper subgroup of the world.
+SUBGROUP_SIZES: tuple[tuple[int, int], ...] = ((4, 2), (8, 2), (8, 4))
 _made: dict[tuple[tuple[int, ...], int, str], list[Any]] = {}
 
 
@@ -30,7 +32,7 @@ def tp_layout(world: int, tp: int, layout: str) -> list[list[int]]:
         return [list(range(d * tp, (d + 1) * tp)) for d in range(replicas)]
     if layout == "strided":
         return [list(range(d, world, replicas)) for d in range(replicas)]
-    raise ValueError(f"unknown TP layout {layout!r}; known: {LAYOUTS}")
+    raise ValueError(f"unknown TP layout {layout!r}; known: {GROUP_LAYOUTS}")
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Rank-side tasks of the Megatron layer checks (``docs/DESIGN.md#layouts``).
 
 :func:`layer_task` builds the real megatron.core layers of a
-:class:`~conformance.cases.data.LayerProblem` twice on this rank -- one left
+:class:`~conformance.contract.problems.LayerProblem` twice on this rank -- one left
 alone (the live serial reference in the same dtype), one run under the
 implementation's ``patch_megatron`` (the CoC result) -- and trains both the
 same way: per optimizer step, every micro-batch forward back to back (results
@@ -19,43 +19,18 @@ the other ranks in data-parallel replicas, each with its own data.
 
 from __future__ import annotations
 
-import logging
 import time
-import warnings
 import zlib
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any
 
-from conformance.cases.data import LayerProblem, layer_batch, layer_deltas, layer_weights
-from conformance.cases.op_cases import _clone, _overlaps, poisoned_allocations
-from conformance.cases.results import LayerOutcome, StepRun, Timeline, timeline_of
-from conformance.harness.case import IMPL, REFERENCE, RankContext, call_capturing_errors
+from conformance.cases.memory import clone, overlaps, poisoned_allocations
+from conformance.contract.jobs import LayerJob
+from conformance.contract.layouts import layout, shard
+from conformance.contract.problems import LayerProblem, layer_batch, layer_deltas, layer_weights, main_grad_prefill
+from conformance.contract.results import LayerOutcome, ObservedCollectives, StepRun, observed_collectives
+from conformance.harness.case import IMPL, REFERENCE, RankContext, call_capturing_errors, observed_warnings
 from conformance.harness.probes import CollectiveLog, Straggler, record_collectives
-from conformance.judge.layouts import layout, shard
-
-
-def coc_argv(chunks: int | str) -> list[str]:
-    """Flags that enable scripted CoC with ``chunks`` chunks."""
-    return ["--use-ascend-coc", "--coc-parallel-num", str(chunks)]
-
-
-@dataclass(frozen=True)
-class LayerJob:
-    """What :func:`layer_task` runs: a problem, its TP size, the implementation's flags."""
-
-    problem: LayerProblem
-    tp: int
-    argv: tuple[str, ...]
-    coc_cfgs: Mapping[str, Any] | None = None
-    runs: int = 1  #: CoC repeats of the whole thing (determinism)
-    serial: bool = True
-    steps: int = 1
-    main_grad: bool = False  #: gradient-accumulation fusion into a pre-filled fp32 main_grad
-    straggler_s: float = 0.0
-    straggler_rank: int | None = None  #: None with ``straggler_s``: random ranks
-    poison: bool = True
 
 
 class _Mlp:
@@ -116,36 +91,6 @@ def _shard_weights(problem: LayerProblem, tensors: Mapping[str, Any], rank: int,
     return {n: None if t is None else shard(t, splits[n], rank, tp) for n, t in tensors.items()}
 
 
-def _main_grad_prefill(problem: LayerProblem, name: str, shape: Sequence[int], step: int) -> Any:
-    import torch
-
-    gen = torch.Generator().manual_seed(zlib.crc32(f"{problem.seed}/{name}/{step}".encode()))
-    return torch.randn(*shape, generator=gen, dtype=torch.float32)
-
-
-def main_grad_prefill(problem: LayerProblem, step: int) -> dict[str, Any]:
-    """The global fp32 ``main_grad`` each weight starts step ``step`` with (fusion cases)."""
-    return {n: _main_grad_prefill(problem, n, shape, step) for n, shape in problem.weight_shapes().items()
-            if n.startswith("w")}
-
-
-@contextmanager
-def _observed_warnings(into: list[str]) -> Iterator[None]:
-    """UserWarnings and WARNING+ log records raised inside the block (fallback notices)."""
-    handler = logging.Handler(logging.WARNING)
-    handler.emit = lambda record: into.append(record.getMessage())  # type: ignore[method-assign]
-    root = logging.getLogger()
-    root.addHandler(handler)
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            yield
-    finally:
-        root.removeHandler(handler)
-        into.extend(str(w.message) for w in caught
-                    if issubclass(w.category, UserWarning) and "deterministic" not in str(w.message))
-
-
 def layer_task(ctx: RankContext, *, job: LayerJob) -> LayerOutcome:
     """Serial and CoC training of ``job`` on this rank (module docstring)."""
     import torch
@@ -171,7 +116,7 @@ def layer_task(ctx: RankContext, *, job: LayerJob) -> LayerOutcome:
         batches = [[{n: shard(t, splits[n], par.rank, tp)
                      for n, t in layer_batch(problem, i, step, replica).items()} for i in range(micros)]
                    for step in range(job.steps)]
-        kept_batches = _clone(batches)
+        kept_batches = clone(batches)
         started = time.perf_counter()
         if job.serial:
             with ctx.timer(REFERENCE):
@@ -186,9 +131,10 @@ def layer_task(ctx: RankContext, *, job: LayerJob) -> LayerOutcome:
                     return _train(problem, job, par, batches, log=log, fusion=job.main_grad,
                                   straggler=straggler, outcome=outcome if first else None)
 
-            with _observed_warnings(seen), record_collectives(straggler) as log, \
+            with observed_warnings() as said, record_collectives(straggler) as log, \
                     poisoned_allocations(job.poison), ctx.timer(IMPL):
                 steps, error = call_capturing_errors(patched, log)
+            seen.extend(said)
             if error is not None:
                 outcome.error = error
                 break
@@ -213,14 +159,14 @@ def _straggler(ctx: RankContext, job: LayerJob) -> Straggler | None:
     return Straggler(job.straggler_s, seed, probability=0.5)
 
 
-def _phases(log: CollectiveLog) -> dict[str, Timeline]:
+def _phases(log: CollectiveLog) -> dict[str, ObservedCollectives]:
     """The timeline of each phase of the first micro-batch of the first step: from its mark to the next."""
     marks = [(i, e.label) for i, e in enumerate(log.events) if e.what == "mark"]
-    phases: dict[str, Timeline] = {}
+    phases: dict[str, ObservedCollectives] = {}
     for (start, label), end in zip(marks, [i for i, _ in marks[1:]] + [len(log.events)]):
         phase, _, tag = label.partition("@")
         if tag == "0.0":
-            phases[phase] = timeline_of(log, start, end)
+            phases[phase] = observed_collectives(log, start, end)
     return phases
 
 
@@ -264,7 +210,7 @@ def _train(problem: LayerProblem, job: LayerJob, par: Any, batches: list[list[di
                 if not torch.equal(y.detach(), copy):
                     outcome.changed_after_return.append(f"step {step} micro-batch {i}: y")
                 for j, other in enumerate(ys[:i]):
-                    if _overlaps(y, other):
+                    if overlaps(y, other):
                         outcome.shared_memory.append(f"step {step}: y of micro-batches {j} and {i}")
         grads: dict[str, Any] = {}
         weight_grad: dict[str, str] = {}

@@ -44,12 +44,12 @@ from typing import Any
 
 from coc_shared.timing import Settings, time_interleaved, warm_up
 from conformance.cases.groups import TPPlace
-from conformance.cases.layer_cases import coc_argv
-from conformance.cases.op_cases import serial_composition
+from conformance.cases.references import serial_composition
+from conformance.contract.jobs import coc_argv
+from conformance.contract.perf_items import COMM, MM, SERIAL, SERIAL_REUSED, block_key
 from conformance.harness.case import RankContext, call_capturing_errors
 from conformance.harness.impl_loader import missing_capability
 from conformance.harness.probes import record_collectives
-from conformance.judge.perf import COMM, MM, SERIAL, block_key
 
 #: The collective each op pipelines (as :class:`~conformance.harness.probes.CollectiveCall` kinds).
 KINDS = {"matmul_all_reduce": "all_reduce", "matmul_reduce_scatter": "reduce_scatter",
@@ -79,8 +79,6 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-#: The reference row of the serial composition into persistent buffers (not a CoC variant).
-SERIAL_REUSED = "serial-reused"
 
 
 def variant_reason(impl: Any, variant: str, op: str) -> str | None:

@@ -94,7 +94,7 @@ class Expectations:
 
     def dumps(self) -> str:
         lines = ["# Known outcomes of an implementation under the coc-conformance suite.",
-                 "# Written by `python -m conformance.expectations`; edit reasons and links freely.", ""]
+                 "# Written by `coc-expectations`; edit reasons and links freely.", ""]
         if self.meta:
             lines.append("[meta]")
             lines += [f"{key} = {json.dumps(value)}" for key, value in self.meta.items()]
@@ -142,7 +142,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import argparse
 
     parser = argparse.ArgumentParser(
-        prog="python -m conformance.expectations",
+        prog="coc-expectations",
         description="Write or update an expectations file from a run's JSON summary (coc-summary.json).")
     parser.add_argument("--summary", type=Path, required=True, help="the run's coc-summary.json")
     parser.add_argument("--out", type=Path, required=True, help="expectations file to write (updated if it exists)")
@@ -159,3 +159,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     counts = {o: sum(e.outcome == o for e in updated.entries) for o in OUTCOMES}
     print(f"{args.out}: {len(updated.entries)} entries ({counts})")
     return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

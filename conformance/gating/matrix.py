@@ -1,4 +1,9 @@
-"""The conformance matrix: implementation x area x requirement level, as pass / known / fail counts.
+"""``coc-matrix``: implementation x area x requirement level, as pass / known / fail counts (a markdown table).
+
+Reads runs already made (``--summary NAME=coc-summary.json``) or runs the suite
+for each implementation (``--run NAME=module:attr``, ``--pytest-arg`` for extra
+options); ``--out`` writes the table to a file, ``--alluredir`` adds it to an
+Allure results directory so the report shows it.
 
 Counts *checks* (a test holds one or more, each at a level): a failed check of
 a case reported as known (expectations) or not gated counts as known.  A case
@@ -8,7 +13,11 @@ check) counts as one failed MUST check.
 
 from __future__ import annotations
 
+import argparse
 import json
+import subprocess
+import sys
+import tempfile
 import time
 import uuid
 from collections import Counter
@@ -16,6 +25,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from conformance import options
 from conformance.judge.levels import Level
 
 AREAS = ("config", "ops", "layers", "training", "perf")
@@ -68,3 +78,55 @@ def write_allure(matrix: str, results_dir: Path) -> Path:
     path = results_dir / f"{result['uuid']}-result.json"
     path.write_text(json.dumps(result), encoding="utf-8")
     return path
+
+
+DESCRIPTION = "Implementations x area x requirement level: checks passed / known / failed, as a markdown table."
+
+
+def _pair(text: str) -> tuple[str, str]:
+    name, sep, value = text.partition("=")
+    if not sep or not name or not value:
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
+    return name, value
+
+
+def run_suite(impl: str, summary: Path, extra: list[str]) -> int:
+    command = [sys.executable, "-m", "pytest", "--pyargs", "conformance.suite", options.IMPL, impl,
+               options.SUMMARY, str(summary), "-q", "-p", "no:cacheprovider", *extra]
+    print("$", " ".join(command), file=sys.stderr)
+    return subprocess.run(command).returncode
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="coc-matrix", description=DESCRIPTION)
+    parser.add_argument("--summary", type=_pair, action="append", default=[], metavar="NAME=PATH")
+    parser.add_argument("--run", type=_pair, action="append", default=[], metavar="NAME=MODULE:ATTR")
+    parser.add_argument("--pytest-arg", action="append", default=[], metavar="ARG",
+                        help="extra pytest argument for --run (repeatable)")
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--alluredir", type=Path)
+    args = parser.parse_args(argv)
+    if not args.summary and not args.run:
+        parser.error("give at least one --summary or --run")
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for name, path in args.summary:
+        runs[name] = json.loads(Path(path).read_text())["cases"]
+    with tempfile.TemporaryDirectory(prefix="coc-matrix-") as tmp:
+        for name, impl in args.run:
+            summary = Path(tmp) / f"{len(runs)}.json"
+            run_suite(impl, summary, args.pytest_arg)
+            if not summary.exists():
+                print(f"coc-matrix: the run of {impl} wrote no summary", file=sys.stderr)
+                return 2
+            runs[name] = json.loads(summary.read_text())["cases"]
+    table = markdown(runs)
+    print(table, end="")
+    if args.out:
+        args.out.write_text(table, encoding="utf-8")
+    if args.alluredir:
+        write_allure(table, args.alluredir)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

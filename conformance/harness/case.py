@@ -21,6 +21,7 @@ import sys
 import threading
 import time
 import traceback
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -258,3 +259,25 @@ def _capture_output(buffer: io.StringIO, capture_stdio: bool) -> Iterator[None]:
             yield
     finally:
         root.removeHandler(handler)
+
+
+@contextlib.contextmanager
+def observed_warnings() -> Iterator[list[str]]:
+    """What the implementation warned about inside the block: UserWarnings and WARNING+ log records.
+
+    torch's own notices about the deterministic-algorithms switch (set while
+    fresh allocations are poisoned) are not the implementation's and are left out.
+    """
+    seen: list[str] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: seen.append(record.getMessage())  # type: ignore[method-assign]
+    root = logging.getLogger()
+    root.addHandler(handler)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            yield seen
+    finally:
+        root.removeHandler(handler)
+        seen.extend(str(w.message) for w in caught if issubclass(w.category, UserWarning)
+                    and "use_deterministic_algorithms" not in str(w.message))

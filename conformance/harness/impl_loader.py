@@ -11,12 +11,13 @@ importing or constructing it, an object that is not an implementation -- is an
 from __future__ import annotations
 
 import importlib
+import inspect
 from functools import cache
 from typing import Any
 
-from conformance.options import DEFAULT_IMPL
+from conformance.options import IMPL
 
-__all__ = ["DEFAULT_IMPL", "ImplementationLoadError", "load_implementation", "missing_capability"]
+__all__ = ["ImplementationLoadError", "accepts_keyword", "load_implementation", "missing_capability"]
 
 
 class ImplementationLoadError(ImportError):
@@ -28,37 +29,37 @@ def load_implementation(spec: str) -> Any:
     """Import ``module:attr`` and return the implementation (cached per process)."""
     module_name, sep, attr_path = spec.partition(":")
     if not sep or not module_name or not attr_path:
-        raise ImplementationLoadError(f"--coc-impl {spec!r}: expected 'module:attr'")
+        raise ImplementationLoadError(f"{IMPL} {spec!r}: expected 'module:attr'")
     try:
         target: Any = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         if exc.name is not None and (module_name == exc.name or module_name.startswith(exc.name + ".")):
-            raise ImplementationLoadError(f"--coc-impl {spec!r}: no module named {exc.name!r} "
+            raise ImplementationLoadError(f"{IMPL} {spec!r}: no module named {exc.name!r} "
                                           "(is it installed, or on PYTHONPATH?)") from exc
-        raise ImplementationLoadError(f"--coc-impl {spec!r}: importing {module_name!r} failed because a module "
+        raise ImplementationLoadError(f"{IMPL} {spec!r}: importing {module_name!r} failed because a module "
                                       f"it needs is missing: {exc}") from exc
     except ImportError as exc:
-        raise ImplementationLoadError(f"--coc-impl {spec!r}: importing {module_name!r} failed inside the "
+        raise ImplementationLoadError(f"{IMPL} {spec!r}: importing {module_name!r} failed inside the "
                                       f"implementation: {exc}") from exc
     except Exception as exc:  # noqa: BLE001 - any error at import is a load error, named as such
-        raise ImplementationLoadError(f"--coc-impl {spec!r}: importing {module_name!r} raised "
+        raise ImplementationLoadError(f"{IMPL} {spec!r}: importing {module_name!r} raised "
                                       f"{type(exc).__name__}: {exc}") from exc
     for part in attr_path.split("."):
         try:
             target = getattr(target, part)
         except AttributeError:
-            raise ImplementationLoadError(f"--coc-impl {spec!r}: {module_name!r} has no {attr_path!r}") from None
+            raise ImplementationLoadError(f"{IMPL} {spec!r}: {module_name!r} has no {attr_path!r}") from None
     if callable(target) and not _looks_like_impl(target):
         try:
             impl = target()
         except Exception as exc:  # noqa: BLE001
-            raise ImplementationLoadError(f"--coc-impl {spec!r}: calling {attr_path!r} to make the implementation "
+            raise ImplementationLoadError(f"{IMPL} {spec!r}: calling {attr_path!r} to make the implementation "
                                           f"raised {type(exc).__name__}: {exc}") from exc
     else:
         impl = target
     if not _looks_like_impl(impl):
         raise ImplementationLoadError(
-            f"--coc-impl {spec!r}: {impl!r} lacks 'name' and 'configure' (see conformance.protocol)"
+            f"{IMPL} {spec!r}: {impl!r} lacks 'name' and 'configure' (see conformance.protocol)"
         )
     return impl
 
@@ -67,6 +68,12 @@ def _looks_like_impl(obj: Any) -> bool:
     return not isinstance(obj, type) and isinstance(getattr(obj, "name", None), str) and callable(
         getattr(obj, "configure", None)
     )
+
+
+def accepts_keyword(fn: Any, name: str) -> bool:
+    """Whether ``fn`` takes the keyword argument ``name`` (by name, or through ``**kwargs``)."""
+    params = inspect.signature(fn).parameters
+    return name in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
 
 
 def missing_capability(impl: Any, capability: str) -> str | None:

@@ -295,13 +295,6 @@ def record_collectives(delay: Callable[[], None] | None = None) -> Iterator[Coll
         _local.log, _local.api_stack, _local.delay = previous
 
 
-@contextmanager
-def delayed_collectives(delay: Callable[[], None]) -> Iterator[None]:
-    """Call ``delay`` before every collective this thread issues inside the block (no recording)."""
-    with record_collectives(delay):
-        yield
-
-
 def _dispatched_call(func: Any, args: Any, kwargs: Any, stack: list[tuple[str, bool, Any]]) -> CollectiveCall:
     schema = func._schema.arguments
     values = dict(zip((a.name for a in schema), args))

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from conformance.harness.case import IMPL, REFERENCE, Budget, RankOutcome, RankTask, TaskFn
-from conformance.harness.errors import RankRaised
+from conformance.harness.case_errors import RankRaised
 from conformance.harness.launchers import Launcher
 from conformance.harness.leases import DeviceLeases
 
@@ -31,7 +31,7 @@ class CaseTimings:
     impl: float = 0.0  #: the implementation's calls (max over ranks, per run)
     reference: float = 0.0  #: the suite's own references on the ranks (max over ranks, per run)
     runs: int = 0
-    total: float = 0.0  #: the whole test call (set by the timing plugin)
+    total: float = 0.0  #: the whole test call (set by the time-breakdown plugin)
     extra: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -45,6 +45,8 @@ class CaseTimings:
 
 
 class RankRunner:
+    """Leases devices and runs tasks on ranks for the whole session; each case sees it through :meth:`for_case`."""
+
     def __init__(self, launcher: Launcher, leases: DeviceLeases | None, impl_spec: str, *,
                  default_timeout: float = 60.0, budget: Budget | None = None) -> None:
         self.launcher = launcher
@@ -52,31 +54,52 @@ class RankRunner:
         self.impl_spec = impl_spec
         self.default_timeout = default_timeout
         self.budget = budget or Budget()
-        #: The running test's timings (the timing plugin swaps in a fresh one per test).
-        self.timings = CaseTimings()
+
+    def for_case(self, timings: CaseTimings) -> CaseRanks:
+        """This runner as one case uses it: every run records where its time went into ``timings``."""
+        return CaseRanks(self, timings)
+
+    def outcomes(self, fn: TaskFn, world_size: int, *, timeout: float | None = None,
+                 exclusive: bool = False, **params: Any) -> list[RankOutcome]:
+        """Run ``fn(ctx, **params)`` on ``world_size`` ranks; one outcome per rank (timings not kept)."""
+        return self.for_case(CaseTimings()).outcomes(fn, world_size, timeout=timeout, exclusive=exclusive, **params)
+
+    def run(self, fn: TaskFn, world_size: int, *, timeout: float | None = None,
+            exclusive: bool = False, **params: Any) -> list[Any]:
+        """Like :meth:`outcomes` but returns the values, raising if any rank raised."""
+        return self.for_case(CaseTimings()).run(fn, world_size, timeout=timeout, exclusive=exclusive, **params)
+
+
+class CaseRanks:
+    """The session's :class:`RankRunner` as one case sees it (the ``coc_ranks`` fixture)."""
+
+    def __init__(self, runner: RankRunner, timings: CaseTimings) -> None:
+        self.runner = runner
+        self.timings = timings
 
     def outcomes(self, fn: TaskFn, world_size: int, *, timeout: float | None = None,
                  exclusive: bool = False, **params: Any) -> list[RankOutcome]:
         """Run ``fn(ctx, **params)`` on ``world_size`` ranks; one outcome per rank."""
-        task = RankTask(fn, world_size, params, timeout or self.default_timeout, exclusive, self.budget)
-        record = self.timings
-        if self.leases is None:
-            return self._run(task, (), record)
-        prefer: Sequence[str] = getattr(self.launcher, "preferred_devices", lambda _: ())(world_size)
+        runner, record = self.runner, self.timings
+        task = RankTask(fn, world_size, params, timeout or runner.default_timeout, exclusive, runner.budget)
+        if runner.leases is None:
+            return self._run(task, ())
+        prefer: Sequence[str] = getattr(runner.launcher, "preferred_devices", lambda _: ())(world_size)
         asked = time.perf_counter()
-        with self.leases.lease(world_size, exclusive=exclusive, prefer=prefer) as devices:
+        with runner.leases.lease(world_size, exclusive=exclusive, prefer=prefer) as devices:
             waited = time.perf_counter() - asked
             record.lease_wait += waited
             record.longest_lease_wait = max(record.longest_lease_wait, waited)
-            return self._run(task, devices[:world_size], record)
+            return self._run(task, devices[:world_size])
 
-    def _run(self, task: RankTask, devices: Sequence[str], record: CaseTimings) -> list[RankOutcome]:
+    def _run(self, task: RankTask, devices: Sequence[str]) -> list[RankOutcome]:
+        launcher, record = self.runner.launcher, self.timings
         start = time.perf_counter()
         try:
-            outcomes = self.launcher.run(task, devices, self.impl_spec)
+            outcomes = launcher.run(task, devices, self.runner.impl_spec)
         finally:
             record.ranks += time.perf_counter() - start
-            started = getattr(self.launcher, "last_start_s", None)
+            started = getattr(launcher, "last_start_s", None)
             if started:
                 record.pool_start += started
                 record.pools_started += 1

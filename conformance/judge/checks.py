@@ -2,33 +2,26 @@
 
 Each raises a :class:`~conformance.judge.failures.CheckFailure` subclass (so the
 report files it under the right category) whose message says what was
-expected, what was observed and where (rank, rows), and attaches its evidence
-to the report.  The helpers (:func:`bitwise_equal`, :func:`describe_difference`)
-are public: suite modules and third-party checks use them too.
+expected, what was observed and where (rank, rows), and records its evidence
+(:mod:`conformance.judge.evidence`) for the report.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
-import torch
 
+from conformance.contract.equality import bitwise_equal, describe_difference, row_ranges
 from conformance.harness.case import CapturedError
-from conformance.judge import numerics
+from conformance.judge import evidence, numerics
 from conformance.judge.failures import DeterminismViolation, NumericMismatch, WrongError
 from conformance.judge.levels import Level
 
 #: Row ``i`` of a result's 2-D view -> (the rank holding it, its row there); rank None: every rank.
 RowOwner = Callable[[int], tuple[int | None, int]]
-
-
-def _report() -> Any:
-    from conformance.reporting import allure  # lazily: it imports allure
-
-    return allure
 
 
 def check_close(name: str, out: Any, truth: Any, serial: Any, envelope: tuple[np.ndarray, int],
@@ -45,7 +38,7 @@ def check_close(name: str, out: Any, truth: Any, serial: Any, envelope: tuple[np
         raise NumericMismatch(f"{name}: the result has shape {list(got)}, the expected one {list(want)}")
     comparison = numerics.compare(name, out, truth, serial, magnitude=magnitude,
                                   reduction_len=reduction_len, roundings=roundings, dtype=dtype)
-    _report().attach_comparison(comparison, failed=not comparison.stats.ok)
+    evidence.comparison(comparison, failed=not comparison.stats.ok)
     stats = comparison.stats
     if not stats.ok:
         where = stats.first_violation
@@ -69,7 +62,7 @@ def owners(rows: Sequence[int], row_owner: RowOwner) -> str:
     for row in rows:
         rank, local = row_owner(row)
         by_rank.setdefault(rank, []).append(local)
-    return "; ".join(("every rank" if rank is None else f"rank {rank}") + f" rows {numerics.row_ranges(local)}"
+    return "; ".join(("every rank" if rank is None else f"rank {rank}") + f" rows {row_ranges(local)}"
                      for rank, local in sorted(by_rank.items(), key=lambda kv: -1 if kv[0] is None else kv[0]))
 
 
@@ -84,41 +77,6 @@ def check_bitwise_equal(name: str, runs: Sequence[Any], what: str = "run") -> No
         if not bitwise_equal(first, other):
             raise DeterminismViolation(f"{name}: {what} {i} differs bitwise from {what} 0 "
                                        f"({describe_difference(first, other)})")
-
-
-def bitwise_equal(a: Any, b: Any) -> bool:
-    """Same structure, shapes, dtypes and bits (``-0.0 != 0.0``; a NaN equals the same NaN)."""
-    if isinstance(a, torch.Tensor):
-        if not (isinstance(b, torch.Tensor) and a.shape == b.shape and a.dtype == b.dtype):
-            return False
-        return bool(torch.equal(a.contiguous().reshape(-1).view(torch.uint8),
-                                b.contiguous().reshape(-1).view(torch.uint8)))
-    if isinstance(a, Mapping):
-        return isinstance(b, Mapping) and a.keys() == b.keys() and all(bitwise_equal(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)):
-        return isinstance(b, (list, tuple)) and len(a) == len(b) and all(
-            bitwise_equal(x, y) for x, y in zip(a, b))
-    return bool(a == b)
-
-
-def describe_difference(a: Any, b: Any) -> str:
-    """How two values differ: element count, largest difference and the rows involved."""
-    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
-        if a.shape != b.shape or a.dtype != b.dtype:
-            return f"{a.dtype}{list(a.shape)} vs {b.dtype}{list(b.shape)}"
-        differs = a.contiguous().reshape(-1).view(torch.uint8) != b.contiguous().reshape(-1).view(torch.uint8)
-        per_element = differs.view(-1, a.element_size()).any(dim=1).view(a.shape)
-        rows = per_element.reshape(-1, a.shape[-1]).any(dim=1) if a.dim() > 1 else per_element.reshape(1, -1).any(1)
-        diff = (a.double() - b.double()).abs()
-        return (f"{int(per_element.sum())} of {a.numel()} elements, max |diff| {float(diff.nan_to_num(0).max()):.3g},"
-                f" rows {numerics.row_ranges(torch.nonzero(rows).flatten().tolist())}")
-    if isinstance(a, Mapping) and isinstance(b, Mapping):
-        parts = [f"{k}: {describe_difference(a[k], b[k])}" for k in a if k in b and not bitwise_equal(a[k], b[k])]
-        return "; ".join(parts) or f"keys {sorted(a)} vs {sorted(b)}"
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)) and len(a) == len(b):
-        return "; ".join(f"[{i}] {describe_difference(x, y)}" for i, (x, y) in enumerate(zip(a, b))
-                         if not bitwise_equal(x, y))
-    return f"{a!r} vs {b!r}"
 
 
 def check_refused_on_every_rank(errors: Sequence[CapturedError | None], *, what: str,

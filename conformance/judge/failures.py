@@ -37,6 +37,10 @@ class NumericMismatch(CheckFailure):
     category = "numeric mismatch"
 
 
+class ReplicaMismatch(NumericMismatch):
+    """Ranks that must hold identical copies of a tensor do not."""
+
+
 class DeterminismViolation(CheckFailure):
     """Results that should be bitwise reproducible were not."""
 

@@ -57,8 +57,8 @@ from coc_shared.timeline import Order
 PROFILE_DIR = Path(__file__).resolve().parents[1] / "profiles"
 SCHEMA = 1
 #: The fused ops a perf case can time, each one matmul + collective pipeline.
-OPS = ("matmul_all_reduce", "matmul_reduce_scatter", "all_gather_matmul")
-LAYERS = {"qkv": "column", "fc1": "column", "proj": "row", "fc2": "row"}
+PROFILE_OPS = ("matmul_all_reduce", "matmul_reduce_scatter", "all_gather_matmul")
+PROFILE_LAYERS = {"qkv": "column", "fc1": "column", "proj": "row", "fc2": "row"}
 DTYPE_SIZES = {"float16": 2, "bfloat16": 2, "float32": 4}
 _VARIANT = re.compile(r"^(fused|auto|scripted-(2|4|8))$")
 
@@ -154,7 +154,7 @@ def layer_pipeline(model: Mapping[str, Any], layer: str, sequence_parallel: bool
     if layer not in width:
         raise ProfileError(f"unknown layer {layer!r}; known: {sorted(width)}")
     fan_in, fan_out = width[layer]
-    if LAYERS[layer] == "column":
+    if PROFILE_LAYERS[layer] == "column":
         if sequence_parallel:
             return "all_gather_matmul", seq, fan_in, fan_out // tp
         return "matmul_all_reduce", seq, fan_out // tp, fan_in
@@ -185,8 +185,8 @@ def parse(doc: Mapping[str, Any], where: str = "profile") -> Profile:
 
     def case(case_id: str, op: str, m: int, k: int, n: int, tp: int, gates: Mapping[str, Any],
              source: str) -> PerfCase:
-        if op not in OPS:
-            raise ProfileError(f"{where}: case {case_id!r}: op must be one of {list(OPS)}, got {op!r}")
+        if op not in PROFILE_OPS:
+            raise ProfileError(f"{where}: case {case_id!r}: op must be one of {list(PROFILE_OPS)}, got {op!r}")
         for variant, minimum in gates.items():
             if not _VARIANT.match(variant):
                 raise ProfileError(f"{where}: case {case_id!r}: unknown variant {variant!r}")

@@ -1,6 +1,6 @@
 """Judging layer outcomes: pieces of every rank assembled per replica, against float64 truth.
 
-The truth of a generated :class:`~conformance.cases.data.LayerProblem` is its
+The truth of a generated :class:`~conformance.contract.problems.LayerProblem` is its
 training replayed in float64 from the same recipe (weights, deltas, batches,
 ``main_grad`` prefill), with :mod:`golden.serial`'s formulas; a golden case's
 is its stored outputs.  Every output and gradient of every step and
@@ -18,13 +18,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from conformance.cases.data import LayerProblem, layer_batch, layer_weights
-from conformance.cases.layer_cases import main_grad_prefill
-from conformance.cases.results import LayerOutcome
+from conformance.contract.layouts import Split, layout, row_owner
+from conformance.contract.problems import LayerProblem, layer_batch, layer_weights, main_grad_prefill
+from conformance.contract.results import LayerOutcome
 from conformance.harness.case import CapturedError
 from conformance.judge import checks, numerics
+from conformance.judge.assembly import assemble
 from conformance.judge.failures import ContractViolation, NumericMismatch, WrongError
-from conformance.judge.layouts import Split, assemble, layout, row_owner
 from conformance.judge.levels import Level
 
 

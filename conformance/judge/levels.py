@@ -9,17 +9,13 @@
 * ``STRUCTURE``: how the overlap is achieved, judged against what the
   implementation declares (``docs/DESIGN.md#overlap-structure``).
 
-A test may hold several checks (:class:`Verdicts`); each is recorded with its
-level, and ``--coc-gate`` chooses which levels fail the run.
+A test may hold several checks (:class:`~conformance.judge.verdicts.Verdicts`);
+each is recorded with its level, and ``--coc-gate`` chooses which levels fail the run.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
-from dataclasses import asdict, dataclass
-from typing import Any
 
 
 class Level(str, enum.Enum):
@@ -38,53 +34,3 @@ class Level(str, enum.Enum):
             raise ValueError(f"unknown requirement level(s) {sorted(unknown) or [text]}; "
                              f"choose from {[level.value for level in cls]} or 'all'")
         return frozenset(cls(w) for w in words)
-
-
-@dataclass(frozen=True)
-class CheckResult:
-    """One named check of a test and how it came out."""
-
-    name: str
-    level: Level
-    passed: bool
-    message: str = ""
-    category: str = ""
-
-    def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "level": self.level.value}
-
-
-class Verdicts:
-    """The checks of one test, each at its level.
-
-    ``with verdicts.check("numerics", Level.MUST): ...`` records a pass, or the
-    :class:`~conformance.judge.failures.CheckFailure` (or plain assertion)
-    raised inside, and goes on, so later checks of the same run are still
-    judged.  The test fails at the end if a failed check's level gates.
-    """
-
-    def __init__(self) -> None:
-        self.results: list[CheckResult] = []
-        self.exceptions: list[BaseException] = []
-
-    @contextmanager
-    def check(self, name: str, level: Level) -> Iterator[None]:
-        from conformance.judge.failures import CheckFailure
-
-        try:
-            yield
-        except (CheckFailure, AssertionError) as failure:
-            category = failure.category if isinstance(failure, CheckFailure) else "failure"
-            self.results.append(CheckResult(name, level, False, str(failure), category))
-            if isinstance(failure, CheckFailure):
-                failure.level = level
-            self.exceptions.append(failure)
-        else:
-            self.results.append(CheckResult(name, level, True))
-
-    def failed(self, levels: Iterable[Level] | None = None) -> list[BaseException]:
-        """The failures whose level is in ``levels`` (all when None)."""
-        chosen = None if levels is None else set(levels)
-        return [exc for exc, result in zip(self.exceptions, (r for r in self.results if not r.passed),
-                                           strict=True)
-                if chosen is None or result.level in chosen]

@@ -26,11 +26,12 @@ bias or a dropped quantisation offset fall outside it.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
+
+from conformance.contract.equality import row_ranges
 
 #: How much worse than the serial path's own error CoC may be, elementwise.
 FACTOR = 2.0
@@ -84,18 +85,6 @@ class ErrorStats:
         if self.bad_rows:
             text += f" in rows {row_ranges(self.bad_rows)} of {self.rows}"
         return text
-
-
-def row_ranges(rows: Sequence[int], limit: int = 8) -> str:
-    """``[3, 4, 5, 9]`` as ``"3-5, 9"`` (at most ``limit`` ranges, then a count)."""
-    spans: list[list[int]] = []
-    for row in sorted(set(rows)):
-        if spans and row == spans[-1][1] + 1:
-            spans[-1][1] = row
-        else:
-            spans.append([row, row])
-    text = ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in spans[:limit])
-    return text + (f", ... ({len(spans) - limit} more ranges)" if len(spans) > limit else "")
 
 
 @dataclass(frozen=True)

@@ -19,11 +19,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from conformance.cases.data import Problem, global_operands
-from conformance.cases.op_cases import GATHERS, OPERAND_SPLITS, OpRun, OpRunOutcome
+from conformance.contract.equality import bitwise_equal, describe_difference
+from conformance.contract.jobs import OpRun
+from conformance.contract.layouts import GATHERS, OPERAND_SPLITS, row_owner
+from conformance.contract.problems import Problem, global_operands
+from conformance.contract.results import OpRunOutcome
 from conformance.judge import checks, numerics
+from conformance.judge.assembly import assemble
 from conformance.judge.failures import ContractViolation, NumericMismatch, WrongError
-from conformance.judge.layouts import assemble, row_owner
 
 
 def roundings(tp: int) -> int:
@@ -189,14 +192,14 @@ def _label(run: OpRun, i: int, replica: int, replicas: int, j: int) -> str:
 def _check_exact(label: str, out: Any, truth: np.ndarray, dtype: str, split: Any, tp: int) -> None:
     """Bitwise: exact data has exactly one correct answer in every summation order."""
     expected = torch.from_numpy(np.asarray(truth)).to(getattr(torch, dtype))
-    if not checks.bitwise_equal(out, expected):
+    if not bitwise_equal(out, expected):
         rows = int(np.prod(expected.shape[:-1])) if expected.dim() > 1 else 1
         owner = row_owner(split, rows, tp)
         wrong = [] if not isinstance(out, torch.Tensor) or out.shape != expected.shape else \
             torch.nonzero((out.double() != expected.double()).reshape(rows, -1).any(dim=1)).flatten().tolist()
         where = f"; on {checks.owners(wrong, owner)}" if wrong else ""
         raise NumericMismatch(f"{label}: exact data must give exactly the exact result: "
-                              f"{checks.describe_difference(expected, out)}{where}")
+                              f"{describe_difference(expected, out)}{where}")
 
 
 def _wrong_group(run: OpRun, ranks: list[OpRunOutcome], problem: Problem, out: Any, replica: int,

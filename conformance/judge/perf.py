@@ -43,14 +43,7 @@ import numpy as np
 
 from coc_shared.cost_model import MeasuredCurve
 from coc_shared.timeline import Order, Timeline, simulate
-
-#: Item names reserved by the protocol (everything else is a CoC variant).
-SERIAL, MM, COMM = "serial", "mm", "comm"
-
-
-def block_key(what: str, rows: int) -> str:
-    """Item name of the matmul (``mm``) or collective (``comm``) of one block of ``rows`` rows."""
-    return f"{what}@{rows}"
+from conformance.contract.perf_items import COMM, MM, SERIAL
 
 
 def pooled(*runs: Mapping[str, Sequence[float]]) -> dict[str, list[float]]:
@@ -202,7 +195,7 @@ class VariantFigures:
             "exposed_comm_ms": r(self.exposed_comm_ms, 3),
             "blocks": None if self.blocks is None else list(self.blocks),
             "predicted_ms": r(self.predicted_ms, 3), "prediction_error": r(self.prediction_error),
-            # every round's paired gain: what a later run is compared with (conformance.gating.compare)
+            # every round's paired gain: what a later run is compared with (conformance.gating.gate)
             "paired_gains": [round(g, 5) for g in self.paired_samples],
         }
 

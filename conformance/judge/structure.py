@@ -15,11 +15,20 @@ launched and before it was waited for.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from typing import Any
 
-from conformance.cases.results import Timeline
+from conformance.contract.problems import LayerProblem
+from conformance.contract.results import LayerOutcome, ObservedCollectives
 from conformance.judge.failures import StructureMismatch
-from conformance.protocol import PHASE_COLLECTIVES, Chunked, NotOverlapped, OverlapsMatmul, OverlapStrategy
+from conformance.protocol import (
+    PHASE_COLLECTIVES,
+    Chunked,
+    NotOverlapped,
+    OverlapsMatmul,
+    OverlapStrategy,
+    overlap_key,
+)
 
 Shape = tuple[int, ...]
 
@@ -33,7 +42,7 @@ def matmul_matches(shape: Shape | None, wanted: Shape) -> bool:
     return tuple(shape[-2:]) in (tuple(wanted), tuple(reversed(wanted)))
 
 
-def check_phase(timeline: Timeline | None, key: str, declared: OverlapStrategy | None, *, chunks: int,
+def check_phase(timeline: ObservedCollectives | None, key: str, declared: OverlapStrategy | None, *, chunks: int,
                 matmuls: Mapping[str, Shape]) -> None:
     """Raise :class:`StructureMismatch` when phase ``key`` is not overlapped as declared.
 
@@ -77,3 +86,43 @@ def check_phase(timeline: Timeline | None, key: str, declared: OverlapStrategy |
     if not any(c.overlapped for c in calls):
         raise StructureMismatch(f"{key}: no {kind} collective overlaps a matmul (none was in flight while a "
                                 f"matmul ran, and no fused op ran): the phase is serial; {seen}")
+
+
+def layer_parts(layer: str) -> list[str]:
+    return ["column", "row"] if layer == "mlp" else [layer]
+
+
+def _matmuls(problem: LayerProblem, kind: str, tp: int) -> dict[str, tuple[int, ...]]:
+    """Output shapes (this rank's) of the matmuls a phase of layer part ``kind`` may overlap."""
+    if problem.layer == "mlp":
+        assert problem.ffn is not None
+        out, inp = (problem.ffn, problem.h_in) if kind == "column" else (problem.h_out, problem.ffn)
+    else:
+        out, inp = problem.h_out, problem.h_in
+    w = (out // tp, inp) if kind == "column" else (out, inp // tp)
+    return {"weight_grad": w, "output": (w[0],), "input_grad": (w[1],)}
+
+
+def check_layer_structure(problem: LayerProblem, outcomes: Sequence[LayerOutcome], overlap: Mapping[str, Any], *,
+                    chunks: int | Mapping[str, int], tp: int, fused: bool = False) -> None:
+    """STRUCTURE on every rank: each phase of each layer part overlaps as declared.
+
+    ``chunks`` is the configured count, or one per phase key.  Fused layers
+    tile by their own plan, so a phase declared chunked is only required to
+    overlap some matmul there.
+    """
+    for rank, outcome in enumerate(outcomes):
+        for kind in layer_parts(problem.layer):
+            for phase in ("forward", "backward"):
+                key = overlap_key(kind, problem.sequence_parallel, phase)
+                if key not in PHASE_COLLECTIVES:
+                    continue
+                declared = overlap.get(key)
+                if fused and isinstance(declared, Chunked):
+                    declared = None
+                count = chunks if isinstance(chunks, int) else chunks.get(key, 1)
+                try:
+                    check_phase(outcome.timelines.get(f"{kind}/{phase}"), key, declared, chunks=count,
+                                          matmuls=_matmuls(problem, kind, tp))
+                except StructureMismatch as failure:
+                    raise StructureMismatch(f"rank {rank}: {failure}") from None

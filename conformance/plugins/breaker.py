@@ -24,26 +24,12 @@ from typing import Any
 import pytest
 from filelock import FileLock
 
-from conformance.harness.errors import HANGS, StormBroken
+from conformance import options
+from conformance.caseids import capability
+from conformance.harness.case_errors import HANGS, StormBroken
 
 _SHARED = "coc_shared_dir"
 breaker_key = pytest.StashKey["StormBreaker"]()
-
-
-def capability(item: pytest.Item) -> str | None:
-    """The op or layer kind a case exercises (marker ``coc_capability``, else its parameters)."""
-    mark = item.get_closest_marker("coc_capability")
-    if mark is not None:
-        return str(mark.args[0])
-    params: dict[str, Any] = getattr(getattr(item, "callspec", None), "params", {})
-    if isinstance(params.get("op"), str):
-        return f"op:{params['op']}"
-    if isinstance(params.get("layer"), str):
-        return f"layer:{params['layer']}"
-    case_id = params.get("case_id")
-    if isinstance(case_id, str) and case_id.startswith("layer-"):
-        return f"layer:{case_id.split('-')[1]}"
-    return None
 
 
 class StormBreaker:
@@ -74,7 +60,7 @@ class StormBreaker:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    limit = config.getoption("--coc-storm")
+    limit = config.getoption(options.STORM)
     if limit <= 0:
         return
     shared = getattr(config, "workerinput", {}).get(_SHARED)

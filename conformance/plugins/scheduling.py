@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from conformance import options
 from conformance.options import TP_PARAMS, WORLD_PARAM
 
 #: Whether the collected cases include layer cases (the rank fork server then preloads megatron-core).
@@ -52,14 +53,13 @@ def order(item: pytest.Item) -> tuple[bool, int, int]:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark the smoke tier; deselect what ``--coc-tp`` leaves out or torchrun cannot host; order the rest."""
     from conformance.caseids import case_id
-    from conformance.suite.smoke import in_smoke
+    from conformance.tiers import in_smoke
 
     for item in items:
         if in_smoke(case_id(item.nodeid)) and "/suite/" in f"/{item.nodeid}".replace("\\", "/"):
             item.add_marker(pytest.mark.smoke)
-    raw = config.getoption("--coc-tp")
-    chosen = {int(v) for v in raw.split(",") if v.strip()} if raw else None
-    limit = int(os.environ.get("WORLD_SIZE", "1")) if config.getoption("--coc-launcher") == "torchrun" else None
+    chosen = config.getoption(options.TP)
+    limit = int(os.environ.get("WORLD_SIZE", "1")) if config.getoption(options.LAUNCHER) == "torchrun" else None
     keep: list[pytest.Item] = []
     drop: list[pytest.Item] = []
     for item in items:

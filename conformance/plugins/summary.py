@@ -7,8 +7,8 @@ a crash of a worker or of the session; the final JSON adds the totals, the
 skips by reason, and the count of cases collected against cases reported (and
 against Allure result files), so a lost result is visible.
 
-Read by ``python -m conformance.gate``, ``python -m conformance.matrix`` and
-``python -m conformance.expectations``; the format is :data:`SCHEMA`.
+Read by ``coc-gate``, ``coc-matrix`` and
+``coc-expectations``; the format is :data:`SCHEMA`.
 """
 
 from __future__ import annotations
@@ -24,16 +24,17 @@ from typing import Any
 
 import pytest
 
+from conformance import options, report_properties
 from conformance.caseids import area, case_id
 from conformance.options import impl_spec
-from conformance.plugins.roster import roster
+from conformance.report_properties import property_of
+from conformance.roster import is_xdist_worker, roster
 
 SCHEMA = 1
-FAILURE_PROPERTY = "coc_failure"
 
 
 def summary_path(config: pytest.Config) -> Path | None:
-    given = config.getoption("--coc-summary")
+    given = config.getoption(options.SUMMARY)
     if given:
         return Path(given)
     allure_dir = config.getoption("allure_report_dir", None)
@@ -46,22 +47,15 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     """On the worker: what failed, as data (category and type) rather than as text."""
     report = yield
     if call.excinfo is not None and report.failed:
-        from conformance.harness.errors import HANGS
+        from conformance.harness.case_errors import HANGS
         from conformance.judge.failures import CheckFailure
 
         exc = call.excinfo.value
         category = ("hang" if isinstance(exc, HANGS) else exc.category if isinstance(exc, CheckFailure)
                     else "error")
-        report.user_properties.append((FAILURE_PROPERTY, {
+        report.user_properties.append((report_properties.FAILURE, {
             "category": category, "type": type(exc).__name__, "message": str(exc)[:2000]}))
     return report
-
-
-def _property(report: pytest.TestReport, name: str) -> Any:
-    for key, value in report.user_properties:
-        if key == name:
-            return value
-    return None
 
 
 def record_of(report: pytest.TestReport) -> dict[str, Any]:
@@ -72,7 +66,7 @@ def record_of(report: pytest.TestReport) -> dict[str, Any]:
     elif report.failed:
         outcome = "failed" if report.when == "call" else "error"
     elif wasxfail is not None:
-        outcome = "not-gated" if wasxfail.startswith("[") else "known"
+        outcome = "not-gated" if property_of(report, report_properties.NOT_GATED) else "known"
     else:
         outcome = "skipped"
     record: dict[str, Any] = {"id": case_id(report.nodeid), "nodeid": report.nodeid, "area": area(report.nodeid),
@@ -81,15 +75,15 @@ def record_of(report: pytest.TestReport) -> dict[str, Any]:
         record["skip_reason"] = str(report.longrepr[2]).removeprefix("Skipped: ")
     if wasxfail is not None:
         record["reason"] = wasxfail
-    for key, name in (("checks", "coc_checks"), ("timings", "coc_timings"), ("failure", FAILURE_PROPERTY),
-                      ("expectation", "coc_expectation")):
-        value = _property(report, name)
+    for key, name in (("checks", report_properties.CHECKS), ("timings", report_properties.TIMINGS),
+                      ("failure", report_properties.FAILURE), ("expectation", report_properties.EXPECTATION)):
+        value = property_of(report, name)
         if value is not None:
             record[key] = value
-    figures = _property(report, "perf_figures")
+    figures = property_of(report, report_properties.PERF_FIGURES)
     if figures is not None:
         record["perf"] = json.loads(figures) if isinstance(figures, str) else figures
-        record["perf_gate"] = _property(report, "perf_gate")
+        record["perf_gate"] = property_of(report, report_properties.PERF_GATE)
     return record
 
 
@@ -118,7 +112,7 @@ class SummaryWriter:
             f.write(json.dumps(record) + "\n")
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
-        if hasattr(self.config, "workerinput"):
+        if is_xdist_worker(self.config):
             return
         records = list(self.records.values())
         outcomes = Counter(r["outcome"] for r in records)
@@ -134,8 +128,8 @@ class SummaryWriter:
         doc = {
             "schema": SCHEMA,
             "implementation": impl_spec(self.config),
-            "launcher": self.config.getoption("--coc-launcher"),
-            "gate": self.config.getoption("--coc-gate"),
+            "launcher": self.config.getoption(options.LAUNCHER),
+            "gate": options.gate_spec(self.config),
             "python": platform.python_version(),
             "torch": _version("torch"),
             "megatron_core": _version("megatron-core"),
@@ -156,7 +150,7 @@ class SummaryWriter:
         os.replace(tmp, self.path)
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
-        if hasattr(self.config, "workerinput"):
+        if is_xdist_worker(self.config):
             return
         records = list(self.records.values())
         skips = Counter(r.get("skip_reason", "?") for r in records if r["outcome"] == "skipped")
@@ -179,5 +173,5 @@ def _version(name: str) -> str:
 
 def pytest_configure(config: pytest.Config) -> None:
     path = summary_path(config)
-    if path is not None and not hasattr(config, "workerinput"):
+    if path is not None and not is_xdist_worker(config):
         config.pluginmanager.register(SummaryWriter(config, path), "coc-summary-writer")

@@ -1,10 +1,10 @@
 """What a conformance case tells Allure: labels, parameters and attachments.
 
-The one module that imports ``allure``.  Checks call :func:`describe_case`,
-:func:`attach_comparison` and :func:`attach_timeline`; the hooks in
-:mod:`conformance.reporting.hooks` describe every case from its parametrization
-and attach rank evidence on failure.  Every function returns at once unless
-allure-pytest records results (``--alluredir``), so checks call them freely.
+The one module that imports ``allure``.  The hooks in
+:mod:`conformance.reporting.hooks` describe every case from its parametrization,
+attach what its checks recorded (:mod:`conformance.judge.evidence`) and, on
+failure, every rank's evidence.  Every function returns at once unless
+allure-pytest records results (``--alluredir``).
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ if TYPE_CHECKING:
     import pytest
 
     from coc_shared.timeline import Timeline
-    from conformance.harness.errors import CaseError
+    from conformance.harness.case_errors import CaseError
+    from conformance.judge.evidence import CaseEvidence
     from conformance.judge.numerics import Comparison
 
 EPIC = "CoC"
@@ -270,6 +271,20 @@ def attach_timeline(predicted: Timeline | None, measured: Timeline | Mapping[str
     _attach_png(plots.lanes(rows, title=f"{title}: {', '.join(spans)}"), f"{title}: timeline")
 
 
+def attach_case_evidence(found: CaseEvidence) -> None:
+    """Everything the case's checks recorded, attached after its call."""
+    if not _active:
+        return
+    if found.description:
+        describe_case(**found.description)
+    for comparison, failed in found.comparisons:
+        attach_comparison(comparison, failed=failed)
+    for title, body in found.texts:
+        attach_text(body, title)
+    for title, predicted, measured in found.timelines:
+        attach_timeline(predicted, measured, title)
+
+
 def label_levels(checks: Sequence[Mapping[str, Any]]) -> None:
     """Tag the case with the requirement levels of its checks; ``requirement`` is the worst failed one."""
     if not _active or not checks:
@@ -293,7 +308,7 @@ def report_lost_case(results_dir: str, nodeid: str, why: str) -> None:
     from allure_commons.model2 import Label, Status, StatusDetails, TestResult
     from allure_commons.utils import md5, now, uuid4
 
-    from conformance.harness.errors import WorkerLost
+    from conformance.harness.case_errors import WorkerLost
 
     module, _, test = nodeid.partition("::")
     full_name = f"{module.removesuffix('.py').replace('/', '.')}#{test.split('[')[0]}"

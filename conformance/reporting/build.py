@@ -14,7 +14,7 @@ environment switch where Allure honours one, and the awesome template's
 Google tag (hard-wired in Allure 3.x) is removed from the page.
 
 The run is also held to Allure 3's quality gate, configured to match
-``python -m conformance.gate``: no failed or broken case (known failures are
+``coc-gate``: no failed or broken case (known failures are
 reported by the suite as expected failures, which Allure counts as skipped),
 and -- when the suite's ``coc-summary.json`` sits next to the results -- no
 fewer results than cases collected (a crashed worker's lost cases show).  A

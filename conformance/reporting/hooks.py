@@ -4,7 +4,9 @@
   parameters (before allure-pytest adds raw ones; ``device`` out of history);
 * teardown: default feature, story, severity and title for what the test did
   not describe through :func:`conformance.reporting.allure.describe_case`;
-* a failing :class:`~conformance.harness.errors.CaseError`: every rank's evidence;
+* a failing :class:`~conformance.harness.case_errors.CaseError`: every rank's evidence;
+* after the call: what the checks recorded (:mod:`conformance.judge.evidence`):
+  comparisons, texts, timelines and the case's own description;
 * after the call: each check's requirement level as a tag (and the level of the
   worst failed check as label ``requirement``), and where the case's time went;
 * session end: ``categories.json`` and ``environment.properties``.  Under
@@ -22,12 +24,13 @@ from typing import Any
 
 import pytest
 
-from conformance import options
-from conformance.harness.errors import CaseError
-from conformance.plugins.roster import roster
+from conformance import options, report_properties
+from conformance.harness.case_errors import CaseError
+from conformance.judge import evidence
 from conformance.reporting import allure as reporting
 from conformance.reporting import meta as report_meta
 from conformance.reporting.allure import readable
+from conformance.roster import is_xdist_worker, roster
 
 _OUTPUT_KEY = "coc_allure"
 
@@ -65,7 +68,7 @@ class AllureHooks:
         self.reported: set[str] = set()  # on the controller (or without xdist)
 
     def pytest_configure(self, config: pytest.Config) -> None:
-        reporting.activate(True, figures=config.getoption("coc_figures"))
+        reporting.activate(True, figures=config.getoption(options.FIGURES))
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         reporting.activate(False)
@@ -75,6 +78,7 @@ class AllureHooks:
         params = _params(item)
         self.world_sizes.update(params[p] for p in options.TP_PARAMS if isinstance(params.get(p), int))
         reporting.begin_case({**params, "implementation": options.impl_spec(item.config)})
+        evidence.begin()
 
     def pytest_runtest_teardown(self, item: pytest.Item) -> None:
         reporting.finish_case(item, **_defaults(item))
@@ -86,9 +90,12 @@ class AllureHooks:
         if call.excinfo is not None and isinstance(call.excinfo.value, CaseError):
             reporting.attach_evidence(call.excinfo.value)
         if call.when == "call":
+            found = evidence.end()
+            if found is not None:
+                reporting.attach_case_evidence(found)
             properties: dict[str, Any] = dict(report.user_properties)
-            reporting.label_levels(properties.get("coc_checks") or [])
-            reporting.attach_timings(properties.get("coc_timings"))
+            reporting.label_levels(properties.get(report_properties.CHECKS) or [])
+            reporting.attach_timings(properties.get(report_properties.TIMINGS))
         return report
 
     def _observe_device(self) -> None:
@@ -98,9 +105,9 @@ class AllureHooks:
         from conformance.harness.launchers.devices import detect_device_kind
 
         config = self.config
-        kind = detect_device_kind(config.getoption("--coc-cpu-slots"), config.getoption("--coc-backend"))
+        kind = detect_device_kind(config.getoption(options.CPU_SLOTS), config.getoption(options.BACKEND))
         self.devices.add(kind.name)
-        launcher = config.getoption("--coc-launcher")
+        launcher = config.getoption(options.LAUNCHER)
         self.backends.add("threaded (in-process)" if launcher == "threaded" else kind.backend)
 
     def _observed(self) -> dict[str, list[Any]]:
@@ -108,7 +115,7 @@ class AllureHooks:
                 "backends": sorted(self.backends)}
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        if not hasattr(self.config, "workerinput"):
+        if not is_xdist_worker(self.config):
             self.reported.add(report.nodeid)
 
     def _report_lost_cases(self) -> None:
@@ -136,7 +143,7 @@ class AllureHooks:
     @pytest.hookimpl(tryfirst=True)  # lost cases are written before the summary counts results
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         config = self.config
-        if hasattr(config, "workerinput"):  # an xdist worker: report to the controller
+        if is_xdist_worker(config):  # an xdist worker: report to the controller
             self._observe_device()
             config.workeroutput[_OUTPUT_KEY] = self._observed()  # type: ignore[attr-defined]
             return
@@ -151,7 +158,7 @@ class AllureHooks:
             **report_meta.base_environment(config.rootpath),
             "device": ", ".join(sorted(self.devices)) or "not used",
             "backend": ", ".join(sorted(self.backends)) or "not used",
-            "launcher": config.getoption("--coc-launcher"),
+            "launcher": config.getoption(options.LAUNCHER),
             "world_sizes": ", ".join(map(str, sorted(self.world_sizes))) or "none",
             "implementation": options.impl_spec(config),
             "xdist_workers": str(getattr(config.option, "numprocesses", None) or 0),

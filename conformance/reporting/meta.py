@@ -1,10 +1,10 @@
 """Run-level files of an Allure results directory: ``categories.json``, ``environment.properties``.
 
 Categories are derived from the failure classes in :mod:`conformance.judge.failures`
-and the hang classes of :mod:`conformance.harness.errors`, so a new check
+and the hang classes of :mod:`conformance.harness.case_errors`, so a new check
 category is one class away.  They match the start of a failure's message
 (``module.Class: ...``), or the first remote error of a
-:class:`~conformance.harness.errors.RankRaised` when the check failed on a rank.  The
+:class:`~conformance.harness.case_errors.RankRaised` when the check failed on a rank.  The
 same rules work in Allure 2 (whole-message match) and Allure 3 (search).
 """
 
@@ -18,7 +18,7 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from conformance.harness import errors
+from conformance.harness import case_errors
 from conformance.judge import failures
 
 HANG = "Hang / timeout"
@@ -37,7 +37,7 @@ def categories() -> list[dict[str, object]]:
     groups: list[tuple[str, Sequence[type]]] = [
         (cls.category.capitalize(), (cls,)) for cls in failures.CATEGORIES
     ]
-    groups.append((HANG, errors.HANGS))
+    groups.append((HANG, case_errors.HANGS))
     rules: list[dict[str, object]] = []
     for name, classes in groups:
         patterns = _patterns(classes) + [p for cls in classes for p in _EXTRA.get(cls, ())]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Generator
 from typing import Any
 
@@ -13,11 +12,9 @@ import pytest
 def impl_accepts_blocks(coc_impl: Any) -> Callable[[str], bool]:
     """Whether an op of the implementation takes an explicit tiling (``blocks=``)."""
 
-    def accepts(op: str) -> bool:
-        params = inspect.signature(getattr(coc_impl, op)).parameters
-        return "blocks" in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    from conformance.harness.impl_loader import accepts_keyword
 
-    return accepts
+    return lambda op: accepts_keyword(getattr(coc_impl, op), "blocks")
 
 
 @pytest.hookimpl(wrapper=True)
@@ -29,7 +26,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def _check_collection(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Fail the session when a case on ranks escapes the storm breaker, or a combination is uncovered."""
-    from conformance.plugins.breaker import capability
+    from conformance.caseids import capability
     from conformance.suite.coverage import holes
 
     unbroken = sorted({item.nodeid.split("[")[0] for item in items

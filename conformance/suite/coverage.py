@@ -14,13 +14,12 @@ from collections.abc import Iterable, Mapping
 from itertools import product
 from typing import Any
 
+from conformance.cases.groups import GROUP_LAYOUTS, SUBGROUP_SIZES
+from conformance.contract.problems import LAYER_KINDS
+from conformance.protocol import FUSED_OPS
 from golden.catalogue import DTYPES, TP_SIZES
 
-OPS = ("matmul_all_reduce", "matmul_reduce_scatter", "all_gather_matmul", "all_gather_matmul_v2")
-LAYERS = ("column", "row", "mlp")
 SP = (False, True)
-SUBGROUPS = ((4, 2), (8, 2), (8, 4))
-TP_LAYOUTS = ("contiguous", "strided")
 
 Key = tuple[Any, ...]
 
@@ -34,19 +33,20 @@ def _golden(case_id: str) -> Mapping[str, Any]:
 def required() -> dict[str, set[Key]]:
     """Per test function, the combinations its cases must cover."""
     return {
-        "test_op_matches_golden": set(product(OPS, DTYPES, TP_SIZES, (False, True))),
-        "test_deterministic_is_bitwise_reproducible": set(product(OPS[:2], DTYPES, (2, 4))),
+        "test_op_matches_golden": set(product(FUSED_OPS, DTYPES, TP_SIZES, (False, True))),
+        "test_deterministic_is_bitwise_reproducible": set(product(FUSED_OPS[:2], DTYPES, (2, 4))),
         "test_w8a16_matches_dequantised_golden": set(product(("float16", "bfloat16"), TP_SIZES)),
-        "test_exact_layout": set(product(OPS, DTYPES, (2, 8))),
-        "test_results_are_values": set(product(OPS, (2, 8))),
-        "test_tp_subgroup_of_the_world": {(op, w, t, lay) for op in OPS for w, t in SUBGROUPS for lay in TP_LAYOUTS},
-        "test_stragglers": set(product(OPS, ("rank1", "random"))),
-        "test_layer_matches_golden": set(product(LAYERS, SP, DTYPES, TP_SIZES)),
-        "test_layer_matches_golden/chunks": set(product(LAYERS, SP, (1, 2, 4, 8))),
-        "test_training_steps": set(product(LAYERS, SP, (2, 8))),
-        "test_gradient_accumulation_fusion": set(product(LAYERS, SP, (2, 8))),
-        "test_layers_on_tp_subgroup": {(lay, sp, w, t) for lay in LAYERS for sp in SP for w, t in SUBGROUPS},
-        "test_layer_stragglers": set(product(LAYERS, SP, ("rank1", "random"))),
+        "test_exact_layout": set(product(FUSED_OPS, DTYPES, (2, 8))),
+        "test_results_are_values": set(product(FUSED_OPS, (2, 8))),
+        "test_tp_subgroup_of_the_world": {(op, w, t, lay) for op in FUSED_OPS for w, t in SUBGROUP_SIZES
+                                          for lay in GROUP_LAYOUTS},
+        "test_stragglers": set(product(FUSED_OPS, ("rank1", "random"))),
+        "test_layer_matches_golden": set(product(LAYER_KINDS, SP, DTYPES, TP_SIZES)),
+        "test_layer_matches_golden/chunks": set(product(LAYER_KINDS, SP, (1, 2, 4, 8))),
+        "test_training_steps": set(product(LAYER_KINDS, SP, (2, 8))),
+        "test_gradient_accumulation_fusion": set(product(LAYER_KINDS, SP, (2, 8))),
+        "test_layers_on_tp_subgroup": {(lay, sp, w, t) for lay in LAYER_KINDS for sp in SP for w, t in SUBGROUP_SIZES},
+        "test_layer_stragglers": set(product(LAYER_KINDS, SP, ("rank1", "random"))),
     }
 
 

@@ -19,18 +19,15 @@ count).
 
 from __future__ import annotations
 
-import inspect
-import logging
-import warnings
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 
 from conformance.cases.config_cases import configure_on_rank
-from conformance.harness.case import CapturedError, call_capturing_errors
+from conformance.harness.case import CapturedError, call_capturing_errors, observed_warnings
+from conformance.harness.impl_loader import accepts_keyword
 from conformance.judge import checks
 from conformance.judge.failures import WrongError
 from conformance.judge.levels import Level
@@ -136,32 +133,6 @@ USER_CFG_ERRORS = [
 ]
 
 
-@contextmanager
-def observed_warnings() -> Iterator[list[str]]:
-    """Collect UserWarnings and WARNING+ log records raised inside the block."""
-    seen: list[str] = []
-
-    class _Handler(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            seen.append(record.getMessage())
-
-    handler = _Handler(level=logging.WARNING)
-    root = logging.getLogger()
-    root.addHandler(handler)
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            yield seen
-    finally:
-        root.removeHandler(handler)
-        seen.extend(str(w.message) for w in caught if issubclass(w.category, UserWarning))
-
-
-def takes_coc_cfgs(impl: Any) -> bool:
-    params = inspect.signature(impl.configure).parameters
-    return "coc_cfgs" in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-
-
 def _configure(impl: Any, argv: list[str], env: Mapping[str, str], **kwargs: Any) -> tuple[Any, CapturedError | None]:
     kwargs.setdefault("tp_size", 2)
     call_capturing_errors(impl.configure, [], {}, tp_size=2)  # imports whatever configure imports lazily
@@ -247,7 +218,7 @@ def test_incompatibilities_only_apply_when_enabled(coc_impl: Any) -> None:
 @pytest.mark.parametrize("case_id, cfgs, names", USER_CFG_ERRORS, ids=[c[0] for c in USER_CFG_ERRORS])
 def test_user_cfgs_validated(coc_impl: Any, coc_declarations: Declarations, verdicts: Any, case_id: str,
                              cfgs: dict[str, Any], names: str) -> None:
-    if not takes_coc_cfgs(coc_impl):
+    if not accepts_keyword(coc_impl.configure, "coc_cfgs"):
         pytest.skip(f"{coc_impl.name}.configure takes no coc_cfgs (protocol v1)")
     _, error = _configure(coc_impl, SCRIPTED, {}, coc_cfgs=cfgs)
     with verdicts.check("refused, naming the setting", Level.MUST):

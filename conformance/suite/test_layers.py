@@ -17,18 +17,20 @@ wrong rows: fresh allocations are poisoned while the implementation runs.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pytest
 
 import golden
-from conformance.cases.data import LayerProblem
-from conformance.cases.layer_cases import LayerJob, coc_argv, layer_task
-from conformance.cases.results import LayerOutcome
+from conformance import options
+from conformance.cases.layer_cases import layer_task
+from conformance.contract.jobs import LayerJob, coc_argv
+from conformance.contract.problems import LayerProblem
+from conformance.contract.results import LayerOutcome
+from conformance.harness.impl_loader import accepts_keyword
 from conformance.judge import checks, structure
 from conformance.judge import layers as judge
-from conformance.judge.failures import StructureMismatch, WrongError
+from conformance.judge.failures import WrongError
 from conformance.judge.levels import Level
 from conformance.protocol import (
     PHASE_COLLECTIVES,
@@ -36,7 +38,6 @@ from conformance.protocol import (
     Declarations,
     NotOverlapped,
     OverlapsMatmul,
-    overlap_key,
 )
 from golden.catalogue import TP_SIZES
 
@@ -61,46 +62,6 @@ def _supports(case_id: str, tp: int, chunks: int) -> bool:
     return m % tp == 0 and rows % chunks == 0
 
 
-def _parts(layer: str) -> list[str]:
-    return ["column", "row"] if layer == "mlp" else [layer]
-
-
-def _matmuls(problem: LayerProblem, kind: str, tp: int) -> dict[str, tuple[int, ...]]:
-    """Output shapes (this rank's) of the matmuls a phase of layer part ``kind`` may overlap."""
-    if problem.layer == "mlp":
-        assert problem.ffn is not None
-        out, inp = (problem.ffn, problem.h_in) if kind == "column" else (problem.h_out, problem.ffn)
-    else:
-        out, inp = problem.h_out, problem.h_in
-    w = (out // tp, inp) if kind == "column" else (out, inp // tp)
-    return {"weight_grad": w, "output": (w[0],), "input_grad": (w[1],)}
-
-
-def check_structure(problem: LayerProblem, outcomes: Sequence[LayerOutcome], overlap: Mapping[str, Any], *,
-                    chunks: int | Mapping[str, int], tp: int, fused: bool = False) -> None:
-    """STRUCTURE on every rank: each phase of each layer part overlaps as declared.
-
-    ``chunks`` is the configured count, or one per phase key.  Fused layers
-    tile by their own plan, so a phase declared chunked is only required to
-    overlap some matmul there.
-    """
-    for rank, outcome in enumerate(outcomes):
-        for kind in _parts(problem.layer):
-            for phase in ("forward", "backward"):
-                key = overlap_key(kind, problem.sequence_parallel, phase)
-                if key not in PHASE_COLLECTIVES:
-                    continue
-                declared = overlap.get(key)
-                if fused and isinstance(declared, Chunked):
-                    declared = None
-                count = chunks if isinstance(chunks, int) else chunks.get(key, 1)
-                try:
-                    structure.check_phase(outcome.timelines.get(f"{kind}/{phase}"), key, declared, chunks=count,
-                                          matmuls=_matmuls(problem, kind, tp))
-                except StructureMismatch as failure:
-                    raise StructureMismatch(f"rank {rank}: {failure}") from None
-
-
 def _layer_params() -> list[Any]:
     return [pytest.param(case_id, tp, chunks, id=f"{case_id}-tp{tp}-p{chunks}")
             for case_id in _cases() for tp in TP_SIZES for chunks in CHUNKS if _supports(case_id, tp, chunks)]
@@ -123,13 +84,11 @@ def test_layer_matches_golden(coc_ranks: Any, verdicts: Any, coc_declarations: D
         judge.check_values(outcomes)
     if chunks > 1:
         with verdicts.check("overlap structure", Level.STRUCTURE):
-            check_structure(problem, outcomes, coc_declarations.overlap, chunks=chunks, tp=tp)
+            structure.check_layer_structure(problem, outcomes, coc_declarations.overlap, chunks=chunks, tp=tp)
 
 
 def _needs_coc_cfgs(coc_impl: Any) -> None:
-    from conformance.suite.test_config import takes_coc_cfgs
-
-    if not takes_coc_cfgs(coc_impl):
+    if not accepts_keyword(coc_impl.configure, "coc_cfgs"):
         pytest.skip(f"{coc_impl.name}.configure takes no coc_cfgs (protocol v1)")
 
 
@@ -156,7 +115,7 @@ def test_saved_all_gather_matches_golden(coc_ranks: Any, coc_impl: Any, verdicts
 @pytest.mark.parametrize("tp", [4], ids=lambda tp: f"tp{tp}")
 @pytest.mark.parametrize("case_id", _cases(dtype=("float32", "bfloat16")))
 def test_layer_is_deterministic(coc_ranks: Any, pytestconfig: pytest.Config, case_id: str, tp: int) -> None:
-    launcher = pytestconfig.getoption("--coc-launcher")
+    launcher = pytestconfig.getoption(options.LAUNCHER)
     if launcher not in DETERMINISTIC_LAUNCHERS:
         pytest.skip(f"collectives of the {launcher} launcher's backend are not bitwise reproducible")
     problem = judge.golden_problem(case_id)
@@ -189,7 +148,7 @@ def test_customized_coc_is_honoured(coc_ranks: Any, coc_impl: Any, verdicts: Any
     overlap = {key: s for key, s in coc_declarations.overlap.items() if not isinstance(s, OverlapsMatmul)}
     phases = {key: Chunked() for key in PHASE_COLLECTIVES if key not in coc_declarations.overlap}
     with verdicts.check("customized_coc honoured in every phase", Level.SHOULD):
-        check_structure(problem, outcomes, {**phases, **overlap}, chunks=custom, tp=tp)
+        structure.check_layer_structure(problem, outcomes, {**phases, **overlap}, chunks=custom, tp=tp)
 
 
 #: (sequence length on each rank, batch, chunks) per SP mode: an odd prime, one token, fewer
@@ -246,7 +205,7 @@ def test_uneven_token_counts(coc_ranks: Any, verdicts: Any, coc_declarations: De
             judge.check_training(problem, outcomes, tp=tp, chunks=chunks)
         if rows < chunks:
             with verdicts.check(f"{label}: one fallback warning per layer", Level.SHOULD):
-                expected = sum(1 for part in _parts(layer) if _may_chunk(coc_declarations, part, sp))
+                expected = sum(1 for part in structure.layer_parts(layer) if _may_chunk(coc_declarations, part, sp))
                 for rank, outcome in enumerate(outcomes):
                     fallback = [w for w in outcome.warnings if "chunk" in w.lower()]
                     if len(fallback) != expected:
@@ -294,7 +253,7 @@ def test_fused_kernel_layers_overlap(coc_impl: Any, coc_declarations: Declaratio
     with verdicts.check("numerics", Level.MUST):
         judge.check_training(problem, outcomes, tp=tp, chunks=8)
     with verdicts.check("the fused path overlaps", Level.STRUCTURE):
-        check_structure(problem, outcomes, coc_declarations.fused_overlap, chunks=1, tp=tp, fused=True)
+        structure.check_layer_structure(problem, outcomes, coc_declarations.fused_overlap, chunks=1, tp=tp, fused=True)
 
 
 @pytest.mark.parametrize("tp", [2], ids=lambda tp: f"tp{tp}")

@@ -30,18 +30,21 @@ from typing import Any
 import pytest
 
 import golden
-from conformance.cases.data import Problem, exact_limit_ok
-from conformance.cases.groups import LAYOUTS
-from conformance.cases.op_cases import BAD_QUANT, OpRun, QuantRun, op_task, quant_task
+from conformance.cases.groups import GROUP_LAYOUTS, SUBGROUP_SIZES
+from conformance.cases.op_cases import op_task
+from conformance.cases.quant_cases import BAD_QUANT, quant_task
+from conformance.contract.equality import bitwise_equal, describe_difference
+from conformance.contract.jobs import OpRun, QuantRun
+from conformance.contract.layouts import OPERAND_SPLITS
+from conformance.contract.problems import Problem, exact_limit_ok
 from conformance.judge import checks, numerics
 from conformance.judge import ops as judge
+from conformance.judge.assembly import assemble
 from conformance.judge.failures import DeterminismViolation, WrongError
-from conformance.judge.layouts import assemble
 from conformance.judge.levels import Level
-from conformance.protocol import Declarations
+from conformance.protocol import FUSED_OPS, Declarations
 from golden.catalogue import DTYPES, TP_SIZES
 
-OPS = ("matmul_all_reduce", "matmul_reduce_scatter", "all_gather_matmul", "all_gather_matmul_v2")
 OP_CASES: tuple[Any, ...] = golden.catalogue("op")
 QUANT_CASES = golden.catalogue("w8a16")
 
@@ -102,7 +105,7 @@ UNEVEN_ROWS = (1, 3, 7, 13, 61)
 
 def _uneven_params() -> list[Any]:
     params = []
-    for op in OPS:
+    for op in FUSED_OPS:
         for tp in (2, 8):
             params.append(pytest.param(op, tp, marks=_requires(op), id=f"{op}-tp{tp}"))
     return params
@@ -145,7 +148,7 @@ def test_uneven_token_counts(coc_ranks: Any, verdicts: Any, coc_declarations: De
 
 def _exact_params() -> list[Any]:
     return [pytest.param(op, dtype, tp, marks=_requires(op), id=f"{op}-{dtype}-tp{tp}")
-            for op in OPS for dtype in DTYPES for tp in (2, 8)]
+            for op in FUSED_OPS for dtype in DTYPES for tp in (2, 8)]
 
 
 @pytest.mark.parametrize("op, dtype, tp", _exact_params())
@@ -162,7 +165,7 @@ def test_exact_layout(coc_ranks: Any, verdicts: Any, coc_declarations: Declarati
 
 
 def _values_params() -> list[Any]:
-    return [pytest.param(op, tp, marks=_requires(op), id=f"{op}-tp{tp}") for op in OPS for tp in (2, 8)]
+    return [pytest.param(op, tp, marks=_requires(op), id=f"{op}-tp{tp}") for op in FUSED_OPS for tp in (2, 8)]
 
 
 @pytest.mark.parametrize("op, tp", _values_params())
@@ -174,12 +177,11 @@ def test_results_are_values(coc_ranks: Any, verdicts: Any, coc_declarations: Dec
 
 
 #: (world, tp): TP 2 x DP 2, TP 2 x DP 4, TP 4 x DP 2.
-SUBGROUPS = ((4, 2), (8, 2), (8, 4))
 
 
 def _subgroup_params() -> list[Any]:
     return [pytest.param(op, world, tp, layout, marks=_requires(op), id=f"{op}-world{world}-tp{tp}-{layout}")
-            for op in OPS for world, tp in SUBGROUPS for layout in LAYOUTS]
+            for op in FUSED_OPS for world, tp in SUBGROUP_SIZES for layout in GROUP_LAYOUTS]
 
 
 @pytest.mark.parametrize("op, world, tp, layout", _subgroup_params())
@@ -192,7 +194,7 @@ def test_tp_subgroup_of_the_world(coc_ranks: Any, verdicts: Any, coc_declaration
 
 def _straggler_params() -> list[Any]:
     return [pytest.param(op, who, 4, marks=_requires(op), id=f"{op}-{who}-tp4")
-            for op in OPS for who in ("rank1", "random")]
+            for op in FUSED_OPS for who in ("rank1", "random")]
 
 
 @pytest.mark.parametrize("op, who, tp", _straggler_params())
@@ -244,10 +246,10 @@ def test_deterministic_is_bitwise_reproducible(coc_ranks: Any, impl_accepts_bloc
         name = f"{op} {dtype} rank {rank}"
         call = o.calls[0]
         checks.check_bitwise_equal(name, call.results, what="run/tiling")
-        if not checks.bitwise_equal(call.results[0], call.reference):
+        if not bitwise_equal(call.results[0], call.reference):
             raise DeterminismViolation(
                 f"{name}: differs bitwise from the serial deterministic reference "
-                f"({checks.describe_difference(call.reference, call.results[0])})")
+                f"({describe_difference(call.reference, call.results[0])})")
 
 
 #: The storm breaker's capability of the w8A16 cases: its own path, apart from the plain op.
@@ -288,7 +290,7 @@ def test_w8a16_matches_dequantised_golden(coc_ranks: Any, case_id: str, tp: int)
         scale.astype("float64")), None if offset is None else torch.from_numpy(offset.astype("float64")),
         p["group_size"]).numpy()
     envelope = (numerics.magnitude(g.inputs["x"], wf) + (abs(g.inputs["bias"]) if "bias" in g.inputs else 0), p["k"])
-    split = judge.OPERAND_SPLITS["matmul_all_reduce"]["y"]
+    split = OPERAND_SPLITS["matmul_all_reduce"]["y"]
     serial_y = assemble([o.serial for o in outcomes], split)
     out = assemble([o.results[0] for o in outcomes], split, "w8A16 y")
     # The dequantised weight is rounded to the activation dtype once more.

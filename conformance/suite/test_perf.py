@@ -28,11 +28,12 @@ from typing import Any
 
 import pytest
 
+from conformance import options, report_properties
 from conformance.cases.perf_cases import pipeline_perf_case
+from conformance.contract import perf_items
 from conformance.harness.launchers.devices import detect_device_kind
-from conformance.judge import hardware, perf
+from conformance.judge import evidence, hardware, perf
 from conformance.judge.failures import PerfRegression
-from conformance.reporting import allure as reporting
 
 PRESENT = detect_device_kind().name
 
@@ -87,15 +88,15 @@ def _report(case: hardware.PerfCase, result: Mapping[str, Any], measurement: per
             + perf.table(measurement, verdicts))
     for variant, reason in result["skipped"].items():
         text += f"\n{variant}: not measured: {reason}"
-    record_property("perf_gate", label)
-    record_property("perf_figures", json.dumps(measurement.as_dict()))
-    reporting.describe_case(feature=case.op, story="perf", title=f"Perf gate [{case.name}]",
+    record_property(report_properties.PERF_GATE, label)
+    record_property(report_properties.PERF_FIGURES, json.dumps(measurement.as_dict()))
+    evidence.describe(feature=case.op, story="perf", title=f"Perf gate [{case.name}]",
                             gate=label, profile=case.profile, tp=case.tp,
                             shape=(case.m, case.k, case.n), dtype=case.dtype, device=identity["name"])
-    reporting.attach_text(text, title)
+    evidence.text(text, title)
     for variant, figures in measurement.variants.items():
         if figures.predicted is not None:
-            reporting.attach_timeline(figures.predicted, None, f"{variant}: pipeline model")
+            evidence.timeline(figures.predicted, None, f"{variant}: pipeline model")
     print(f"PERF {case.name}: {label}")
     print(text)
     return text
@@ -105,11 +106,11 @@ def _report(case: hardware.PerfCase, result: Mapping[str, Any], measurement: per
 @pytest.mark.parametrize("case", _params())
 def test_coc_gain_meets_profile(coc_ranks: Any, case: hardware.PerfCase, record_property: Any,
                                 pytestconfig: pytest.Config) -> None:
-    if pytestconfig.getoption("--coc-launcher") == "threaded":
+    if pytestconfig.getoption(options.LAUNCHER) == "threaded":
         pytest.skip("the threaded launcher's collectives are synchronous: there is no overlap to measure")
     profile = hardware.by_name(case.profile)
     result = _measure(coc_ranks, case, profile)
-    if not result["samples"].keys() - {perf.SERIAL, perf.MM, perf.COMM}:
+    if not result["samples"].keys() - {perf_items.SERIAL, perf_items.MM, perf_items.COMM}:
         pytest.skip(f"no variant of {sorted(case.gates)} can run: {result['skipped']}")
     measurement, verdicts = _verdicts(result, case, profile)
     text = _report(case, result, measurement, verdicts, record_property, "perf figures")

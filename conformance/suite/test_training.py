@@ -28,14 +28,15 @@ from typing import Any
 
 import pytest
 
-from conformance.cases.data import LayerProblem
-from conformance.cases.layer_cases import LayerJob, coc_argv, layer_task
+from conformance.cases.groups import SUBGROUP_SIZES
+from conformance.cases.layer_cases import layer_task
+from conformance.contract.jobs import LayerJob, coc_argv
+from conformance.contract.problems import LAYER_KINDS, LayerProblem
 from conformance.judge import layers as judge
 from conformance.judge.levels import Level
 
 pytestmark = pytest.mark.coc_requires("patch_megatron")
 
-LAYERS = ("column", "row", "mlp")
 CHUNKS = 2
 
 
@@ -47,7 +48,7 @@ def _problem(layer: str, sp: bool, tp: int, *, dtype: str = "float32", seed: int
 
 def _params(tps: tuple[int, ...] = (2, 8)) -> list[Any]:
     return [pytest.param(layer, sp, tp, id=f"{layer}-{'sp' if sp else 'nosp'}-tp{tp}")
-            for layer in LAYERS for sp in (False, True) for tp in tps]
+            for layer in LAYER_KINDS for sp in (False, True) for tp in tps]
 
 
 def _check(coc_ranks: Any, verdicts: Any, job: LayerJob, *, world: int | None = None) -> None:
@@ -79,12 +80,11 @@ def test_gradient_accumulation_fusion(coc_ranks: Any, verdicts: Any, layer: str,
 
 
 #: (world, tp): TP 2 x DP 2, TP 2 x DP 4, TP 4 x DP 2 -- Megatron's contiguous TP groups.
-SUBGROUPS = ((4, 2), (8, 2), (8, 4))
 
 
-@pytest.mark.parametrize("world, tp", SUBGROUPS, ids=[f"world{w}-tp{t}" for w, t in SUBGROUPS])
-@pytest.mark.parametrize("layer, sp", [(layer, sp) for layer in LAYERS for sp in (False, True)],
-                         ids=[f"{layer}-{'sp' if sp else 'nosp'}" for layer in LAYERS for sp in (False, True)])
+@pytest.mark.parametrize("world, tp", SUBGROUP_SIZES, ids=[f"world{w}-tp{t}" for w, t in SUBGROUP_SIZES])
+@pytest.mark.parametrize("layer, sp", [(layer, sp) for layer in LAYER_KINDS for sp in (False, True)],
+                         ids=[f"{layer}-{'sp' if sp else 'nosp'}" for layer in LAYER_KINDS for sp in (False, True)])
 def test_layers_on_tp_subgroup(coc_ranks: Any, verdicts: Any, layer: str, sp: bool, world: int, tp: int) -> None:
     """DP > 1 through Megatron's ``initialize_model_parallel``; every replica trains on its own data."""
     job = LayerJob(_problem(layer, sp, tp, seed=3), tp, tuple(coc_argv(CHUNKS)))

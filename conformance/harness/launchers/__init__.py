@@ -10,8 +10,6 @@ from typing import Protocol
 
 from conformance.harness.case import RankOutcome, RankTask
 
-LAUNCHERS = ("process", "threaded", "torchrun")
-
 
 class Launcher(Protocol):
     name: str
@@ -19,8 +17,8 @@ class Launcher(Protocol):
     def run(self, task: RankTask, devices: Sequence[str], impl_spec: str) -> list[RankOutcome]:
         """Run ``task`` on ``task.world_size`` ranks bound to ``devices``.
 
-        Returns one outcome per rank; raises :class:`~conformance.harness.errors.CaseTimeout`
-        or :class:`~conformance.harness.errors.RankCrashed` when ranks hang or die.
+        Returns one outcome per rank; raises :class:`~conformance.harness.case_errors.CaseTimeout`
+        or :class:`~conformance.harness.case_errors.RankCrashed` when ranks hang or die.
         """
 
     def close(self) -> None:

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import NoReturn, cast
 
 from conformance.harness.case import RankOutcome, RankTask
-from conformance.harness.errors import CaseTimeout, RankCrashed
+from conformance.harness.case_errors import CaseTimeout, RankCrashed
 from conformance.harness.launchers.devices import DeviceKind
 from conformance.harness.launchers.worker import BUDGET, READY, STOP
 

@@ -15,7 +15,7 @@ import traceback
 from collections.abc import Sequence
 
 from conformance.harness.case import RankContext, RankOutcome, RankTask, run_on_rank
-from conformance.harness.errors import CaseTimeout
+from conformance.harness.case_errors import CaseTimeout
 
 _LOCK = threading.Lock()  # one threaded world at a time per process
 

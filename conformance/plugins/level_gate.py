@@ -23,21 +23,21 @@ from typing import Any, cast
 
 import pytest
 
-from conformance.harness.errors import CaseError
+from conformance import options, report_properties
+from conformance.harness.case_errors import CaseError
 from conformance.judge.failures import CheckFailure
-from conformance.judge.levels import CheckResult, Level, Verdicts
+from conformance.judge.levels import Level
+from conformance.judge.verdicts import CheckResult, Verdicts
 
 verdicts_key = pytest.StashKey[Verdicts]()
 gate_key = pytest.StashKey[frozenset[Level]]()
-#: ``user_properties`` name of a test's check results.
-CHECKS_PROPERTY = "coc_checks"
 
 
 def pytest_configure(config: pytest.Config) -> None:
     try:
-        config.stash[gate_key] = Level.parse_many(config.getoption("--coc-gate"))
+        config.stash[gate_key] = Level.parse_many(options.gate_spec(config))
     except ValueError as exc:
-        raise pytest.UsageError(f"--coc-gate: {exc}") from None
+        raise pytest.UsageError(f"{options.GATE}: {exc}") from None
     config.pluginmanager.register(LevelTally(config), "coc-level-tally")
 
 
@@ -126,22 +126,20 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     if not results and report.passed:
         results = [CheckResult(getattr(item, "originalname", item.name), default_level(item), True)]
     if results:
-        report.user_properties.append((CHECKS_PROPERTY, [r.as_dict() for r in results]))
+        report.user_properties.append((report_properties.CHECKS, [r.as_dict() for r in results]))
     gate = item.config.stash[gate_key]
     failed = [r for r in results if not r.passed]
     if report.failed and failed and all(r.level not in gate for r in failed) and not hasattr(report, "wasxfail"):
         report.outcome = "skipped"
         levels = ", ".join(sorted({r.level.value for r in failed}))
         report.wasxfail = f"[{levels}, not gated] " + "; ".join(f"{r.name}: {r.message}" for r in failed)
+        report.user_properties.append((report_properties.NOT_GATED, sorted({r.level.value for r in failed})))
     return report
 
 
 def checks_of(report: pytest.TestReport) -> list[dict[str, Any]]:
     """The check results a report carries (empty for setup and teardown)."""
-    for name, value in report.user_properties:
-        if name == CHECKS_PROPERTY:
-            return list(cast(list[dict[str, Any]], value))
-    return []
+    return list(cast(list[dict[str, Any]], report_properties.property_of(report, report_properties.CHECKS) or []))
 
 
 class LevelTally:

@@ -19,6 +19,8 @@ so a collective over the wrong group gives wrong numbers, not the same ones.
 
 from __future__ import annotations
 
+import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -76,6 +78,10 @@ def exact_limit_ok(problem: Problem) -> bool:
     top = EXACT_MAX[problem.dtype]
     largest = problem.k * top * top + (top if problem.bias else 0)
     return largest <= {"float32": 2**24, "float16": 2**11, "bfloat16": 2**8}[problem.dtype]
+
+
+#: The layer kinds a layer problem builds (``mlp``: column -> gelu -> row).
+LAYER_KINDS: tuple[str, ...] = ("column", "row", "mlp")
 
 
 @dataclass(frozen=True)
@@ -150,3 +156,16 @@ def layer_batch(problem: LayerProblem, micro: int, step: int = 0, replica: int =
     gen = torch.Generator().manual_seed(problem.seed * 7 + 100003 * replica + 1009 * step + 31 * micro + s)
     return {"x": _values((s, problem.b, problem.h_in), problem.dtype, gen, problem.exact),
             "dy": _values((s, problem.b, problem.h_out), problem.dtype, gen, problem.exact)}
+
+
+def _main_grad_prefill(problem: LayerProblem, name: str, shape: Sequence[int], step: int) -> Any:
+    import torch
+
+    gen = torch.Generator().manual_seed(zlib.crc32(f"{problem.seed}/{name}/{step}".encode()))
+    return torch.randn(*shape, generator=gen, dtype=torch.float32)
+
+
+def main_grad_prefill(problem: LayerProblem, step: int) -> dict[str, Any]:
+    """The global fp32 ``main_grad`` each weight starts step ``step`` with (fusion cases)."""
+    return {n: _main_grad_prefill(problem, n, shape, step) for n, shape in problem.weight_shapes().items()
+            if n.startswith("w")}

@@ -1,8 +1,10 @@
-"""What rank tasks return: the typed contract between ``conformance.cases`` and ``conformance.suite``.
+"""What rank tasks return: the typed values ``conformance.cases`` produces and ``conformance.judge`` reads.
 
 Every result crosses a process boundary, so each is a plain picklable
 dataclass of tensors, :class:`~conformance.harness.case.CapturedError` and
-:class:`Timeline` values (a summary of :class:`~conformance.harness.probes.CollectiveLog`).
+:class:`ObservedCollectives` values (a summary of a probe's
+:class:`~conformance.harness.probes.CollectiveLog`; not the two-lane model of
+:mod:`coc_shared.timeline`).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from conformance.harness.case import CapturedError
 
 
 @dataclass(frozen=True)
-class Collective:
+class ObservedCollective:
     """One collective as a check needs it (from :class:`~conformance.harness.probes.CollectiveCall`)."""
 
     kind: str
@@ -29,13 +31,13 @@ class Collective:
 
 
 @dataclass(frozen=True)
-class Timeline:
+class ObservedCollectives:
     """The collectives of one phase of one layer (or one op call), in launch order."""
 
-    collectives: tuple[Collective, ...] = ()
+    collectives: tuple[ObservedCollective, ...] = ()
     fused_ops: tuple[str, ...] = ()  #: vendor ops that multiply and communicate in one
 
-    def of_kind(self, kind: str) -> list[Collective]:
+    def of_kind(self, kind: str) -> list[ObservedCollective]:
         return [c for c in self.collectives if c.kind == kind]
 
     def describe(self) -> str:
@@ -44,30 +46,29 @@ class Timeline:
         return "[" + ", ".join(parts) + "]" + (f" fused ops {list(self.fused_ops)}" if self.fused_ops else "")
 
 
-def timeline_of(log: Any, start: int = 0, end: int | None = None) -> Timeline:
-    """The :class:`Timeline` of the collectives ``log`` launched between two event indices."""
+def observed_collectives(log: Any, start: int = 0, end: int | None = None) -> ObservedCollectives:
+    """The collectives ``log`` (a probes' ``CollectiveLog``) launched between two event indices."""
     end = len(log.events) if end is None else end
     found = []
     for index, call in enumerate(log.calls):
         if not start <= call.launched < end:
             continue
-        found.append(Collective(
+        found.append(ObservedCollective(
             kind=call.kind, op=call.op, api=call.api, overlappable=call.overlappable,
             group_ranks=call.group_ranks, shapes=tuple(call.shapes),
             overlapped=tuple(e.shape for e in log.matmuls_while_in_flight(index)),
             pending=call.overlappable and call.waited is None and not call.functional,
         ))
     fused = tuple(e.op for e in log.events[start:end] if e.what == "matmul" and e.label == "fused")
-    return Timeline(tuple(found), fused)
+    return ObservedCollectives(tuple(found), fused)
 
 
 @dataclass(frozen=True)
 class ConfigOutcome:
-    """``configure`` on one rank: the error it raised, the collectives it issued, its warnings."""
+    """``configure`` on one rank: the error it raised, the collectives it issued."""
 
     error: CapturedError | None
     collectives: tuple[str, ...] = ()
-    warnings: tuple[str, ...] = ()
 
 
 @dataclass
@@ -93,39 +94,35 @@ class LayerOutcome:
     tp_rank: int = 0
     members: tuple[int, ...] = ()  #: global ranks of this rank's TP group
     #: ``"<layer kind>/<phase>"`` -> its collectives, for the first micro-batch of the first CoC run.
-    timelines: dict[str, Timeline] = field(default_factory=dict)
+    timelines: dict[str, ObservedCollectives] = field(default_factory=dict)
     error: CapturedError | None = None  #: what the patched layers (or configure) raised
     warnings: tuple[str, ...] = ()
     changed_after_return: list[str] = field(default_factory=list)
     mutated: list[str] = field(default_factory=list)
     shared_memory: list[str] = field(default_factory=list)
 
-    def tensors(self, run: int | None = 0, step: int = 0, micro: int = 0) -> dict[str, Any]:
-        """``y``, ``dx`` and the grads of one micro-batch (``run`` None: the serial run)."""
-        steps = self.serial if run is None else self.coc[run]
-        assert steps is not None
-        found = steps[step]
-        return {**found.outputs[micro], **found.grads}
-
 
 @dataclass
-class OpOutcome:
-    """One op's results on one rank (one per tiling and run) and the references asked for."""
+class OpCallResults:
+    """One problem's calls on one rank: results (per tiling and run) and what the rank observed."""
 
     results: list[Any]
+    error: CapturedError | None = None
     serial: Any = None
     reference: Any = None
-    #: Inputs the op changed: ``"x: 3 of 64 elements, rows 2-3"`` per input name.
     mutated: dict[str, str] = field(default_factory=dict)
-    timeline: Timeline | None = None
+    changed_after_return: list[str] = field(default_factory=list)
+    shared_memory: list[str] = field(default_factory=list)
+    wrong_device: list[str] = field(default_factory=list)
+    timelines: list[ObservedCollectives] = field(default_factory=list)
 
 
 @dataclass
-class CallOutcome:
-    """A call expected to be refused or to succeed: its error, or its result and the serial one."""
+class OpRunOutcome:
+    """Every call of an :class:`~conformance.contract.jobs.OpRun` on one rank, and where the rank sits."""
 
-    error: CapturedError | None
-    result: Any = None
-    serial: Any = None
-    warnings: tuple[str, ...] = ()
-    collectives: int = 0
+    calls: list[OpCallResults]
+    replica: int
+    tp_rank: int
+    members: tuple[int, ...]
+    groups_created: int = 0  #: process groups that appeared after the first call (a leak per call)

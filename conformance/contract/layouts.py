@@ -1,20 +1,18 @@
 """Megatron TP layouts (``docs/DESIGN.md#layouts``): which part of a global tensor each rank holds.
 
 Global tensors are the serial problem (activations ``[s, b, h]``, weights
-``[out, in]``).  ``shard`` gives rank ``r`` its piece; ``assemble`` rebuilds
-the global tensor from every rank's piece, checking that pieces meant to be
-replicated really are identical on every rank.  Both the rank-side cases and
-the checks use these, so a layout is written down exactly once.
+``[out, in]``).  :func:`shard` gives rank ``r`` its piece; the judge rebuilds
+the global tensor from every rank's piece with the same splits
+(:func:`conformance.judge.assembly.assemble`), so a layout is written down
+exactly once, here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from enum import Enum
 
 import torch
-
-from conformance.judge.failures import NumericMismatch
 
 
 class Split(Enum):
@@ -41,30 +39,6 @@ def shard(tensor: torch.Tensor, split: Split, rank: int, tp: int) -> torch.Tenso
     return piece.detach().clone().contiguous()
 
 
-class ReplicaMismatch(NumericMismatch):
-    """Ranks that must hold identical copies of a tensor do not."""
-
-
-def assemble(pieces: Sequence[torch.Tensor], split: Split, name: str = "tensor") -> torch.Tensor:
-    """The global tensor from every rank's piece (inverse of :func:`shard`).
-
-    Replicated pieces must be bitwise identical (the same NaN counts as equal:
-    rows nobody wrote are then reported by the numeric check, with their place).
-    """
-    if split is Split.FULL:
-        from conformance.judge.checks import bitwise_equal, describe_difference
-
-        for rank, piece in enumerate(pieces[1:], start=1):
-            if not bitwise_equal(piece, pieces[0]):
-                raise ReplicaMismatch(f"{name}: rank {rank}'s copy differs from rank 0's, which every rank must "
-                                      f"hold identically ({describe_difference(pieces[0], piece)})")
-        return pieces[0]
-    if split is Split.PARTIAL:
-        return torch.stack([p.double() for p in pieces]).sum(0)
-    dim = 0 if split in (Split.SEQ, Split.ROWS) else -1
-    return torch.cat(list(pieces), dim=dim)
-
-
 def row_owner(split: Split, rows: int, tp: int) -> Callable[[int], tuple[int | None, int]]:
     """Row ``i`` of a global tensor's 2-D view -> ``(rank, row on that rank)`` (rank None: all ranks).
 
@@ -80,7 +54,7 @@ def row_owner(split: Split, rows: int, tp: int) -> Callable[[int], tuple[int | N
 
 #: Per layer and SP mode: how each input and result tensor is split.
 #: ``x``/``dy`` inputs; ``y``/``dx`` activations; ``w``/``b`` parameters and grads.
-LAYOUTS: dict[tuple[str, bool], dict[str, Split]] = {
+LAYER_SPLITS: dict[tuple[str, bool], dict[str, Split]] = {
     ("column", False): {"x": Split.FULL, "y": Split.LAST, "dy": Split.LAST, "dx": Split.FULL,
                         "w": Split.ROWS, "b": Split.LAST, "db": Split.LAST},
     ("column", True): {"x": Split.SEQ, "y": Split.LAST, "dy": Split.LAST, "dx": Split.SEQ,
@@ -96,7 +70,7 @@ LAYOUTS: dict[tuple[str, bool], dict[str, Split]] = {
 
 def mlp_layout(sequence_parallel: bool) -> dict[str, Split]:
     """Column (w1, b1) -> gelu -> Row (w2, b2)."""
-    column, row = LAYOUTS[("column", sequence_parallel)], LAYOUTS[("row", sequence_parallel)]
+    column, row = LAYER_SPLITS[("column", sequence_parallel)], LAYER_SPLITS[("row", sequence_parallel)]
     return {"x": column["x"], "dx": column["dx"], "y": row["y"], "dy": row["dy"],
             "w1": column["w"], "b1": column["b"], "db1": column["db"],
             "w2": row["w"], "b2": row["b"], "db2": row["db"]}
@@ -104,7 +78,18 @@ def mlp_layout(sequence_parallel: bool) -> dict[str, Split]:
 
 def layout(layer: str, sequence_parallel: bool) -> dict[str, Split]:
     """Splits of every tensor name of ``layer`` (grads ``dw*`` share their weight's split)."""
-    table = mlp_layout(sequence_parallel) if layer == "mlp" else dict(LAYOUTS[(layer, sequence_parallel)])
+    table = mlp_layout(sequence_parallel) if layer == "mlp" else dict(LAYER_SPLITS[(layer, sequence_parallel)])
     for name in [n for n in table if n.startswith("w")]:
         table["d" + name] = table[name]
     return table
+
+
+#: How each op's operands are split over the TP ranks (global X [m, k], W [k, n]).
+OPERAND_SPLITS = {
+    "matmul_all_reduce": {"x": Split.LAST, "w": Split.SEQ, "y": Split.FULL},
+    "matmul_reduce_scatter": {"x": Split.LAST, "w": Split.SEQ, "y": Split.SEQ},
+    "all_gather_matmul": {"x": Split.SEQ, "w": Split.FULL, "y": Split.FULL},
+    "all_gather_matmul_v2": {"x": Split.SEQ, "w": Split.FULL, "y": Split.FULL},
+}
+#: The ops that gather their input (their result holds every rank's rows).
+GATHERS = ("all_gather_matmul", "all_gather_matmul_v2")

@@ -1,4 +1,4 @@
-"""A run compared with a baseline run: what a patch changed, for a CI gate and a PR comment.
+"""``coc-gate --baseline DIR --current DIR``: a run compared with a baseline run, for a CI gate and a PR comment.
 
 Reads either run's compact JSON summary (``coc-summary.json``, written by the
 suite) or, failing that, an Allure results directory.  Red when the current
@@ -17,7 +17,9 @@ gating.
 
 from __future__ import annotations
 
+import argparse
 import json
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,9 +27,10 @@ from typing import Any
 
 import numpy as np
 
+from conformance.judge.perf import CI_LEVEL
+
 #: Drop of the median paired gain (fraction of the serial time) that counts as a perf regression.
 PERF_THRESHOLD = 0.03
-CI_LEVEL = 0.90
 FAILED = ("failed", "error")
 
 
@@ -102,7 +105,9 @@ class PerfChange:
 
 
 @dataclass
-class Comparison:
+class RunDiff:
+    """What changed from the baseline run to the current one."""
+
     baseline: Run
     current: Run
     new_failures: list[Mapping[str, Any]] = field(default_factory=list)
@@ -123,8 +128,8 @@ class Comparison:
                     or any(p.clear for p in self.perf_regressions))
 
 
-def compare(baseline: Run, current: Run, *, threshold: float = PERF_THRESHOLD, seed: int = 0) -> Comparison:
-    result = Comparison(baseline, current)
+def diff_runs(baseline: Run, current: Run, *, threshold: float = PERF_THRESHOLD, seed: int = 0) -> RunDiff:
+    result = RunDiff(baseline, current)
     for cid, case in sorted(current.cases.items()):
         before = baseline.cases.get(cid, {}).get("outcome")
         outcome = case["outcome"]
@@ -182,7 +187,7 @@ def _level(case: Mapping[str, Any]) -> str:
     return ", ".join(failed) or "-"
 
 
-def markdown(result: Comparison) -> str:
+def markdown(result: RunDiff) -> str:
     """The PR comment."""
     verdict = "RED" if result.red else "GREEN"
     lines = [f"## coc-conformance gate: {verdict}", "",
@@ -221,3 +226,31 @@ def markdown(result: Comparison) -> str:
     if not (result.red or result.fixes or result.new_skips or result.missing or regressions):
         lines.append("No change in conformance or performance.")
     return "\n".join(lines).rstrip() + "\n"
+
+
+DESCRIPTION = ("Compare a run with the last accepted one: exit 1 when it has new failures, hangs, "
+               "unexpected passes or clear perf regressions, 2 when a run cannot be read.")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="coc-gate", description=DESCRIPTION)
+    parser.add_argument("--baseline", type=Path, required=True, help="the last accepted run")
+    parser.add_argument("--current", type=Path, required=True, help="the run of the change under review")
+    parser.add_argument("--out", type=Path, help="also write the markdown summary here")
+    parser.add_argument("--perf-threshold", type=float, default=PERF_THRESHOLD,
+                        help="drop of the median paired gain counted as a perf regression (default %(default)s)")
+    args = parser.parse_args(argv)
+    try:
+        result = diff_runs(load_run(args.baseline), load_run(args.current), threshold=args.perf_threshold)
+    except RunError as exc:
+        print(f"coc-gate: {exc}", file=sys.stderr)
+        return 2
+    text = markdown(result)
+    print(text, end="")
+    if args.out:
+        args.out.write_text(text, encoding="utf-8")
+    return 1 if result.red else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

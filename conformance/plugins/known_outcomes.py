@@ -18,24 +18,24 @@ JSON summary shows it).
 from __future__ import annotations
 
 from collections.abc import Generator
-from pathlib import Path
 
 import pytest
 
+from conformance import options, report_properties
 from conformance.caseids import case_id
 from conformance.gating.expectations import Expectation, Expectations, ExpectationsError
-from conformance.harness.errors import HANGS
+from conformance.harness.case_errors import HANGS
 
 expectations_key = pytest.StashKey[Expectations]()
 matched_key = pytest.StashKey[Expectation]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    path = config.getoption("--coc-expectations")
-    if not path:
+    path = options.expectations_path(config)
+    if path is None:
         return
     try:
-        config.stash[expectations_key] = Expectations.load(Path(path))
+        config.stash[expectations_key] = Expectations.load(path)
     except ExpectationsError as exc:
         raise pytest.UsageError(str(exc)) from None
 
@@ -59,7 +59,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     found = item.stash.get(matched_key, None)
     if found is None or call.when != "call":
         return report
-    report.user_properties.append(("coc_expectation", {"pattern": found.pattern, "outcome": found.outcome,
+    report.user_properties.append((report_properties.EXPECTATION, {"pattern": found.pattern, "outcome": found.outcome,
                                                        "reason": found.reason, "link": found.link}))
     if hasattr(report, "wasxfail"):  # already an expected failure (a level that does not gate)
         return report
@@ -67,7 +67,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         report.outcome = "failed"
         report.longrepr = (f"unexpected pass: {case_id(item.nodeid)} was expected to {found.outcome} "
                            f"({found.describe()}); remove or update the entry {found.pattern!r} in "
-                           f"{item.config.getoption('--coc-expectations')}")
+                           f"{options.expectations_path(item.config)}")
         return report
     if report.failed and call.excinfo is not None:
         hung = isinstance(call.excinfo.value, HANGS)

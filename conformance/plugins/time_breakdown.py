@@ -1,7 +1,8 @@
 """Where a case's time goes: lease wait, pool start, the implementation, the references, the checks.
 
-The rank runner fills a :class:`~conformance.harness.runner.CaseTimings` per
-test; this plugin gives each test a fresh one, stores it in the report's
+Each test gets a fresh :class:`~conformance.harness.runner.CaseTimings` in
+its stash before its fixtures run; the ``coc_ranks`` fixture records every
+rank run into it; this plugin stores it in the report's
 ``user_properties`` (``coc_timings``, read by the JSON summary and the Allure
 hooks) and prints the totals and the ten slowest cases at the end (on the
 controller under xdist).
@@ -15,23 +16,28 @@ from typing import Any, cast
 
 import pytest
 
+from conformance import report_properties
 from conformance.harness.runner import CaseTimings
 
-TIMINGS_PROPERTY = "coc_timings"
 timings_key = pytest.StashKey[CaseTimings]()
 #: Columns of the breakdown, in print order.
 COLUMNS = ("lease_wait", "pool_start", "impl", "reference", "ranks", "checks", "total")
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A fresh record, before the case's fixtures (``coc_ranks`` records into it)."""
+    item.stash[timings_key] = CaseTimings()
+
+
+def case_timings(item: pytest.Item) -> CaseTimings:
+    """The running case's record (one made on the spot outside a pytest run's setup)."""
+    return item.stash.setdefault(timings_key, CaseTimings())
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
-    from conformance.plugin import runner_key
-
-    record = CaseTimings()
-    item.stash[timings_key] = record
-    runner = item.config.stash.get(runner_key, None)
-    if runner is not None:
-        runner.timings = record
+    record = case_timings(item)
     start = time.perf_counter()
     try:
         return (yield)
@@ -45,15 +51,13 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     report = yield
     record = item.stash.get(timings_key, None)
     if call.when == "call" and record is not None and record.runs:
-        report.user_properties.append((TIMINGS_PROPERTY, record.as_dict()))
+        report.user_properties.append((report_properties.TIMINGS, record.as_dict()))
     return report
 
 
 def timings_of(report: pytest.TestReport) -> dict[str, Any] | None:
-    for name, value in report.user_properties:
-        if name == TIMINGS_PROPERTY:
-            return dict(cast(dict[str, Any], value))
-    return None
+    found = report_properties.property_of(report, report_properties.TIMINGS)
+    return None if found is None else dict(cast(dict[str, Any], found))
 
 
 class TimeTally:

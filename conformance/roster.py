@@ -1,4 +1,4 @@
-"""The roll of a session's cases: what was collected, and what crashed workers took with them.
+"""The roll of a session's cases: what was collected, what crashed workers took with them, and who sees it.
 
 Under xdist the controller collects nothing itself: each worker reports its
 collection, and pytest-xdist names the case a dying worker was running.  The
@@ -11,6 +11,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+
+
+def is_xdist_worker(config: pytest.Config) -> bool:
+    """Whether this process is an xdist worker (the controller sees every case; a worker only its own)."""
+    return hasattr(config, "workerinput")
 
 
 class CaseRoster:

@@ -1,0 +1,84 @@
+"""Rank-side tasks of the w8A16 checks: a dequantised ``matmul_all_reduce``, or a call made invalid on purpose."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from conformance.cases.memory import poisoned_allocations
+from conformance.contract.jobs import QuantRun
+from conformance.contract.layouts import Split, shard
+from conformance.contract.results import OpCallResults, observed_collectives
+from conformance.harness.case import IMPL, REFERENCE, RankContext, call_capturing_errors
+from conformance.harness.probes import record_collectives
+
+
+def quant_task(ctx: RankContext, *, run: QuantRun) -> OpCallResults:
+    """w8A16 matmul_all_reduce on this rank and its live serial composition (or the refused call)."""
+    import torch.distributed as dist
+
+    import golden
+    from golden import serial
+
+    ctx.budget_from(0.0)  # the floor, until the serial reference's time is known
+    g = golden.load(run.case_id)
+    p, tp, rank = g.params, ctx.world_size, ctx.rank
+    x = shard(g.tensor("x"), Split.LAST, rank, tp)
+    w = shard(g.tensor("w"), Split.SEQ, rank, tp)
+    grouped = p["granularity"] == "per_group"
+    scale = g.tensor("scale")
+    offset = g.tensor("offset") if "offset" in g.inputs else None
+    if grouped:  # group rows follow their k rows (k/tp is a multiple of g)
+        scale = shard(scale, Split.SEQ, rank, tp)
+        offset = None if offset is None else shard(offset, Split.SEQ, rank, tp)
+    bias = g.tensor("bias") if "bias" in g.inputs else None
+    kwargs: dict[str, Any] = {"antiquant_scale": scale, "antiquant_offset": offset,
+                              "antiquant_group_size": p["group_size"] or 0}
+    call = OpCallResults([])
+    if run.change is not None:
+        x, bias, kwargs = _invalid(run.change, x, w, kwargs)
+    else:
+        with ctx.timer(REFERENCE):
+            start = time.perf_counter()
+            ref = x @ serial.dequantize(w, scale, offset, p["group_size"]).to(g.dtype)
+            dist.all_reduce(ref, group=ctx.group)
+            call.serial = ref if bias is None else ref + bias
+        ctx.budget_from(time.perf_counter() - start)
+    with record_collectives() as log, poisoned_allocations(), ctx.timer(IMPL):
+        result, call.error = call_capturing_errors(ctx.impl.matmul_all_reduce, x, w, bias, group=ctx.group, **kwargs)
+    call.timelines.append(observed_collectives(log))
+    if call.error is None:
+        call.results.append(result)
+    return call
+
+
+#: Invalid w8A16 arguments, each refused with a message naming what is wrong.
+BAD_QUANT = ("scale-shape", "offset-shape", "offset-without-scale", "group-not-multiple-of-32",
+             "group-rows-wrong", "group-not-below-k", "float32-activations", "int8-without-scale")
+
+
+def _invalid(change: str, x: Any, w: Any, kwargs: dict[str, Any]) -> tuple[Any, Any, dict[str, Any]]:
+    import torch
+
+    k_local, n = w.shape
+    kwargs = {"antiquant_scale": torch.ones(n, dtype=x.dtype), "antiquant_offset": None, "antiquant_group_size": 0}
+    if change == "scale-shape":
+        kwargs["antiquant_scale"] = torch.ones(n + 1, dtype=x.dtype)
+    elif change == "offset-shape":
+        kwargs["antiquant_offset"] = torch.ones(2, n, dtype=x.dtype)
+    elif change == "offset-without-scale":
+        kwargs.update(antiquant_scale=None, antiquant_offset=torch.ones(n, dtype=x.dtype))
+    elif change == "group-not-multiple-of-32":
+        kwargs.update(antiquant_group_size=48, antiquant_scale=torch.ones(-(-k_local // 48), n, dtype=x.dtype))
+    elif change == "group-rows-wrong":
+        kwargs.update(antiquant_group_size=32, antiquant_scale=torch.ones(k_local // 32 + 1, n, dtype=x.dtype))
+    elif change == "group-not-below-k":
+        kwargs.update(antiquant_group_size=k_local, antiquant_scale=torch.ones(1, n, dtype=x.dtype))
+    elif change == "float32-activations":
+        x = x.float()
+        kwargs["antiquant_scale"] = torch.ones(n)
+    elif change == "int8-without-scale":
+        kwargs["antiquant_scale"] = None
+    else:
+        raise ValueError(change)
+    return x, None, kwargs

@@ -1,0 +1,34 @@
+"""The names under which a case's report carries the suite's data (``user_properties``), and how to read one.
+
+Plugins write them on the worker; the JSON summary, the level tally, the
+time breakdown and the Allure hooks read them on the controller (xdist moves
+``user_properties`` with the report).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+#: Every named check of the case, each ``{name, level, passed, message, category}``.
+CHECKS = "coc_checks"
+#: Where the case's time went (:class:`~conformance.harness.runner.CaseTimings` as a dict).
+TIMINGS = "coc_timings"
+#: What failed, as data: category, exception type, message.
+FAILURE = "coc_failure"
+#: The levels of the failed checks that did not gate (the case then reports as an expected failure).
+NOT_GATED = "coc_not_gated"
+#: The expectations entry the case matched.
+EXPECTATION = "coc_expectation"
+#: A perf case's measured figures (JSON) and whether its gate was enforced here.
+PERF_FIGURES = "perf_figures"
+PERF_GATE = "perf_gate"
+
+
+def property_of(report: pytest.TestReport, name: str) -> Any:
+    """The value the report carries under ``name`` (None when it carries none)."""
+    for key, value in report.user_properties:
+        if key == name:
+            return value
+    return None
