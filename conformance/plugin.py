@@ -28,6 +28,14 @@ runner_key = pytest.StashKey["RankRunner"]()
 launcher_key = pytest.StashKey["Launcher"]()
 
 #: Sub-plugins, in registration order (each is a module of hook implementations).
+#:
+#: The order matters where several wrap ``pytest_runtest_makereport``: pluggy
+#: runs the wrapper registered later *around* the ones before it, so each sees
+#: the report as the earlier ones left it.  ``level_gate`` turns a failure of a
+#: level that does not gate into an expected failure; ``known_outcomes`` then
+#: applies the expectations file (and leaves those alone); ``time_breakdown``
+#: adds the timings; ``summary`` records the final outcome last.
+#: ``tests/unit/test_plugin_parts.py`` holds the plugins to this order.
 SUB_PLUGINS = (
     "conformance.roster",
     "conformance.plugins.level_gate",
@@ -81,7 +89,7 @@ def _make_launcher(config: pytest.Config) -> tuple[Launcher, Any]:
 
         kind = cpu(config.getoption(options.CPU_SLOTS))
         return ThreadedLauncher(), DeviceLeases(lease_dir, kind.lease_names())
-    from conformance.harness.launchers.process_pool import ProcessLauncher
+    from conformance.harness.launchers.process_launcher import ProcessLauncher
     from conformance.harness.launchers.zygote import MEGATRON
     from conformance.plugins.scheduling import needs_megatron_key
 

@@ -41,7 +41,7 @@ from conformance.cases.perf_cases import pipeline_perf_case
 from conformance.contract.perf_items import SERIAL_REUSED
 from conformance.harness.case import RankTask
 from conformance.harness.launchers.devices import cpu
-from conformance.harness.launchers.process_pool import ProcessLauncher
+from conformance.harness.launchers.process_launcher import ProcessLauncher
 from conformance.judge import hardware, perf
 
 VARIANTS = ("scripted-2", "scripted-4", "scripted-8", "auto", "fused", SERIAL_REUSED)

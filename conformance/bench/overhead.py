@@ -20,7 +20,7 @@ from datetime import timedelta
 
 from conformance.harness.case import RankContext, RankTask
 from conformance.harness.launchers.devices import cpu
-from conformance.harness.launchers.process_pool import ProcessLauncher
+from conformance.harness.launchers.process_launcher import ProcessLauncher
 from conformance.options import DEFAULT_IMPL
 
 

@@ -14,6 +14,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import re
 import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -44,6 +45,17 @@ def categories() -> list[dict[str, object]]:
         rules.append({"name": name, "matchedStatuses": ["failed", "broken"],
                       "messageRegex": "|".join(f"(?:{p})" for p in patterns)})
     return rules
+
+
+def matching_category(rules: Sequence[Mapping[str, object]], status: str, message: str) -> str | None:
+    """The first category whose rule matches a result, as Allure applies them (None: no category)."""
+    for rule in rules:
+        statuses = rule["matchedStatuses"]
+        pattern = rule["messageRegex"]
+        if isinstance(statuses, list) and status in statuses and isinstance(pattern, str) \
+                and re.fullmatch(pattern, message):
+            return str(rule["name"])
+    return None
 
 
 def git_sha(cwd: Path) -> str:

@@ -1,10 +1,10 @@
-"""Warm pools of rank processes (gloo on CPU, nccl / hccl on devices).
+"""A warm pool of rank processes of one world size (gloo on CPU, nccl / hccl on devices).
 
-Starting and initialising W ranks costs seconds; a pool does it once per world
-size and then runs each task in milliseconds.  Ranks are forked from the
-launcher's zygote (:mod:`conformance.harness.launchers.zygote`), which has
-torch and megatron imported already, so even a rebuild after a hang costs
-well under a second per rank.
+Starting and initialising W ranks costs seconds; a pool does it once and then
+runs each task in milliseconds.  Ranks are forked from the launcher's fork
+server (:mod:`conformance.harness.launchers.zygote_client`), which has torch
+and megatron imported already, so even a rebuild after a hang costs well under
+a second per rank.
 
 A task that hangs or kills a rank fails within its budget with every rank's
 Python stack attached; the pool is then torn down and rebuilt on next use, so
@@ -25,9 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections import OrderedDict
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import NoReturn, cast
@@ -36,15 +34,10 @@ from conformance.harness.case import RankOutcome, RankTask
 from conformance.harness.case_errors import CaseTimeout, RankCrashed
 from conformance.harness.launchers.devices import DeviceKind
 from conformance.harness.launchers.worker import BUDGET, READY, STOP
+from conformance.harness.launchers.zygote_client import Zygote
 
 #: How long ranks get to dump their stacks after SIGUSR1.
 _STACK_GRACE_S = 0.5
-
-
-@dataclass(frozen=True)
-class PoolKey:
-    world_size: int
-    devices: tuple[str, ...]
 
 
 class _RankProcess:
@@ -96,67 +89,21 @@ class _RankProcess:
             self.popen.wait()
 
 
-class Zygote:
-    """The launcher side of the fork server (one per launcher, started on first use)."""
-
-    def __init__(self, preload: Sequence[str] = (), start_timeout_s: float = 180.0) -> None:
-        ours, theirs = socket.socketpair()
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-        # Its imports' warnings go to a log, not into the output of whichever test started it.
-        self._log = tempfile.NamedTemporaryFile(prefix="coc-zygote-", suffix=".log", delete=False)  # noqa: SIM115
-        self._proc = subprocess.Popen(
-            [sys.executable, "-m", "conformance.harness.launchers.zygote", str(theirs.fileno()), ",".join(preload)],
-            env=env, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
-            pass_fds=(theirs.fileno(),),
-        )
-        theirs.close()
-        self._sock = ours
-        self._sock.settimeout(start_timeout_s)
-        self._reader = self._sock.makefile("rb")
-        try:
-            ready = self._reader.readline().strip()
-        except OSError:
-            ready = b""
-        if ready != b"ready":
-            self._proc.kill()
-            output = Path(self._log.name).read_text(errors="replace")[-4000:]
-            raise RankCrashed(f"the rank fork server did not start (exit code {self._proc.poll()}):\n{output}")
-        self._sock.settimeout(60)
-
-    @property
-    def alive(self) -> bool:
-        return self._proc.poll() is None
-
-    def fork(self, spec: dict[str, object], env: dict[str, str], log: Path, fd: int) -> int:
-        request = json.dumps({"spec": spec, "env": env, "log": str(log)}).encode()
-        socket.send_fds(self._sock, [request], [fd])
-        return int(self._reader.readline())
-
-    def close(self) -> None:
-        self._reader.close()
-        self._sock.close()
-        try:
-            self._proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self._proc.kill()
-            self._proc.wait()
-        self._log.close()
-        os.unlink(self._log.name)
-
-
 class RankPool:
     """``world_size`` live rank processes sharing one process group."""
 
     def __init__(
         self, world_size: int, kind: DeviceKind, devices: Sequence[str], *,
-        start_timeout_s: float = 180.0, num_threads: int = 1, zygote: Zygote | None = None,
+        start_timeout_s: float = 180.0, num_threads: int = 1,
+        fork_server: Callable[[], Zygote | None] = lambda: None,
     ) -> None:
         self.world_size = world_size
         self.kind = kind
         self.devices = tuple(devices)
         self._start_timeout_s = start_timeout_s
         self._num_threads = num_threads
-        self._zygote = zygote
+        #: The fork server to start ranks from, asked at each (re)start (None: fresh interpreters).
+        self._fork_server = fork_server
         self._procs: list[_RankProcess] = []
         self._conns: list[Connection] = []
         self._tmp: Path | None = None
@@ -176,6 +123,7 @@ class RankPool:
         """
         self._tmp = Path(tempfile.mkdtemp(prefix=f"coc-pool-w{self.world_size}-"))
         env = dict(self.kind.visible_devices_env(self.devices))
+        zygote = self._fork_server()
         for rank in range(self.world_size):
             ours, theirs = socket.socketpair()
             spec = {
@@ -190,8 +138,8 @@ class RankPool:
             }
             log = self._log_path(rank)
             log.touch()
-            if self._zygote is not None:
-                self._procs.append(_RankProcess(self._zygote.fork(spec, env, log, theirs.fileno()), log))
+            if zygote is not None:
+                self._procs.append(_RankProcess(zygote.fork(spec, env, log, theirs.fileno()), log))
             else:
                 with open(log, "wb") as out:
                     popen = subprocess.Popen(
@@ -353,75 +301,3 @@ class RankPool:
             self._tmp = None
 
 
-class ProcessLauncher:
-    """Keeps one warm pool per (world size, device set), evicting the least recently used.
-
-    ``max_live_ranks`` bounds how many idle rank processes this launcher keeps
-    (each holds a torch runtime in memory).  ``fork_server=False`` starts every
-    rank as a fresh interpreter instead of forking it from the zygote;
-    ``preload`` names modules the zygote imports beyond its own list.
-    """
-
-    name = "process"
-
-    def __init__(self, kind: DeviceKind, *, max_live_ranks: int = 16, num_threads: int = 1,
-                 fork_server: bool = True, preload: Sequence[str] = ()) -> None:
-        self.kind = kind
-        self._preload = tuple(preload)
-        self.max_live_ranks = max_live_ranks
-        self._num_threads = num_threads
-        self._fork_server = fork_server and hasattr(socket, "send_fds") and hasattr(os, "fork")
-        self._zygote: Zygote | None = None
-        self._pools: OrderedDict[PoolKey, RankPool] = OrderedDict()
-        #: Seconds the last :meth:`run` spent starting ranks (0 when its pool was warm).
-        self.last_start_s = 0.0
-
-    def preferred_devices(self, world_size: int) -> tuple[str, ...]:
-        """The devices of the warm pool of this size, if any (lease these to stay warm)."""
-        for key in reversed(self._pools):
-            if key.world_size == world_size:
-                return key.devices
-        return ()
-
-    def _zygote_for_start(self) -> Zygote | None:
-        if not self._fork_server:
-            return None
-        if self._zygote is None or not self._zygote.alive:
-            if self._zygote is not None:
-                self._zygote.close()
-            self._zygote = Zygote(self._preload)
-        return self._zygote
-
-    def run(self, task: RankTask, devices: Sequence[str], impl_spec: str) -> list[RankOutcome]:
-        key = PoolKey(task.world_size, tuple(devices) if self.kind.binds_devices else ())
-        pool = self._pools.pop(key, None)
-        self.last_start_s = 0.0
-        if pool is None:
-            same_size = [k for k in self._pools if k.world_size == task.world_size]
-            for stale in same_size:  # a device pool bound elsewhere is rebuilt on the new lease
-                self._pools.pop(stale).close()
-            self._evict(task.world_size)
-            begun = time.perf_counter()
-            zygote = self._zygote_for_start()
-            pool = RankPool(task.world_size, self.kind, devices, num_threads=self._num_threads, zygote=zygote)
-            self.last_start_s = time.perf_counter() - begun
-        elif not pool.alive:
-            pool._zygote = self._zygote_for_start()
-        self._pools[key] = pool
-        try:
-            return pool.run(task, impl_spec, self.name)
-        finally:
-            self.last_start_s += pool.last_start_s
-            self._evict(0)  # a pool larger than the budget is not kept warm
-
-    def _evict(self, incoming: int) -> None:
-        while self._pools and sum(k.world_size for k in self._pools) + incoming > self.max_live_ranks:
-            _, pool = self._pools.popitem(last=False)
-            pool.close()
-
-    def close(self) -> None:
-        while self._pools:
-            self._pools.popitem()[1].close()
-        if self._zygote is not None:
-            self._zygote.close()
-            self._zygote = None

@@ -11,7 +11,7 @@ import torch.distributed as dist
 from coc_impl import fused
 from coc_impl.errors import CoCArgumentError
 from coc_impl.quant import check_antiquant, dequantize
-from tests.dist_helpers import run_threaded
+from tests.support.dist_helpers import run_threaded
 
 K, N, G = 80, 24, 32  # k not a multiple of g: the last group is a partial one
 EPS = {torch.float16: 2.0**-10, torch.bfloat16: 2.0**-7}

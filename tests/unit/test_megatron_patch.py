@@ -22,7 +22,7 @@ from coc_impl.errors import CoCBackendUnavailable
 from coc_impl.megatron_patch import backend_for, patch_megatron
 from coc_shared import megatron_harness as adapter
 from coc_shared.megatron_harness import ColumnParallelLinear, RowParallelLinear
-from tests.dist_helpers import LinearProblem, record_collectives
+from tests.support.dist_helpers import LinearProblem, record_collectives
 
 S, B, H = 16, 2, 16  # m = 32; square weights
 PROBLEM = LinearProblem.make(S, B, H, H, seed=11)

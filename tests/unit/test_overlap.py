@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 from coc_impl import overlap
 from coc_impl.errors import CoCShapeError
-from tests.dist_helpers import GlooPool, RankFailure, record_collectives, run_threaded
+from tests.support.dist_helpers import GlooPool, RankFailure, record_collectives, run_threaded
 
 SHARD = 6  # rows per rank on the split axis
 K, N = 5, 3

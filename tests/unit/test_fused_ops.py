@@ -15,7 +15,7 @@ from coc_impl.errors import (
     CoCShapeError,
 )
 from coc_shared.cost_model import SEED_COSTS_FILE, load_costs
-from tests.dist_helpers import GlooPool, run_threaded
+from tests.support.dist_helpers import GlooPool, run_threaded
 
 OPS = ("ar", "rs", "ag", "ag2")
 EPS = {torch.float32: 2.0**-23, torch.float16: 2.0**-10, torch.bfloat16: 2.0**-7}

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from coc_shared import megatron_harness as adapter
-from tests.dist_helpers import LinearProblem
+from tests.support.dist_helpers import LinearProblem
 
 S, B, H = 8, 2, 16  # square weights: a transposed shard cannot pass
 PROBLEM = LinearProblem.make(S, B, H, H, seed=7)

@@ -9,13 +9,12 @@ from pathlib import Path
 import pytest
 
 from conformance.harness.leases import DeviceLeases, LeaseTimeout, LeaseUnsatisfiable
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.support import ROOT
 
 
 def _spawn(lease_dir: Path, devices: str, count: int, rounds: int, log: Path,
            exclusive: bool = False, **options: float) -> subprocess.Popen[bytes]:
-    args = [sys.executable, "-m", "tests.lease_worker", str(lease_dir), devices, str(count),
+    args = [sys.executable, "-m", "tests.support.lease_worker", str(lease_dir), devices, str(count),
             str(rounds), str(log)] + (["exclusive"] if exclusive else []) + [f"{k}={v}" for k, v in options.items()]
     return subprocess.Popen(args, cwd=ROOT)
 

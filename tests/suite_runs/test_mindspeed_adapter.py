@@ -25,8 +25,8 @@ from typing import Any
 import pytest
 
 from conformance.adapters import mindspeed as adapter
+from tests.support import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 SPEC = "conformance.adapters.mindspeed:MindSpeedCoC"
 EXPECTATIONS = ROOT / "conformance" / "adapters" / "mindspeed.expectations.toml"
 STAND_IN = "stand-in"  # in the __file__ of every module install_cpu_shims creates
@@ -279,7 +279,7 @@ def test_suite_run_is_green_with_the_shipped_expectations(tmp_path: Path) -> Non
 
 @needs_mindspeed
 def test_suite_run_turns_red_on_an_injected_fault(tmp_path: Path) -> None:
-    code, summary, output = _suite(tmp_path, "tests.test_mindspeed_adapter:CorruptsColumnOutput",
+    code, summary, output = _suite(tmp_path, "tests.suite_runs.test_mindspeed_adapter:CorruptsColumnOutput",
                                    "layer_matches_golden and column and float32")
     failed = [c for c in summary["cases"] if c["outcome"] == "failed"]
     assert code == pytest.ExitCode.TESTS_FAILED and failed, output

@@ -1,4 +1,4 @@
-"""The suite judges a second, independent implementation fairly: tests/megatron_style_impl.py.
+"""The suite judges a second, independent implementation fairly: tests/support/megatron_style_impl.py.
 
 MegatronStyleCoC is correct but written the way Megatron-LM writes code:
 argparse flags, ``assert`` refusals, no declared error types, no warnings,
@@ -16,9 +16,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-IMPL = "tests.megatron_style_impl:MegatronStyleCoC"
-EXPECTATIONS = ROOT / "tests" / "megatron_style.expectations.toml"
+from tests.support import ROOT
+
+IMPL = "tests.support.megatron_style_impl:MegatronStyleCoC"
+EXPECTATIONS = ROOT / "tests" / "support" / "megatron_style.expectations.toml"
 MODULES = ("test_config", "test_layers", "test_training")
 
 

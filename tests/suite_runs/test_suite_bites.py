@@ -1,7 +1,7 @@
 """The conformance suite fails broken implementations and passes correct ones.
 
 Each row of :data:`FAULT_TABLE` runs one suite module against one fault of
-``tests/faulty_impls.py``, on the smoke tier (``-m smoke``) narrowed with
+``tests/support/faulty_impls.py``, on the smoke tier (``-m smoke``) narrowed with
 ``-k`` to the checks meant to catch it: at least one must fail, none may pass,
 and the failure must name the bug class.  Running on the smoke tier proves the
 per-change CI stage catches every fault of the table.
@@ -18,9 +18,9 @@ from collections.abc import Callable
 
 import pytest
 
-from tests.conftest import SuiteRun
+from tests.support.suite_run import SuiteRun
 
-FAULTS = "tests.faulty_impls"
+FAULTS = "tests.support.faulty_impls"
 #: Extra options per suite module (hangs in configure are meant to be declared quickly).
 OPTIONS = {"test_config": ("--coc-tp", "2", "--coc-budget-floor", "8")}
 

@@ -24,8 +24,8 @@ class ConfigOnly:
 
 def test_impl_spec_forms() -> None:
     assert isinstance(load_implementation("coc_impl.reference:ReferenceCoC"), ReferenceCoC)
-    assert load_implementation("tests.test_plugin_parts:INSTANCE") is INSTANCE
-    assert isinstance(load_implementation("tests.test_plugin_parts:make_impl"), ReferenceCoC)
+    assert load_implementation("tests.unit.test_plugin_parts:INSTANCE") is INSTANCE
+    assert isinstance(load_implementation("tests.unit.test_plugin_parts:make_impl"), ReferenceCoC)
     assert isinstance(load_implementation("coc_impl.reference:ReferenceCoC"), CoCImplementation)
 
 
@@ -33,7 +33,7 @@ def test_impl_spec_forms() -> None:
     ("coc_impl.reference", "expected 'module:attr'"),
     ("no_such_module_xyz:Impl", "no module named 'no_such_module_xyz'"),
     ("coc_impl.reference:Nope", "has no 'Nope'"),
-    ("tests.test_plugin_parts:pytest", "lacks 'name' and 'configure'"),
+    ("tests.unit.test_plugin_parts:pytest", "lacks 'name' and 'configure'"),
 ])
 def test_bad_impl_specs(spec: str, match: str) -> None:
     with pytest.raises(ImplementationLoadError, match=match):
@@ -70,6 +70,19 @@ def test_coc_requires_skips_with_reason(pytester: pytest.Pytester) -> None:
             pass
     """)
     result = pytester.runpytest("-p", "conformance.plugin", "--coc-impl",
-                                "tests.test_plugin_parts:ConfigOnly", "-rs", "-q")
+                                "tests.unit.test_plugin_parts:ConfigOnly", "-rs", "-q")
     result.assert_outcomes(skipped=1)
     result.stdout.fnmatch_lines(["*config-only does not implement matmul_all_reduce*"])
+
+
+def test_report_wrappers_run_in_the_stated_order(pytestconfig: pytest.Config) -> None:
+    """Each makereport wrapper sees what the ones registered before it decided (conformance.plugin.SUB_PLUGINS)."""
+    from conformance.plugin import SUB_PLUGINS
+
+    # pluggy calls the hook implementations from the end of this list to its start; wrappers nest that way.
+    called_last_first = [impl.plugin_name for impl in pytestconfig.hook.pytest_runtest_makereport.get_hookimpls()]
+    wrappers = [name for name in SUB_PLUGINS if name in called_last_first]
+    assert wrappers == ["conformance.plugins.level_gate", "conformance.plugins.known_outcomes",
+                        "conformance.plugins.time_breakdown", "conformance.plugins.summary"]
+    positions = [called_last_first.index(name) for name in wrappers]
+    assert positions == sorted(positions), called_last_first

@@ -18,12 +18,10 @@ import pytest
 from conformance.harness.case import Budget, RankTask
 from conformance.harness.case_errors import CaseTimeout, RankCrashed
 from conformance.harness.launchers.devices import DeviceKind
-from conformance.harness.launchers.process_pool import ProcessLauncher
+from conformance.harness.launchers.process_launcher import ProcessLauncher
 from conformance.options import DEFAULT_IMPL
-from tests import rank_cases
-from tests.conftest import SuiteRun
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.support import ROOT, rank_cases
+from tests.support.suite_run import SuiteRun
 
 
 def test_a_hang_in_a_quick_case_is_declared_at_its_budget_not_the_ceiling() -> None:
@@ -55,7 +53,7 @@ def test_a_storm_of_hangs_fails_the_rest_of_the_capability_at_once(run_suite: Ca
                                                                    fault: str, what: str) -> None:
     """Two hangs (or crashes) in a row of matmul_all_reduce; its other cases fail without running."""
     start = time.monotonic()
-    run = run_suite("test_ops", f"tests.faulty_impls:{fault}", "-k", "op_matches_golden and matmul_all_reduce",
+    run = run_suite("test_ops", f"tests.support.faulty_impls:{fault}", "-k", "op_matches_golden and matmul_all_reduce",
                     "--coc-storm", "2", "--coc-budget-floor", "2")
     elapsed = time.monotonic() - start
     broken = run.output.count("not run: 2 case(s) of op:matmul_all_reduce in a row hung or crashed")
@@ -98,7 +96,7 @@ def test_a_worker_that_dies_loses_only_its_case(run_suite: Callable[..., SuiteRu
     """Results of finished cases survive; the summary counts collected cases against results."""
     summary = tmp_path / "coc-summary.json"
     results = tmp_path / "allure-results"
-    run_suite("test_config", "tests.faulty_impls:KillsItsTestProcess", "-n", "2", "-k", "effective_config",
+    run_suite("test_config", "tests.support.faulty_impls:KillsItsTestProcess", "-n", "2", "-k", "effective_config",
               "--coc-summary", str(summary), f"--alluredir={results}")
     doc = json.loads(summary.read_text())
     victims = [c for c in doc["cases"] if "cli-fused" in c["id"]]
@@ -119,8 +117,8 @@ def test_cases_left_unrun_by_maxfail_are_missing_not_broken(run_suite: Callable[
     """``-x`` loses no worker: unrun cases are listed as missing, and no broken "lost" results appear."""
     summary = tmp_path / "coc-summary.json"
     results = tmp_path / "allure-results"
-    run_suite("test_config", "tests.faulty_impls:EnvBeatsCommandLine", "-n", "1", "-x", "-k", "effective_config",
-              "--coc-summary", str(summary), f"--alluredir={results}")
+    run_suite("test_config", "tests.support.faulty_impls:EnvBeatsCommandLine", "-n", "1", "-x",
+              "-k", "effective_config", "--coc-summary", str(summary), f"--alluredir={results}")
     doc = json.loads(summary.read_text())
     assert doc["collected"] == 12 and doc["missing"] and not doc["crashed"], doc
     written = [json.loads(p.read_text()) for p in results.glob("*-result.json")]

@@ -458,11 +458,12 @@ class MlpSpBackwardGatherSerial(ReferenceCoC):
         from coc_impl.overlap import GatherMatmulResult
 
         original = scripted.all_gather_matmul
+        row_backward = scripted._RowParallelMatmul.backward.__code__
 
         def all_gather_matmul(x: Any, matmul: Any, blocks: Any, group: Any, **kw: Any) -> Any:
             import sys
 
-            if sys._getframe(1).f_code.co_qualname != "_RowParallelMatmul.backward":
+            if sys._getframe(1).f_code is not row_backward:
                 return original(x, matmul, blocks, group, **kw)
             gathered = torch.empty((x.shape[0] * group.size(), *x.shape[1:]), dtype=x.dtype)
             dist.all_gather_into_tensor(gathered, x.contiguous(), group=group)  # blocking, whole

@@ -11,7 +11,7 @@ import torch.distributed as dist
 
 from coc_impl import fused
 from coc_impl.deterministic import finish, fp32_partial, fp32_weight, rank_ordered_sum
-from tests.dist_helpers import GlooPool, run_threaded
+from tests.support.dist_helpers import GlooPool, run_threaded
 
 # --------------------------------------------------------------------------- local pieces
 

@@ -15,7 +15,7 @@ from coc_shared.timeline import simulate
 from conformance.bench.coc import targets
 from conformance.contract import perf_items
 from conformance.judge import hardware, perf
-from tests.dist_helpers import run_threaded
+from tests.support.dist_helpers import run_threaded
 
 # ---------------------------------------------------------------- statistics
 
@@ -353,7 +353,7 @@ def test_median_ci_brackets_the_median_and_narrows_with_samples():
 @pytest.fixture(scope="module")
 def gloo_ranks():
     from conformance.harness.launchers.devices import cpu
-    from conformance.harness.launchers.process_pool import ProcessLauncher
+    from conformance.harness.launchers.process_launcher import ProcessLauncher
 
     launcher = ProcessLauncher(cpu(2), max_live_ranks=2)
     yield launcher

@@ -1,6 +1,6 @@
 """A stand-in for one pytest-xdist worker that leases devices in a loop.
 
-``python -m tests.lease_worker LEASE_DIR DEVICES COUNT ROUNDS LOG [exclusive] [hold=S] [delay=S]``
+``python -m tests.support.lease_worker LEASE_DIR DEVICES COUNT ROUNDS LOG [exclusive] [hold=S] [delay=S]``
 appends one line per lease: ``asked start end device,device``, with times from
 ``time.monotonic`` (``hold``: seconds each lease is held; ``delay``: seconds
 before the first request).

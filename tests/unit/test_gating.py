@@ -1,11 +1,10 @@
-"""CI gating: baseline comparison, expectations round trip, the conformance matrix, CI templates."""
+"""CI gating in process: baseline comparison, the gate command, expectations files, the matrix, CI templates."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -13,10 +12,7 @@ import numpy as np
 import pytest
 
 from conformance.gating import expectations, gate, matrix
-from tests.conftest import SuiteRun
-
-ROOT = Path(__file__).resolve().parents[1]
-OP_CASE = "op_matches_golden and matmul_all_reduce and float32 and tp2 and not wT"
+from tests.support import ROOT
 
 
 def _perf_case(gain: float, seed: int) -> dict[str, Any]:
@@ -79,40 +75,6 @@ def test_gate_command_exit_codes(tmp_path: Path) -> None:
     assert red.returncode == 1 and "## coc-conformance gate: RED" in red.stdout
     assert (tmp_path / "gate.md").read_text() == red.stdout
     assert gate(baseline, tmp_path / "nowhere").returncode == 2
-
-
-def test_gate_over_real_runs(run_suite: Callable[..., SuiteRun], tmp_path: Path) -> None:
-    """The reference against itself is green; a broken change of it is red, naming the case."""
-    runs = {}
-    for name, impl in (("base", "coc_impl.reference:ReferenceCoC"), ("same", "coc_impl.reference:ReferenceCoC"),
-                       ("broken", "tests.faulty_impls:ReturnsWrongShape")):
-        (tmp_path / name).mkdir()
-        run_suite("test_ops", impl, "-k", OP_CASE, "--coc-summary", str(tmp_path / name / "coc-summary.json"))
-        runs[name] = gate.load_run(tmp_path / name)
-    assert not gate.diff_runs(runs["base"], runs["same"]).red
-    result = gate.diff_runs(runs["base"], runs["broken"])
-    assert result.red and len(result.new_failures) == 1
-    assert "expected a tensor [64, 64]" in gate.markdown(result)
-
-
-def test_expectations_round_trip(run_suite: Callable[..., SuiteRun], tmp_path: Path) -> None:
-    """Write expectations from a failing run: green with them; red on a new fault; red on an unexpected pass."""
-    select = ("-k", "op_matches_golden and tp2 and not wT and float32 and (all_reduce or all_gather) and not v2")
-    summary = tmp_path / "first.json"
-    first = run_suite("test_ops", "tests.faulty_impls:ReturnsWrongShape", *select, "--coc-summary", str(summary))
-    assert first.failed
-    known = tmp_path / "known.toml"
-    done = subprocess.run([sys.executable, "-m", "conformance.gating.expectations", "--summary", str(summary), "--out",
-                           str(known)], cwd=ROOT, capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-    assert len(expectations.Expectations.load(known).entries) == len(first.failed)
-    again = run_suite("test_ops", "tests.faulty_impls:ReturnsWrongShape", *select, "--coc-expectations", str(known))
-    assert again.ret == 0 and again.outcomes.get("xfailed") == len(first.failed), again.output[-2000:]
-    fixed = run_suite("test_ops", "coc_impl.reference:ReferenceCoC", *select, "--coc-expectations", str(known))
-    assert fixed.ret == 1 and "unexpected pass" in fixed.output
-    worse = run_suite("test_ops", "tests.faulty_impls:ReturnsWrongShapeTwice", *select, "--coc-expectations",
-                      str(known))
-    assert worse.ret == 1 and worse.failed and all("all_gather_matmul" in f for f in worse.failed), worse.output[-2000:]
 
 
 def test_expectations_file_is_validated(tmp_path: Path) -> None:

@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from coc_impl.plan_cli import main
 from coc_shared.cost_model import SEED_COSTS_FILE
+from tests.support import ROOT
 
 SEED_ARGS = [
     "--m",
@@ -98,10 +98,9 @@ def test_malformed_cost_file_exits_2(capsys, tmp_path):
 
 
 def test_module_entry_point():
-    root = Path(__file__).resolve().parents[1]
     proc = subprocess.run(
         [sys.executable, "-m", "coc_impl.plan_cli", *SEED_ARGS[:-1], "coc_shared/data/seed_mc2_costs.json"],
-        cwd=root,
+        cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=60,

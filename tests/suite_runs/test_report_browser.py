@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from conformance.reporting import build as report_build
+from tests.support import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 ARTEFACT = ROOT / "reports" / "browser" / "report-summary.png"
 CHROMIUM = next(filter(None, map(shutil.which, ("chromium", "chromium-browser"))), None)
 _CLI = report_build.TOOL_DIR / "node_modules" / ".bin" / "allure"
@@ -85,7 +85,7 @@ def _build(results: Path, out: Path, history: Path) -> dict[str, object]:
 
 def test_report_in_browser_shows_totals(run_suite: Callable[..., object], tmp_path: Path) -> None:
     results, history = tmp_path / "allure-results", tmp_path / "allure-history.jsonl"
-    run = run_suite("test_config", "tests.faulty_impls:EnvBeatsCommandLine", "-k", "effective_config",
+    run = run_suite("test_config", "tests.support.faulty_impls:EnvBeatsCommandLine", "-k", "effective_config",
                     f"--alluredir={results}")
     assert len(run.failed) == 1 and run.passed == 11, run.output  # type: ignore[attr-defined]
 

@@ -1,0 +1,67 @@
+"""The launcher's side of the rank fork server (:mod:`conformance.harness.launchers.zygote`).
+
+One per launcher, started on first use: it starts the server process, waits
+until it has imported what ranks need, and asks it for a forked rank per
+request.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from conformance.harness.case_errors import RankCrashed
+
+
+class Zygote:
+    """The launcher side of the fork server (one per launcher, started on first use)."""
+
+    def __init__(self, preload: Sequence[str] = (), start_timeout_s: float = 180.0) -> None:
+        ours, theirs = socket.socketpair()
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        # Its imports' warnings go to a log, not into the output of whichever test started it.
+        self._log = tempfile.NamedTemporaryFile(prefix="coc-zygote-", suffix=".log", delete=False)  # noqa: SIM115
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "conformance.harness.launchers.zygote", str(theirs.fileno()), ",".join(preload)],
+            env=env, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
+            pass_fds=(theirs.fileno(),),
+        )
+        theirs.close()
+        self._sock = ours
+        self._sock.settimeout(start_timeout_s)
+        self._reader = self._sock.makefile("rb")
+        try:
+            ready = self._reader.readline().strip()
+        except OSError:
+            ready = b""
+        if ready != b"ready":
+            self._proc.kill()
+            output = Path(self._log.name).read_text(errors="replace")[-4000:]
+            raise RankCrashed(f"the rank fork server did not start (exit code {self._proc.poll()}):\n{output}")
+        self._sock.settimeout(60)
+
+    @property
+    def alive(self) -> bool:
+        return self._proc.poll() is None
+
+    def fork(self, spec: dict[str, object], env: dict[str, str], log: Path, fd: int) -> int:
+        request = json.dumps({"spec": spec, "env": env, "log": str(log)}).encode()
+        socket.send_fds(self._sock, [request], [fd])
+        return int(self._reader.readline())
+
+    def close(self) -> None:
+        self._reader.close()
+        self._sock.close()
+        try:
+            self._proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+        self._log.close()
+        os.unlink(self._log.name)

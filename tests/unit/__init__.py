@@ -1,0 +1,1 @@
+"""Fast tests of the parts: in-process, or on small rank pools; no run of the suite."""
