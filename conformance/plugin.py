@@ -9,6 +9,9 @@ a small plugin module registered here (``conformance.plugins.*`` and, with
 
 from __future__ import annotations
 
+__all__ = ["SUB_PLUGINS", "coc_declarations", "coc_impl", "coc_impl_spec", "coc_ranks", "default_max_live_ranks",
+           "rank_runner"]
+
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any

@@ -48,6 +48,12 @@ Optional declarations (attributes of the implementation, all new in version 2;
 
 from __future__ import annotations
 
+__all__ = [
+    "CAPABILITIES", "ERROR_KINDS", "FUSED_OPS", "MATMULS", "PHASE_COLLECTIVES", "PROTOCOL_VERSION",
+    "SUPPORTED_VERSIONS", "Chunked", "CoCImplementation", "DeclarationError", "Declarations", "EffectiveConfig",
+    "NotOverlapped", "OverlapStrategy", "OverlapsMatmul", "ParallelNum", "declarations", "overlap_key", "parse_strategy",
+]
+
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -141,6 +147,7 @@ class CoCImplementation(Protocol):
     """
 
     name: str
+    """A short name for reports (``"reference"``, ``"mindspeed"``)."""
 
     def configure(
         self,
@@ -153,28 +160,101 @@ class CoCImplementation(Protocol):
         tp_2d: bool = False,
         transformer_impl: str = "local",
         coc_cfgs: Mapping[str, Any] | None = None,
-    ) -> EffectiveConfig: ...
+    ) -> EffectiveConfig:
+        """Settle the CoC configuration from the command line, the environment and the model's settings.
+
+        Called on every rank of the TP group with the same arguments.
+
+        Must: read ``--use-ascend-coc``, ``--coc-parallel-num {1,2,4,8,auto}``
+        and ``--coc-fused-kernel`` from ``argv`` (unknown arguments are
+        someone else's: ignore them), with the flag winning over a legacy
+        variable in ``env``; return an :class:`EffectiveConfig` saying what is
+        in force; refuse every invalid value and every incompatible setting
+        (MC2, MoE, 2-D TP, Transformer Engine layers, the fused kernel at a TP
+        other than 8) *when CoC is enabled*, identically on every rank, before
+        any collective, with a message naming the setting.
+
+        Must not: issue a collective (a rank left waiting in one hangs), read
+        ``os.environ`` instead of ``env``, or refuse anything while CoC is off.
+
+        May raise: any exception for a refusal; the class declared in
+        ``error_types`` for its kind (``config`` or ``incompatible``) is a
+        SHOULD.  Should warn once per setting it overrides or ignores.
+        """
+        ...
 
     def matmul_all_reduce(
         self, x: Any, w: Any, bias: Any = None, *, group: Any, transpose_weight: bool = False,
         deterministic: bool = False, antiquant_scale: Any = None, antiquant_offset: Any = None,
         antiquant_group_size: int = 0,
-    ) -> Any: ...
+    ) -> Any:
+        """``allreduce_sum(x @ w) + bias`` over ``group``: ``[m, n]`` on every rank, bias added once.
+
+        Must: return a new tensor of ``x``'s dtype and device within the error
+        bound of the float64 result on every rank; bitwise reproducible for
+        ``deterministic=True`` (float32 partials summed in ascending rank
+        order, bias in float32, one cast) whatever the tiling and arrival
+        order; with int8 ``w`` and ``antiquant_scale`` (per tensor ``[1]``,
+        per channel ``[n]`` or per group ``[ceil(k/g), n]`` with
+        ``antiquant_group_size=g``), multiply by ``(w + offset) * scale``.
+
+        Must not: change ``x``, ``w`` or ``bias``; return before its
+        collectives completed; reuse a buffer another call's result lives in.
+
+        May raise: :class:`NotImplementedError` for a mode it lacks (the cases
+        skip); for bad arguments (a scale of the wrong shape, a group size not
+        a multiple of 32) an error naming the argument, on every rank, before
+        any collective.
+        """
+        ...
 
     def matmul_reduce_scatter(
         self, x: Any, w: Any, bias: Any = None, *, group: Any, transpose_weight: bool = False,
         deterministic: bool = False,
-    ) -> Any: ...
+    ) -> Any:
+        """``reduce_scatter_sum(x @ w)`` along m (+ bias): rank ``r`` gets rows ``r*m/tp : (r+1)*m/tp``.
+
+        Must: the rows one reduce-scatter would give this rank, within the
+        bound (bitwise reproducible with ``deterministic=True``); an ``m`` that
+        ``tp`` does not divide is refused on every rank before any collective,
+        naming m and tp.  Must not: anything :meth:`matmul_all_reduce` must not.
+        May raise: :class:`NotImplementedError` for a mode it lacks.
+        """
+        ...
 
     def all_gather_matmul(
         self, x: Any, w: Any, bias: Any = None, *, group: Any, transpose_weight: bool = False,
-    ) -> Any: ...
+    ) -> Any:
+        """``all_gather(x) @ w`` (+ bias): ``[m*tp, n]``, the gathered rows rank-major as one all-gather places them.
+
+        Must: every rank's rows in rank order, within the bound.  Must not:
+        anything :meth:`matmul_all_reduce` must not.  May raise:
+        :class:`NotImplementedError` for a mode it lacks.
+        """
+        ...
 
     def all_gather_matmul_v2(
         self, x: Any, w: Any, bias: Any = None, *, group: Any, transpose_weight: bool = False,
-    ) -> tuple[Any, Any]: ...
+    ) -> tuple[Any, Any]:
+        """:meth:`all_gather_matmul` and the gathered ``x`` (``[m*tp, k]``, exactly the inputs) as a pair."""
+        ...
 
-    def patch_megatron(self, config: EffectiveConfig) -> AbstractContextManager[Any]: ...
+    def patch_megatron(self, config: EffectiveConfig) -> AbstractContextManager[Any]:
+        """A context manager under which megatron.core's ColumnParallelLinear and RowParallelLinear use CoC.
+
+        Must: inside, the layers' outputs, input gradients and parameter
+        gradients stay within the bound of the serial layers for every token
+        count (or a clear refusal on every rank naming m, the chunk count and
+        tp); honour ``coc_cfgs`` (``customized_coc`` per matmul shape,
+        ``recompute_all_gather``) and gradient-accumulation fusion into a
+        pre-filled fp32 ``main_grad``; restore the layers on exit.
+
+        Must not: keep results or weights across calls (a layer's weights
+        change in place between steps), or leave the layers patched after exit.
+
+        May raise: :class:`NotImplementedError` for a mode it lacks (the cases skip).
+        """
+        ...
 
 
 #: The fused ops (module docstring), by their method names.

@@ -7,6 +7,7 @@ import pytest
 from coc_impl.reference import ReferenceCoC
 from conformance.harness.impl_loader import ImplementationLoadError, load_implementation, missing_capability
 from conformance.protocol import CoCImplementation
+from tests.support import ROOT
 
 INSTANCE = ReferenceCoC()
 
@@ -86,3 +87,40 @@ def test_report_wrappers_run_in_the_stated_order(pytestconfig: pytest.Config) ->
                         "conformance.plugins.time_breakdown", "conformance.plugins.summary"]
     positions = [called_last_first.index(name) for name in wrappers]
     assert positions == sorted(positions), called_last_first
+
+
+def test_readme_options_table_lists_every_option() -> None:
+    """The README's options table names each option and ini setting the plugin registers, and no other."""
+    import re
+
+    from conformance import options
+
+    parser = pytest.Parser()
+    options.add_options(parser)
+    registered = {name for opt in parser.getgroup("coc-conformance").options for name in opt.names()}
+    ini = {name for name in parser._inidict if name.startswith("coc_")}
+    table = (ROOT / "README.md").read_text().split("### Options", 1)[1].split("\n\n", 2)[1]
+    assert set(re.findall(r"`(--coc-[a-z-]+)", table)) == registered
+    assert set(re.findall(r"ini `(coc_[a-z_]+)`", table)) == ini
+
+
+@pytest.mark.parametrize("args, named", [
+    (["--coc-tp", "abc"], "--coc-tp"), (["--coc-tp", "0"], "--coc-tp"), (["--coc-storm", "-1"], "--coc-storm"),
+    (["--coc-case-timeout", "soon"], "--coc-case-timeout"), (["--coc-gate", "must,may"], "--coc-gate"),
+])
+def test_a_malformed_option_is_a_usage_error_naming_it(pytester: pytest.Pytester, args: list[str],
+                                                       named: str) -> None:
+    pytester.makepyfile(test_nothing="def test_nothing():\n    pass\n")
+    result = pytester.runpytest("-p", "conformance.plugin", *args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert named in result.stderr.str()
+
+
+def test_gate_and_expectations_can_be_pinned_in_the_ini(pytester: pytest.Pytester) -> None:
+    pytester.makeini("[pytest]\ncoc_gate = must\ncoc_expectations = known.toml\n")
+    pytester.makefile(".toml", known='[[expect]]\npattern = "test_x.py::test_known"\noutcome = "skip"\n'
+                                     'reason = "r"\n')
+    pytester.makepyfile(test_x="def test_known():\n    pass\n")
+    result = pytester.runpytest("-p", "conformance.plugin", "-rs")
+    result.assert_outcomes(skipped=1)
+    assert "known skip" in result.stdout.str()
