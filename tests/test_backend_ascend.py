@@ -2,7 +2,7 @@
 and the deterministic routing (through a recording stand-in for torch_npu), and
 device numerics over HCCL ranks (skipped without NPUs).
 
-The backend takes a call validated by :meth:`coc_impl.fused.OpCall.validate`;
+The backend takes a call validated by :meth:`coc_impl.ValidatedCall.validate`;
 the generic argument errors are checked here through the front door with
 ``backend="atb"``, which must refuse them before the backend is reached."""
 
@@ -26,6 +26,7 @@ import coc_impl.backends as backends
 from coc_impl import fused
 from coc_impl.backends import ascend, portable
 from coc_impl.errors import CoCArgumentError, CoCBackendUnavailable, CoCShapeError
+from coc_impl.validated_call import ValidatedCall
 
 requires_npu = pytest.mark.skipif(not ascend.is_available(), reason=str(ascend.unavailable_reason()))
 without_npu = pytest.mark.skipif(ascend.is_available(), reason="an NPU is usable here")
@@ -99,7 +100,7 @@ def _operands(m=8, k=256, n=256, dtype=F16, transposed=False):
 
 def _run(op, *args, **kwargs):
     """The backend on one validated call of ``op``."""
-    return ascend.run(fused.OpCall.validate(op, *args, **kwargs))
+    return ascend.run(ValidatedCall.validate(op, *args, **kwargs))
 
 
 #: The backend's entry per op, and the front door choosing it.
@@ -381,9 +382,9 @@ def test_deterministic_runs_the_rank_ordered_pipeline_not_mc2(fake_npu, monkeypa
     x, w, bias = _operands(transposed=True)
     scale = torch.rand(256).to(F16)
     w8 = _int8()
-    ar = fused.OpCall.validate("matmul_all_reduce", x, w8, bias, group=group, deterministic=True,
+    ar = ValidatedCall.validate("matmul_all_reduce", x, w8, bias, group=group, deterministic=True,
                                antiquant_scale=scale)
-    rs = fused.OpCall.validate("matmul_reduce_scatter", x, w, bias, group=group, transpose_weight=True,
+    rs = ValidatedCall.validate("matmul_reduce_scatter", x, w, bias, group=group, transpose_weight=True,
                                deterministic=True)
     assert ascend.run(ar) == "matmul_all_reduce"
     assert ascend.run(rs) == "matmul_reduce_scatter"

@@ -3,7 +3,7 @@
 This is the only module of the project that imports ``torch_npu``, and it does
 so lazily (:func:`load`), so importing it on a machine without an NPU is cheap
 and has no side effects.  :func:`run` takes a call whose arguments
-:meth:`coc_impl.fused.OpCall.validate` has already checked, and checks only
+:meth:`coc_impl.validated_call.ValidatedCall.validate` has already checked, and checks only
 what the MC2 kernels add: float16/bfloat16 activations on the host
 (:class:`CoCArgumentError`), then the runtime, the determinism requirement and
 the kernels' size limits (:class:`CoCBackendUnavailable`, carrying the reason),
@@ -73,7 +73,7 @@ if TYPE_CHECKING:
     from torch import Tensor
     from torch.distributed import ProcessGroup
 
-    from coc_impl.fused import OpCall
+    from coc_impl.validated_call import ValidatedCall
 
 __all__ = [
     "MC2_OPS",
@@ -186,8 +186,8 @@ def init_process_group_kwargs() -> dict[str, Any]:
 # --------------------------------------------------------------------------- fused ops
 
 
-def run(call: OpCall) -> Tensor | tuple[Tensor, Tensor]:
-    """One call validated by :meth:`coc_impl.fused.OpCall.validate`, on the MC2 kernels."""
+def run(call: ValidatedCall) -> Tensor | tuple[Tensor, Tensor]:
+    """One call validated by :meth:`coc_impl.validated_call.ValidatedCall.validate`, on the MC2 kernels."""
     op = call.op
     if call.x.dtype not in _MC2_DTYPES:
         raise CoCArgumentError(f"{op}: x must be float16 or bfloat16 on Ascend, got {call.x.dtype}")
@@ -210,7 +210,7 @@ def run(call: OpCall) -> Tensor | tuple[Tensor, Tensor]:
     return (call.add_bias(out), gathered) if gather_output else call.add_bias(out)
 
 
-def _antiquant_kwargs(call: OpCall) -> dict[str, Any]:
+def _antiquant_kwargs(call: ValidatedCall) -> dict[str, Any]:
     """w8A16 arguments of ``npu_mm_all_reduce_base``; only what is set, so releases without per-group still bind."""
     aq = call.antiquant
     if aq is None:
@@ -226,7 +226,7 @@ def _antiquant_kwargs(call: OpCall) -> dict[str, Any]:
 # --------------------------------------------------------------------------- checks
 
 
-def _check_kernel_limits(call: OpCall) -> None:
+def _check_kernel_limits(call: ValidatedCall) -> None:
     """Sizes the MC2 kernels do not take are reported, never sent (``backend="portable"`` takes them)."""
     if call.op != "matmul_all_reduce":
         lo, hi = _MC2_GATHER_SCATTER_K
@@ -249,7 +249,7 @@ def _require_deterministic_algorithms(op: str) -> None:
 # --------------------------------------------------------------------------- device helpers
 
 
-def _weight_kn(call: OpCall) -> Tensor:
+def _weight_kn(call: ValidatedCall) -> Tensor:
     """``w`` as a logical ``[k, n]`` matrix in a layout MC2 reads: ND or a transposed ND view."""
     kn = call.w.t() if call.transpose_weight else call.w
     if kn.is_contiguous() or kn.t().is_contiguous():
