@@ -27,7 +27,9 @@ Backends: ``"portable"`` (:mod:`coc_impl.backends.portable`, any device and
 any TP, executes a tiling plan with real overlap; ``blocks`` overrides the
 plan), ``"atb"`` (:mod:`coc_impl.backends.ascend`; raises
 :class:`~coc_impl.errors.CoCBackendUnavailable` with the reason where it
-cannot run) and ``"auto"`` (atb where available, else portable).  Only the
+cannot run, :class:`~coc_impl.errors.CoCArgumentError` for an activation dtype
+the kernels lack) and ``"auto"`` (atb for every call the MC2 kernels take,
+else portable: the reason is logged on ``coc_impl.fused`` at INFO).  Only the
 portable backend can honour an explicit ``blocks``: ``"atb"`` rejects it and
 ``"auto"`` then picks portable.  ``group`` (the TP process group) is required.  The
 user-facing fused flag keeps the ATB rule TP = 8 through :func:`check_fused_tp`.
@@ -40,6 +42,7 @@ same overlap engine, tiled by the portable plan instead of equal chunks.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from types import ModuleType
 
@@ -49,7 +52,7 @@ import torch.distributed as dist
 from coc_impl import scripted
 from coc_impl.backends import ascend, portable
 from coc_impl.config import FUSED_TP_SIZE, CoCConfig
-from coc_impl.errors import CoCArgumentError, CoCFusedTPError
+from coc_impl.errors import CoCArgumentError, CoCBackendUnavailable, CoCFusedTPError
 from coc_impl.scripted import LayerCall, MatmulSite
 from coc_impl.validated_call import OPS, ValidatedCall
 
@@ -60,6 +63,8 @@ __all__ = [
 
 Tensor = torch.Tensor
 BACKENDS = ("portable", "atb", "auto")
+
+_log = logging.getLogger(__name__)
 
 
 def check_fused_tp(tp_size: int) -> None:
@@ -155,17 +160,30 @@ def _backend(name: str, call: ValidatedCall) -> ModuleType:
 
     An explicit tiling can only be honoured by the portable backend: with
     ``"atb"`` it is an error, ``"auto"`` takes it as a request for portable.
+    ``"auto"`` asks the Ascend backend whether its kernels take this very call
+    (:func:`~coc_impl.backends.ascend.check`, which depends only on the
+    arguments, the TP size and the SoC, so every rank decides alike) and runs
+    portable otherwise, logging why.
     """
     if name not in BACKENDS:
         raise CoCArgumentError(f"backend must be one of {list(BACKENDS)}, got {name!r}")
-    if name == "portable" or (name == "auto" and (call.blocks is not None or not ascend.is_available())):
+    if name == "portable":
         return portable
     if call.blocks is not None:
+        if name == "auto":
+            return portable
         raise CoCArgumentError(
             f"blocks={list(call.blocks)} cannot be honoured by backend 'atb' (the kernel tiles "
             "internally); use backend='portable'"
         )
-    ascend.load()  # CoCBackendUnavailable with the reason where it cannot run
+    if name == "atb":
+        ascend.check(call)  # the declared error, naming the limit and its source
+        return ascend
+    try:
+        ascend.check(call)
+    except (CoCArgumentError, CoCBackendUnavailable) as exc:
+        _log.info("backend='auto' runs %s on the portable backend: %s", call.op, exc)
+        return portable
     return ascend
 
 

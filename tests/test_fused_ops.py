@@ -277,6 +277,7 @@ def test_bad_arguments_are_refused_before_any_backend(monkeypatch: pytest.Monkey
 
     monkeypatch.setattr(portable, "run", spy("portable.run"))
     monkeypatch.setattr(ascend, "run", spy("ascend.run"))
+    monkeypatch.setattr(ascend, "check", spy("ascend.check"))
     monkeypatch.setattr(ascend, "load", spy("ascend.load"))
     monkeypatch.setattr(ascend, "is_available", spy("ascend.is_available"))
     for results in run_threaded(2, _attempt_every_case, ("portable", "atb", "auto")):
@@ -317,8 +318,8 @@ def test_atb_without_ascend_says_why() -> None:
     assert ascend.unavailable_reason() in message
 
 
-@pytest.mark.skipif(ascend.is_available(), reason="an Ascend device is present")
 def test_auto_falls_back_to_portable() -> None:
+    """float32 on CPU tensors: no MC2 kernel takes it, with or without an NPU here."""
     per_rank = run_threaded(2, _compare, "ar", (24, 16, 8), torch.float32, False, True, [None])
     auto = run_threaded(2, _attempt_auto)
     for (ref, _, _), out in zip(per_rank, auto, strict=True):
