@@ -26,7 +26,7 @@ the dequantised weight -- ``matmul_all_reduce(x, w8, scale=s)`` equals
 included -- which keeps quantisation orthogonal to tiling and reduction.
 
 :func:`check_antiquant` is part of the fused ops' single validation
-(:meth:`coc_impl.fused.OpCall.validate`), run locally before any collective, so
+(:meth:`coc_impl.validated_call.ValidatedCall.validate`), run locally before any collective, so
 a bad argument raises the same :class:`~coc_impl.errors.CoCArgumentError` on
 every rank; the backends take the resulting :class:`Antiquant`.
 """

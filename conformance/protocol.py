@@ -51,7 +51,8 @@ from __future__ import annotations
 __all__ = [
     "CAPABILITIES", "ERROR_KINDS", "FUSED_OPS", "MATMULS", "PHASE_COLLECTIVES", "PROTOCOL_VERSION",
     "SUPPORTED_VERSIONS", "Chunked", "CoCImplementation", "DeclarationError", "Declarations", "EffectiveConfig",
-    "NotOverlapped", "OverlapStrategy", "OverlapsMatmul", "ParallelNum", "declarations", "overlap_key", "parse_strategy",
+    "NotOverlapped", "OverlapStrategy", "OverlapsMatmul", "ParallelNum", "declarations", "overlap_key",
+    "parse_strategy",
 ]
 
 from collections.abc import Mapping, Sequence

@@ -17,7 +17,7 @@ Matmuls go through :func:`~coc_impl.deterministic.stable_matmul`, so a thin
 tile gets the bits the same rows would get in one large matmul; with
 ``deterministic=True`` the tiles are float32 partials reduced by
 :class:`~coc_impl.deterministic.RankOrderedReducer`.  :func:`run` takes a
-call already validated by :mod:`coc_impl.fused` and checks nothing again.
+call already validated (:mod:`coc_impl.validated_call`) and checks nothing again.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from coc_impl.quant import dequantize
 from coc_shared.cost_model import CommCost, CostModels
 
 if TYPE_CHECKING:
-    from coc_impl.fused import OpCall
+    from coc_impl.validated_call import ValidatedCall
 
 Tensor = torch.Tensor
 
@@ -87,8 +87,8 @@ def plan(
     return tuple(b for b in blocks if b > 0)
 
 
-def run(call: OpCall) -> Tensor | tuple[Tensor, Tensor]:
-    """Execute one call validated by :meth:`coc_impl.fused.OpCall.validate`."""
+def run(call: ValidatedCall) -> Tensor | tuple[Tensor, Tensor]:
+    """Execute one call validated by :meth:`coc_impl.validated_call.ValidatedCall.validate`."""
     w_kn = _weight_kn(call)
     k, n, itemsize = call.k, call.n, call.x.element_size()
     if call.op in ("all_gather_matmul", "all_gather_matmul_v2"):
@@ -116,7 +116,7 @@ def run(call: OpCall) -> Tensor | tuple[Tensor, Tensor]:
     return call.add_bias(pipeline(call.x, stable_product(w_kn), blocks, call.group).wait())
 
 
-def _weight_kn(call: OpCall) -> Tensor:
+def _weight_kn(call: ValidatedCall) -> Tensor:
     """The logical ``[k, n]`` float weight: a view, dequantised once per call under w8A16."""
     w = call.w
     if call.antiquant is not None:

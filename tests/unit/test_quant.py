@@ -11,6 +11,7 @@ import torch.distributed as dist
 from coc_impl import fused
 from coc_impl.errors import CoCArgumentError
 from coc_impl.quant import check_antiquant, dequantize
+from coc_impl.validated_call import ValidatedCall
 from tests.support.dist_helpers import run_threaded
 
 K, N, G = 80, 24, 32  # k not a multiple of g: the last group is a partial one
@@ -223,7 +224,7 @@ def test_the_validated_call_carries_the_antiquant() -> None:
     group = dist.ProcessGroup(0, 2)
     args = _quant_args("group", True, torch.float16)
     x, w = torch.zeros(8, K, dtype=torch.float16), _int8_weight(0, transpose=True)
-    call = fused.OpCall.validate("matmul_all_reduce", x, w, group=group, transpose_weight=True, **args)
+    call = ValidatedCall.validate("matmul_all_reduce", x, w, group=group, transpose_weight=True, **args)
     aq = call.antiquant
     assert call.w is w and (call.k, call.n) == (K, N)
     assert aq is not None and aq.granularity == "group" and aq.group_size == G and aq.dtype == torch.float16
@@ -235,4 +236,4 @@ def test_antiquant_is_for_matmul_all_reduce_only(op: str) -> None:
     x = torch.zeros(8, K, dtype=torch.float16)
     w = torch.zeros(K, N, dtype=torch.float16)
     with pytest.raises(CoCArgumentError, match="matmul_all_reduce only"):
-        fused.OpCall.validate(op, x, w, group=dist.ProcessGroup(0, 2), antiquant_scale=torch.ones(1))
+        ValidatedCall.validate(op, x, w, group=dist.ProcessGroup(0, 2), antiquant_scale=torch.ones(1))
