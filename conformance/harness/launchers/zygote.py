@@ -36,6 +36,9 @@ from typing import Any
 PRELOAD = (
     "torch",
     "torch.distributed",
+    # torch.use_deterministic_algorithms (the poisoned allocations of every case) imports inductor,
+    # and with it dynamo, on its first call: seconds of CPU a fresh rank would spend inside a case's budget.
+    "torch._inductor.config",
     "numpy",
     "conformance.harness.launchers.worker",
     "conformance.harness.case",
