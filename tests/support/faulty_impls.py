@@ -448,6 +448,7 @@ class MlpSpBackwardGatherSerial(ReferenceCoC):
     name = "fault-mlp-sp-backward-serial"
 
     def patch_megatron(self, config: CoCConfig) -> Any:
+        import inspect
         from contextlib import ExitStack
         from unittest import mock
 
@@ -458,7 +459,7 @@ class MlpSpBackwardGatherSerial(ReferenceCoC):
         from coc_impl.overlap import GatherMatmulResult
 
         original = scripted.all_gather_matmul
-        row_backward = scripted._RowParallelMatmul.backward.__code__
+        row_backward = inspect.unwrap(scripted._RowParallelMatmul.backward).__code__
 
         def all_gather_matmul(x: Any, matmul: Any, blocks: Any, group: Any, **kw: Any) -> Any:
             import sys
