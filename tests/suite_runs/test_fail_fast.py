@@ -1,7 +1,7 @@
 """A broken implementation fails fast and clearly (docs/DESIGN.md#time-budget, #storm-breaker).
 
 The bad-input table: every row is tried here (or, for results of the wrong
-kind, in the proof table of tests/test_suite_bites.py) and must end in a clear
+kind, in the proof table of tests/suite_runs/test_suite_bites.py) and must end in a clear
 error on every rank -- never a hang, never a pass.
 """
 
