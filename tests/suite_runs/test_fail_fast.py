@@ -8,6 +8,8 @@ error on every rank -- never a hang, never a pass.
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
 import time
 from collections.abc import Callable
@@ -62,6 +64,50 @@ def test_a_storm_of_hangs_fails_the_rest_of_the_capability_at_once(run_suite: Ca
     assert "--- rank 1 stack ---" in run.output or "exit code 9" in run.output
     print(f"{fault}: 18 cases in {elapsed:.1f} s")
     assert elapsed < 120
+
+
+STORM_CASES = """
+import pytest
+
+from conformance.harness.case_errors import CaseTimeout
+from tests.support import rank_cases
+
+pytestmark = pytest.mark.coc_capability("op:x")
+
+
+@pytest.mark.parametrize("i", [1, 2])
+def test_hangs(i, coc_ranks):
+    raise CaseTimeout(f"hang {i}")
+
+
+@pytest.mark.coc_requires("an_op_nobody_implements")
+def test_needs_an_op_the_implementation_lacks(coc_ranks):
+    coc_ranks.run(rank_cases.whoami, 2)
+
+
+def test_declares_it_lacks_a_mode(coc_ranks):
+    pytest.skip("declares no fused-kernel layers")
+
+
+def test_needs_ranks(coc_ranks):
+    coc_ranks.run(rank_cases.whoami, 2)
+"""
+
+
+def test_a_storm_never_fails_a_case_whose_capability_is_missing(pytester: pytest.Pytester,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """After two hangs of op:x, its cases that skip for a capability skip; the one that needs ranks fails unrun."""
+    pytester.makepyfile(test_storm=STORM_CASES)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "conformance.plugin", "-rs", "-v",
+                                           "--coc-impl", DEFAULT_IMPL, "--coc-storm", "2")
+    output = result.stdout.str()
+    outcomes = dict(re.findall(r"::(test_\w+(?:\[\d\])?) (PASSED|FAILED|SKIPPED)", output))
+    assert outcomes == {"test_hangs[1]": "FAILED", "test_hangs[2]": "FAILED",
+                        "test_needs_an_op_the_implementation_lacks": "SKIPPED",
+                        "test_declares_it_lacks_a_mode": "SKIPPED", "test_needs_ranks": "FAILED"}, output
+    assert "does not implement an_op_nobody_implements" in output, output
+    assert "StormBroken: not run: 2 case(s) of op:x in a row hung or crashed" in output, output
 
 
 def test_an_implementation_that_cannot_be_loaded_stops_the_session_at_once(pytester: pytest.Pytester) -> None:
