@@ -89,30 +89,3 @@ def impl_name(ctx: RankContext) -> str:
     ctx.budget_from(0.0)
     return str(ctx.impl.name)
 
-
-def busy_collectives(ctx: RankContext, cpu_s: float) -> int:
-    """A correct case: ``cpu_s`` of CPU work on each rank, an all-reduce after every slice; collectives run."""
-    import torch
-    import torch.distributed as dist
-
-    ctx.budget_from(0.0)
-    rounds, spent = 0, time.thread_time()
-    a = torch.rand(64, 64)
-    while True:  # every rank leaves after the same all-reduce: the first that has spent cpu_s decides
-        for _ in range(20):
-            a = torch.tanh(a @ a)
-        going = torch.tensor([1.0 if time.thread_time() - spent < cpu_s else 0.0])
-        dist.all_reduce(going, op=dist.ReduceOp.MIN, group=ctx.group)
-        rounds += 1
-        if going.item() == 0.0:
-            return rounds
-
-
-def deadlock(ctx: RankContext) -> None:
-    """A real deadlock: rank 0 returns, the others wait in an all-reduce it never joins."""
-    import torch
-    import torch.distributed as dist
-
-    ctx.budget_from(0.0)
-    if ctx.rank != 0:
-        dist.all_reduce(torch.ones(1), group=ctx.group)

@@ -9,60 +9,33 @@ asserted: each verdict is one the clock could only reach by the rule tested.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-from collections.abc import Iterator
 
 import pytest
 
+from conformance.bench.hangs import cpu_hogs, side_by_side
 from conformance.harness.case import Budget, RankTask
 from conformance.harness.case_errors import CaseTimeout
-from conformance.harness.launchers.devices import cpu
 from conformance.harness.launchers.process_launcher import ProcessLauncher
 from conformance.harness.launchers.threaded import ThreadedLauncher
+from conformance.options import DEFAULT_IMPL
 from tests.support import rank_cases
 
-IMPL = "coc_impl.reference:ReferenceCoC"
 #: A budget the busy case's CPU work alone outlasts, on any machine.
 TIGHT = Budget(factor=20, floor=0.5)
 BUSY_CPU_S = 1.0
 
 
-@pytest.fixture(scope="module")
-def pool() -> Iterator[ProcessLauncher]:
-    launcher = ProcessLauncher(cpu(8), max_live_ranks=4)
-    yield launcher
-    launcher.close()
-
-
-@pytest.fixture(params=["process", "threaded"])
-def launcher(request: pytest.FixtureRequest, pool: ProcessLauncher) -> ProcessLauncher | ThreadedLauncher:
-    return pool if request.param == "process" else ThreadedLauncher()
-
-
-@pytest.fixture
-def cpu_hog() -> Iterator[None]:
-    """One spinning process per core: the ranks get a fraction of a core, as on a busy CI runner."""
-    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 2)]
-    try:
-        yield
-    finally:
-        for hog in hogs:
-            hog.kill()
-            hog.wait()
-
-
 def test_a_slowed_correct_case_passes_and_a_deadlock_is_declared_at_its_budget(
-    launcher: ProcessLauncher | ThreadedLauncher, cpu_hog: None,
+    launcher: ProcessLauncher | ThreadedLauncher,
 ) -> None:
-    """Side by side under the same CPU hog and the same tight budget (ceiling 120 s)."""
-    launcher.run(RankTask(rank_cases.rank_sum, 2), (), IMPL)  # the pool's start is not the case's
-    busy = launcher.run(RankTask(rank_cases.busy_collectives, 2, {"cpu_s": BUSY_CPU_S}, timeout=120, budget=TIGHT),
-                        (), IMPL)
-    assert all(o.ok and o.value >= 1 for o in busy), [o.error for o in busy]
-    with pytest.raises(CaseTimeout) as info:
-        launcher.run(RankTask(rank_cases.deadlock, 2, timeout=120, budget=TIGHT), (), IMPL)
-    message = str(info.value).splitlines()[0]
+    """Side by side under the same CPU hogs and the same tight budget (ceiling 120 s)."""
+    with cpu_hogs(os.cpu_count() or 2):
+        run = side_by_side(launcher, TIGHT, BUSY_CPU_S, impl_spec=DEFAULT_IMPL)
+    print(f"{launcher.name}: budget {run.budget_s:g} s, correct case {run.busy_s:.1f} s, "
+          f"deadlock declared after {run.deadlock_s:.1f} s")
+    assert isinstance(run.busy, list) and all(o.ok and o.value >= 1 for o in run.busy), run.busy
+    assert isinstance(run.deadlock, CaseTimeout), run.deadlock
+    message = str(run.deadlock).splitlines()[0]
     assert "no rank used CPU time for the last" in message and "of the case's budget" in message, message
     assert "rank(s) [1]" in message, message
 
@@ -81,4 +54,4 @@ def test_a_load_that_never_ends_is_declared_at_the_ceiling_as_a_load(pool: Proce
     message = str(info.value).splitlines()[0]
     assert "rank(s) [0, 1] were still loading the implementation after 3 s (the case's ceiling" in message, message
     assert all("harness_faults.py" in info.value.stacks[r] for r in (0, 1)), info.value.stacks
-    assert pool.run(RankTask(rank_cases.whoami, 2), (), IMPL)[0].value == (0, 2, "process")
+    assert pool.run(RankTask(rank_cases.whoami, 2), (), DEFAULT_IMPL)[0].value == (0, 2, "process")

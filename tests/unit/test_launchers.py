@@ -8,31 +8,17 @@ in the same test (a loaded machine slows both).
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import pytest
 
 from conformance.harness.case import RankTask
 from conformance.harness.case_errors import CaseTimeout, RankCrashed, RankRaised
-from conformance.harness.launchers.devices import cpu
 from conformance.harness.launchers.process_launcher import ProcessLauncher
 from conformance.harness.launchers.threaded import ThreadedLauncher
 from conformance.harness.runner import RankRunner
 from tests.support import rank_cases
 
 IMPL = "coc_impl.reference:ReferenceCoC"
-
-
-@pytest.fixture(scope="module")
-def pool() -> Iterator[ProcessLauncher]:
-    launcher = ProcessLauncher(cpu(8), max_live_ranks=8)
-    yield launcher
-    launcher.close()
-
-
-@pytest.fixture(params=["process", "threaded"])
-def launcher(request: pytest.FixtureRequest, pool: ProcessLauncher) -> ProcessLauncher | ThreadedLauncher:
-    return pool if request.param == "process" else ThreadedLauncher()
 
 
 def test_collective_results_per_rank(launcher: ProcessLauncher | ThreadedLauncher) -> None:
