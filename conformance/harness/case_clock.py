@@ -38,11 +38,14 @@ class CaseClock:
         """Seconds until the current deadline."""
         return max(0.0, self.deadline - time.monotonic())
 
-    def budget(self, seconds: float) -> None:
-        """A task declared that the rest of it finishes within ``seconds`` (never past an earlier budget)."""
+    def budget(self, seconds: float, rank: int | None = None) -> None:
+        """``rank``'s task declared that the rest of it finishes within ``seconds`` (never past an earlier budget).
+
+        Its span of CPU time starts now (every rank's, when None).
+        """
         self._span = seconds
         if not self.loading:
-            self._start_budget(seconds, keep_later=True)
+            self._start_budget(seconds, keep_later=True, ranks=None if rank is None else [rank])
 
     def loaded(self, rank: int) -> None:
         """``rank`` has loaded the implementation; once all have, a declared budget counts from now."""
@@ -50,12 +53,12 @@ class CaseClock:
         if not self.loading and self._span is not None and self.deadline >= self.ceiling:
             self._start_budget(self._span, keep_later=False)
 
-    def _start_budget(self, seconds: float, *, keep_later: bool) -> None:
+    def _start_budget(self, seconds: float, *, keep_later: bool, ranks: list[int] | None = None) -> None:
         now = time.monotonic()
         earlier = self.deadline if keep_later and self.deadline < self.ceiling else 0.0
         self.deadline = min(self.ceiling, max(earlier, now + seconds))
         if self.watch is not None:
-            self.watch.mark()
+            self.watch.mark(ranks)
 
     def hung(self, pending: Collection[int]) -> str | None:
         """None while ``pending`` ranks have time left, or progressed (the deadline moves on); else why they hung."""

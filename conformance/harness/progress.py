@@ -82,10 +82,12 @@ class ProgressWatch:
         """Whether CPU time can be read for every rank (else there is no evidence either way)."""
         return bool(self.ranks) and all(v is not None for v in self._cpu.values())
 
-    def mark(self) -> None:
-        """Start a new span now."""
+    def mark(self, ranks: Sequence[int] | None = None) -> None:
+        """Start a new span now, for ``ranks`` (all when None)."""
         self._since = time.monotonic()
-        self._cpu = {r: rank.cpu() for r, rank in self.ranks.items()}
+        for r in self.ranks if ranks is None else ranks:
+            if r in self.ranks:
+                self._cpu[r] = self.ranks[r].cpu()
 
     def span(self) -> float:
         """Seconds since the last :meth:`mark`."""

@@ -213,7 +213,7 @@ class RankPool:
                 if data[:1] == LOADED:
                     clock.loaded(rank)
                 elif data[:1] == BUDGET:
-                    clock.budget(float(data[1:]))
+                    clock.budget(float(data[1:]), rank)
                 else:
                     outcomes[rank] = pickle.loads(data[1:])
                     del pending[rank]

@@ -46,8 +46,8 @@ class ThreadedLauncher:
 
             def rank_thread(rank: int) -> None:
                 dist.init_process_group("threaded", rank=rank, world_size=task.world_size, store=store)
-                ctx = RankContext(rank, task.world_size, "cpu", impl_spec, self.name, on_budget=clock.budget,
-                                  budget=task.budget)
+                ctx = RankContext(rank, task.world_size, "cpu", impl_spec, self.name,
+                                  on_budget=lambda seconds: clock.budget(seconds, rank), budget=task.budget)
                 try:
                     outcome = run_on_rank(task.fn, task.params, ctx, capture_stdio=False)
                     if outcome.error is not None and outcome.error.type_name == "builtins.SystemExit":
