@@ -185,9 +185,11 @@ def coc_declarations(coc_impl: Any) -> Declarations:
 @pytest.fixture
 def coc_ranks(request: pytest.FixtureRequest) -> CaseRanks:
     """Run a rank task on N ranks: ``coc_ranks.run(fn, world_size, **params)`` (timed for this case)."""
+    from conformance.plugins.breaker import refuse_if_stormed
     from conformance.plugins.time_breakdown import case_timings
 
-    return rank_runner(request.config).for_case(case_timings(request.node))
+    node = request.node
+    return rank_runner(request.config).for_case(case_timings(node), before_run=lambda: refuse_if_stormed(node))
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

@@ -1,4 +1,4 @@
-"""``python -m conformance.bench {overhead,coc,bounds} [options]``."""
+"""``python -m conformance.bench {overhead,coc,bounds,hangs} [options]``."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ BENCHMARKS = {
     "overhead": "conformance.bench.overhead",
     "coc": "conformance.bench.coc",
     "bounds": "conformance.bench.bounds",
+    "hangs": "conformance.bench.hangs",
 }
 
 

@@ -5,8 +5,9 @@ they never know how ranks are launched.  Each rank returns a picklable value (or
 raises); the launcher collects one :class:`RankOutcome` per rank.
 
 While it runs, a task may say how long the rest of it may take
-(:meth:`RankContext.expect_within`): the launcher then declares a hang as soon
-as that budget is spent instead of waiting for the case's ceiling (see
+(:meth:`RankContext.expect_within`): once that budget is spent and its ranks
+no longer progress, the launcher declares a hang instead of waiting for the
+case's ceiling (:mod:`conformance.harness.case_clock`,
 ``docs/DESIGN.md#time-budget``).  It times its own phases with
 :meth:`RankContext.timer`, so the report can tell the implementation's time from
 the suite's references.
@@ -35,7 +36,8 @@ class Budget:
     """How long a case may take: ``floor + factor * (serial seconds)`` after its serial reference ran.
 
     ``docs/DESIGN.md#time-budget``: a hang in a 0.1 s case is declared in
-    seconds, not at the ceiling (``--coc-case-timeout``).
+    seconds, not at the ceiling (``--coc-case-timeout``); a case whose ranks
+    still use CPU time when it is spent runs on, up to the ceiling.
     """
 
     factor: float = 20.0
@@ -75,7 +77,7 @@ class RankContext:
         return self.subgroup if self.subgroup is not None else dist.group.WORLD
 
     def expect_within(self, seconds: float) -> None:
-        """From now on the task must finish within ``seconds`` (else it is a hang)."""
+        """From now on the task must finish within ``seconds``, or be still progressing (else it is a hang)."""
         if self.on_budget is not None:
             self.on_budget(float(seconds))
 

@@ -17,7 +17,8 @@ from typing import Any
 
 from conformance.options import IMPL
 
-__all__ = ["ImplementationLoadError", "accepts_keyword", "load_implementation", "missing_capability"]
+__all__ = ["ImplementationLoadError", "accepts_keyword", "load_implementation", "missing_capability",
+           "preload_implementation"]
 
 
 class ImplementationLoadError(ImportError):
@@ -62,6 +63,19 @@ def load_implementation(spec: str) -> Any:
             f"{IMPL} {spec!r}: {impl!r} lacks 'name' and 'configure' (see conformance.protocol)"
         )
     return impl
+
+
+def preload_implementation(spec: str) -> None:
+    """Load the implementation on a rank before a task's budget starts (``docs/DESIGN.md#time-budget``).
+
+    A failure is left for the task to meet (``RankContext.impl`` raises it
+    again, as that rank's error), so a task that never touches the
+    implementation is not failed by it.
+    """
+    try:
+        load_implementation(spec)
+    except ImplementationLoadError:
+        pass
 
 
 def _looks_like_impl(obj: Any) -> bool:

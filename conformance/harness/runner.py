@@ -9,7 +9,7 @@ the implementation's and the references' time on the ranks).
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -55,9 +55,13 @@ class RankRunner:
         self.default_timeout = default_timeout
         self.budget = budget or Budget()
 
-    def for_case(self, timings: CaseTimings) -> CaseRanks:
-        """This runner as one case uses it: every run records where its time went into ``timings``."""
-        return CaseRanks(self, timings)
+    def for_case(self, timings: CaseTimings, before_run: Callable[[], None] | None = None) -> CaseRanks:
+        """This runner as one case uses it: every run records where its time went into ``timings``.
+
+        ``before_run`` is called before each run and may refuse it by raising
+        (the storm breaker fails a case there, once it is known to need ranks).
+        """
+        return CaseRanks(self, timings, before_run)
 
     def outcomes(self, fn: TaskFn, world_size: int, *, timeout: float | None = None,
                  exclusive: bool = False, **params: Any) -> list[RankOutcome]:
@@ -73,13 +77,17 @@ class RankRunner:
 class CaseRanks:
     """The session's :class:`RankRunner` as one case sees it (the ``coc_ranks`` fixture)."""
 
-    def __init__(self, runner: RankRunner, timings: CaseTimings) -> None:
+    def __init__(self, runner: RankRunner, timings: CaseTimings,
+                 before_run: Callable[[], None] | None = None) -> None:
         self.runner = runner
         self.timings = timings
+        self.before_run = before_run
 
     def outcomes(self, fn: TaskFn, world_size: int, *, timeout: float | None = None,
                  exclusive: bool = False, **params: Any) -> list[RankOutcome]:
         """Run ``fn(ctx, **params)`` on ``world_size`` ranks; one outcome per rank."""
+        if self.before_run is not None:
+            self.before_run()
         runner, record = self.runner, self.timings
         task = RankTask(fn, world_size, params, timeout or runner.default_timeout, exclusive, runner.budget)
         if runner.leases is None:

@@ -30,6 +30,8 @@ from conformance.harness.case_errors import HANGS, StormBroken
 
 _SHARED = "coc_shared_dir"
 breaker_key = pytest.StashKey["StormBreaker"]()
+#: Why a case's capability is in a storm (set while the case runs; its first rank run fails with it).
+stormed_key = pytest.StashKey[str]()
 
 
 class StormBreaker:
@@ -86,7 +88,7 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
         return (yield)
     hangs = breaker.recent_hangs(what)
     if len(hangs) >= breaker.limit:
-        raise StormBroken(
+        item.stash[stormed_key] = (
             f"not run: {len(hangs)} case(s) of {what} in a row hung or crashed (--coc-storm "
             f"{breaker.limit}); it fails without running, as the rest of {what} will: "
             + ", ".join(hangs[-breaker.limit:]))
@@ -97,7 +99,20 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
             breaker.note(what, item.nodeid, True)
         raise
     except BaseException:
-        breaker.note(what, item.nodeid, False)
+        _note_finished(breaker, what, item)
         raise
-    breaker.note(what, item.nodeid, False)
+    _note_finished(breaker, what, item)
     return result
+
+
+def refuse_if_stormed(item: pytest.Item) -> None:
+    """Before a case's rank run: fail it, unrun, if its capability is in a storm."""
+    why = item.stash.get(stormed_key, None)
+    if why is not None:
+        raise StormBroken(why)
+
+
+def _note_finished(breaker: StormBreaker, what: str, item: pytest.Item) -> None:
+    """A case that ended otherwise than in a hang; one stopped before its ranks ran proves nothing."""
+    if stormed_key not in item.stash:
+        breaker.note(what, item.nodeid, False)

@@ -8,6 +8,8 @@ error on every rank -- never a hang, never a pass.
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
 import time
 from collections.abc import Callable
@@ -25,14 +27,16 @@ from tests.support.suite_run import SuiteRun
 
 
 def test_a_hang_in_a_quick_case_is_declared_at_its_budget_not_the_ceiling() -> None:
+    """The verdict names the budget: the clock gives that verdict only before the ceiling (120 s)."""
     launcher = ProcessLauncher(DeviceKind("cpu", "gloo", None, 8), max_live_ranks=2)
     try:
         launcher.run(RankTask(rank_cases.rank_sum, 2), (), DEFAULT_IMPL)  # the pool's start is not the hang
         start = time.monotonic()
-        with pytest.raises(CaseTimeout, match="the case's budget; ceiling 120 s") as info:
+        with pytest.raises(CaseTimeout, match=r"no rank used CPU time for the last [\d.]+ s of the case's budget "
+                           r"\(.*; ceiling 120 s\)") as info:
             launcher.run(RankTask(rank_cases.budget_then_hang, 2, timeout=120, budget=Budget(20, 1.5)), (),
                          DEFAULT_IMPL)
-        assert time.monotonic() - start < 1.5 + 5
+        print(f"a hang with a budget of 1.7 s declared after {time.monotonic() - start:.1f} s (ceiling 120 s)")
         assert all("budget_then_hang" in info.value.stacks[r] for r in (0, 1))
     finally:
         launcher.close()
@@ -51,7 +55,11 @@ def test_a_rank_that_dies_while_the_pool_starts_is_a_crash_with_its_output() -> 
 @pytest.mark.parametrize("fault, what", [("DeadlocksEverywhere", "hung"), ("CrashesEverywhere", "crashed")])
 def test_a_storm_of_hangs_fails_the_rest_of_the_capability_at_once(run_suite: Callable[..., SuiteRun],
                                                                    fault: str, what: str) -> None:
-    """Two hangs (or crashes) in a row of matmul_all_reduce; its other cases fail without running."""
+    """Two hangs (or crashes) in a row of matmul_all_reduce; its other cases fail without running.
+
+    That they did not run is what their message says (the breaker refuses
+    before any rank run); the run's wall time is printed, not bounded.
+    """
     start = time.monotonic()
     run = run_suite("test_ops", f"tests.support.faulty_impls:{fault}", "-k", "op_matches_golden and matmul_all_reduce",
                     "--coc-storm", "2", "--coc-budget-floor", "2")
@@ -61,7 +69,50 @@ def test_a_storm_of_hangs_fails_the_rest_of_the_capability_at_once(run_suite: Ca
     assert broken >= 16, f"{broken} storm-broken cases\n{run.output[-3000:]}"
     assert "--- rank 1 stack ---" in run.output or "exit code 9" in run.output
     print(f"{fault}: 18 cases in {elapsed:.1f} s")
-    assert elapsed < 120
+
+
+STORM_CASES = """
+import pytest
+
+from conformance.harness.case_errors import CaseTimeout
+from tests.support import rank_cases
+
+pytestmark = pytest.mark.coc_capability("op:x")
+
+
+@pytest.mark.parametrize("i", [1, 2])
+def test_hangs(i, coc_ranks):
+    raise CaseTimeout(f"hang {i}")
+
+
+@pytest.mark.coc_requires("an_op_nobody_implements")
+def test_needs_an_op_the_implementation_lacks(coc_ranks):
+    coc_ranks.run(rank_cases.whoami, 2)
+
+
+def test_declares_it_lacks_a_mode(coc_ranks):
+    pytest.skip("declares no fused-kernel layers")
+
+
+def test_needs_ranks(coc_ranks):
+    coc_ranks.run(rank_cases.whoami, 2)
+"""
+
+
+def test_a_storm_never_fails_a_case_whose_capability_is_missing(pytester: pytest.Pytester,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """After two hangs of op:x, its cases that skip for a capability skip; the one that needs ranks fails unrun."""
+    pytester.makepyfile(test_storm=STORM_CASES)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "conformance.plugin", "-rs", "-v",
+                                           "--coc-impl", DEFAULT_IMPL, "--coc-storm", "2")
+    output = result.stdout.str()
+    outcomes = dict(re.findall(r"::(test_\w+(?:\[\d\])?) (PASSED|FAILED|SKIPPED)", output))
+    assert outcomes == {"test_hangs[1]": "FAILED", "test_hangs[2]": "FAILED",
+                        "test_needs_an_op_the_implementation_lacks": "SKIPPED",
+                        "test_declares_it_lacks_a_mode": "SKIPPED", "test_needs_ranks": "FAILED"}, output
+    assert "does not implement an_op_nobody_implements" in output, output
+    assert "StormBroken: not run: 2 case(s) of op:x in a row hung or crashed" in output, output
 
 
 def test_an_implementation_that_cannot_be_loaded_stops_the_session_at_once(pytester: pytest.Pytester) -> None:

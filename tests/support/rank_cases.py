@@ -82,3 +82,10 @@ def budget_then_hang(ctx: RankContext) -> None:
     ctx.budget_from(0.01)
     while True:
         time.sleep(0.05)
+
+
+def impl_name(ctx: RankContext) -> str:
+    """Declares the floor as its budget at once, then meets the implementation (loading it, the first time)."""
+    ctx.budget_from(0.0)
+    return str(ctx.impl.name)
+

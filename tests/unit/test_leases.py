@@ -77,7 +77,8 @@ def test_a_whole_node_request_is_not_starved_by_small_ones(tmp_path: Path) -> No
 
     Requests are served in order, so the big one waits only for the leases
     running when it asked (0.1 s each here), never for the small workers to
-    run out of work (about 6 s).  The bound allows for a loaded machine.
+    run out of work (about 6 s).  Both bounds are relative to how long the
+    small workers took in this run, so a loaded machine stretches them alike.
     """
     logs = [tmp_path / f"small-{i}.log" for i in range(4)]
     procs = [_spawn(tmp_path / "leases", "0,1,2,3,4,5,6,7", 2, 60, log, hold=0.1) for log in logs]
@@ -85,10 +86,13 @@ def test_a_whole_node_request_is_not_starved_by_small_ones(tmp_path: Path) -> No
     procs.append(_spawn(tmp_path / "leases", "0,1,2,3,4,5,6,7", 0, 3, big, exclusive=True, hold=0.05, delay=1.0))
     assert [p.wait(timeout=120) for p in procs] == [0] * 5
     waits = _waits(big)
-    print(f"whole-node request waited {[round(w, 3) for w in waits]} s behind 2-device leases held 0.1 s")
-    assert len(waits) == 3 and max(waits) < 2.0, waits
-    small_end = max(float(line.split()[2]) for log in logs for line in log.read_text().splitlines())
-    assert max(float(line.split()[1]) for line in big.read_text().splitlines()) < small_end - 1.0
+    small = [line.split() for log in logs for line in log.read_text().splitlines()]
+    small_start, small_end = min(float(row[1]) for row in small), max(float(row[2]) for row in small)
+    span = small_end - small_start
+    print(f"whole-node request waited {[round(w, 3) for w in waits]} s behind 2-device leases held 0.1 s; "
+          f"the small workers ran {span:.1f} s")
+    assert len(waits) == 3 and max(waits) < span / 4, (waits, span)
+    assert max(float(line.split()[1]) for line in big.read_text().splitlines()) < small_end - span / 4
 
 
 def test_a_dead_workers_lease_and_ticket_are_released(tmp_path: Path) -> None:

@@ -6,11 +6,13 @@ server (:mod:`conformance.harness.launchers.zygote_client`), which has torch
 and megatron imported already, so even a rebuild after a hang costs well under
 a second per rank.
 
-A task that hangs or kills a rank fails within its budget with every rank's
-Python stack attached; the pool is then torn down and rebuilt on next use, so
-the session goes on.  A task may lower its deadline while it runs
+A task that hangs or kills a rank fails with every rank's Python stack
+attached; the pool is then torn down and rebuilt on next use, so the session
+goes on.  Each rank loads the implementation before it runs the task and says
+so; a task may lower its deadline while it runs
 (:meth:`~conformance.harness.case.RankContext.expect_within`): a rank sends
-the new budget and the pool counts from there.
+the new budget, and :class:`~conformance.harness.case_clock.CaseClock` decides
+when the ranks have hung (out of budget and no longer using CPU time).
 """
 
 from __future__ import annotations
@@ -31,10 +33,12 @@ from pathlib import Path
 from typing import NoReturn, cast
 
 from conformance.harness.case import RankOutcome, RankTask
+from conformance.harness.case_clock import CaseClock
 from conformance.harness.case_errors import CaseTimeout, RankCrashed
 from conformance.harness.launchers.devices import DeviceKind
-from conformance.harness.launchers.worker import BUDGET, READY, STOP
+from conformance.harness.launchers.worker import BUDGET, LOADED, READY, STOP
 from conformance.harness.launchers.zygote_client import Zygote
+from conformance.harness.progress import ProgressWatch, Rank
 
 #: How long ranks get to dump their stacks after SIGUSR1.
 _STACK_GRACE_S = 0.5
@@ -194,12 +198,10 @@ class RankPool:
             conn.send_bytes(message)
         outcomes: dict[int, RankOutcome] = {}
         pending = dict(enumerate(self._conns))
-        started = time.monotonic()
-        ceiling = started + task.timeout
-        deadline, limit = ceiling, task.timeout
+        clock = CaseClock(task.timeout, self._progress_watch(), loading=pending)
         while pending:
             # Exits are noticed through the socket: a dead rank's end reads EOF.
-            for ready in wait(list(pending.values()), timeout=max(0.0, deadline - time.monotonic())):
+            for ready in wait(list(pending.values()), timeout=clock.left()):
                 conn = cast(Connection, ready)
                 rank = self._conns.index(conn)
                 try:
@@ -208,20 +210,23 @@ class RankPool:
                     code = self._procs[rank].exit_code(wait_s=5)
                     self._fail(RankCrashed, task, f"rank {rank} died (exit code {code})",
                                outcomes, offsets, log_offsets)
-                if data[:1] == BUDGET:  # the task set its budget: count from now, under the ceiling
-                    seconds = float(data[1:])
-                    deadline = min(ceiling, max(deadline if deadline < ceiling else 0.0,
-                                                time.monotonic() + seconds))
-                    limit = deadline - started
-                    continue
-                outcomes[rank] = pickle.loads(data[1:])
-                del pending[rank]
-            if pending and time.monotonic() >= deadline:
-                self._fail(CaseTimeout, task, f"rank(s) {sorted(pending)} did not finish within "
-                           f"{limit:.3g} s" + ("" if limit >= task.timeout else
-                                              f" (the case's budget; ceiling {task.timeout:g} s)"),
-                           outcomes, offsets, log_offsets)
+                if data[:1] == LOADED:
+                    clock.loaded(rank)
+                elif data[:1] == BUDGET:
+                    clock.budget(float(data[1:]), rank)
+                else:
+                    outcomes[rank] = pickle.loads(data[1:])
+                    del pending[rank]
+            why = clock.hung(pending) if pending else None
+            if why:
+                self._fail(CaseTimeout, task, why, outcomes, offsets, log_offsets)
         return [outcomes[rank] for rank in range(self.world_size)]
+
+    def _progress_watch(self) -> ProgressWatch | None:
+        """CPU time of the ranks' processes; none on devices, where a rank waiting for one spins on the CPU."""
+        if self.kind.name != "cpu":
+            return None
+        return ProgressWatch({rank: Rank(proc.pid) for rank, proc in enumerate(self._procs)})
 
     def _fail(self, error: type[CaseTimeout] | type[RankCrashed], task: RankTask, why: str,
               outcomes: dict[int, RankOutcome], offsets: Sequence[int],

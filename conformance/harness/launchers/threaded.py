@@ -8,14 +8,17 @@ real backend; here it is reported as one immediately.
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
-import time
 import traceback
 from collections.abc import Sequence
 
 from conformance.harness.case import RankContext, RankOutcome, RankTask, run_on_rank
+from conformance.harness.case_clock import CaseClock
 from conformance.harness.case_errors import CaseTimeout
+from conformance.harness.impl_loader import preload_implementation
+from conformance.harness.progress import ProgressWatch, Rank
 
 _LOCK = threading.Lock()  # one threaded world at a time per process
 
@@ -32,22 +35,19 @@ class ThreadedLauncher:
             _uninstall_threaded_pg,
         )
 
+        preload_implementation(impl_spec)  # before the clock: the load is not the case's
         with _LOCK:
             world = _install_threaded_pg()
             torch._C._distributed_c10d._set_thread_isolation_mode(True)  # type: ignore[attr-defined]
             store = dist.HashStore()
             outcomes: dict[int, RankOutcome] = {}
             terminated: set[int] = set()
-            started = time.monotonic()
-            deadline = [started + task.timeout]
-
-            def on_budget(seconds: float) -> None:  # the task's budget, under the ceiling
-                deadline[0] = min(started + task.timeout, time.monotonic() + seconds)
+            clock = CaseClock(task.timeout)
 
             def rank_thread(rank: int) -> None:
                 dist.init_process_group("threaded", rank=rank, world_size=task.world_size, store=store)
-                ctx = RankContext(rank, task.world_size, "cpu", impl_spec, self.name, on_budget=on_budget,
-                                  budget=task.budget)
+                ctx = RankContext(rank, task.world_size, "cpu", impl_spec, self.name,
+                                  on_budget=lambda seconds: clock.budget(seconds, rank), budget=task.budget)
                 try:
                     outcome = run_on_rank(task.fn, task.params, ctx, capture_stdio=False)
                     if outcome.error is not None and outcome.error.type_name == "builtins.SystemExit":
@@ -66,17 +66,15 @@ class ThreadedLauncher:
             try:
                 for t in threads:
                     t.start()
-                for t in threads:
-                    while t.is_alive() and time.monotonic() < deadline[0]:
-                        t.join(min(0.05, max(0.0, deadline[0] - time.monotonic())))
-                stuck = [r for r, t in enumerate(threads) if t.is_alive()]
-                if stuck:
-                    stacks = _thread_stacks(threads)
-                    ProcessLocalGroup.exception_handle(None)
-                    raise CaseTimeout(
-                        f"{task.name}: rank(s) {stuck} did not finish within {deadline[0] - started:.3g} s",
-                        stacks=stacks, outcomes=[outcomes[r] for r in sorted(outcomes)],
-                    )
+                clock.watch = _thread_watch(threads)
+                while stuck := [r for r, t in enumerate(threads) if t.is_alive()]:
+                    threads[stuck[0]].join(min(0.05, clock.left()))
+                    why = clock.hung([r for r in stuck if threads[r].is_alive()])
+                    if why:
+                        stacks = _thread_stacks(threads)
+                        ProcessLocalGroup.exception_handle(None)
+                        raise CaseTimeout(f"{task.name}: {why}", stacks=stacks,
+                                          outcomes=[outcomes[r] for r in sorted(outcomes)])
                 if terminated:
                     raised = sorted(r for r, o in outcomes.items() if not o.ok and r not in terminated)
                     raise CaseTimeout(
@@ -92,6 +90,12 @@ class ThreadedLauncher:
 
     def close(self) -> None:
         pass
+
+
+def _thread_watch(threads: Sequence[threading.Thread]) -> ProgressWatch | None:
+    """The CPU time of each rank's thread (None where it cannot be read)."""
+    watch = ProgressWatch({r: Rank(os.getpid(), t.native_id) for r, t in enumerate(threads) if t.native_id})
+    return watch if watch.available and len(watch.ranks) == len(threads) else None
 
 
 def _thread_stacks(threads: Sequence[threading.Thread]) -> dict[int, str]:

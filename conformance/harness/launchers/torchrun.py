@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from conformance.harness.case import RankContext, RankOutcome, RankTask, run_on_rank
+from conformance.harness.impl_loader import preload_implementation
 
 
 def stacks_path(rank: int | str) -> Path:
@@ -64,6 +65,7 @@ class TorchrunLauncher:
         if self.rank < task.world_size:
             local = int(os.environ.get("LOCAL_RANK", "0"))
             device = "cpu" if dist.get_backend() == "gloo" else f"{_device_type()}:{local}"
+            preload_implementation(impl_spec)  # before the clock: the load is not the case's
             started = time.monotonic()
 
             def on_budget(seconds: float) -> None:  # the task's budget, under the ceiling

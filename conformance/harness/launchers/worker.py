@@ -7,8 +7,10 @@ starts a device runtime before the pool's device-visibility variables are in
 force.
 
 Messages to the pool start with one tag byte: :data:`READY` once the process
-group is up, :data:`BUDGET` + seconds when the running task sets its budget,
-:data:`RESULT` + the pickled :class:`~conformance.harness.case.RankOutcome`.
+group is up, :data:`LOADED` once the implementation is loaded for a task (its
+budget does not count the load), :data:`BUDGET` + seconds when the running
+task sets its budget, :data:`RESULT` + the pickled
+:class:`~conformance.harness.case.RankOutcome`.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any
 
 #: Sent to a rank (instead of a task) to make it leave its loop.
 STOP = b"stop"
-READY, BUDGET, RESULT = b"Y", b"B", b"R"
+READY, LOADED, BUDGET, RESULT = b"Y", b"L", b"B", b"R"
 
 
 def rank_main(
@@ -49,6 +51,7 @@ def rank_main(
     import torch.distributed as dist
 
     from conformance.harness.case import CapturedError, RankContext, RankOutcome, run_on_rank
+    from conformance.harness.impl_loader import preload_implementation
 
     torch.set_num_threads(num_threads)
     store = dist.FileStore(store_path, world_size)
@@ -73,6 +76,8 @@ def rank_main(
             for entry in reversed(sys_path):
                 if entry not in sys.path:
                     sys.path.insert(0, entry)
+            preload_implementation(impl_spec)
+            conn.send_bytes(LOADED)
             ctx = RankContext(rank, world_size, device, impl_spec, launcher, on_budget=on_budget, budget=budget)
             try:
                 fn, params = pickle.loads(payload)

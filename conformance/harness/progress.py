@@ -1,0 +1,108 @@
+"""Whether a case's ranks are still progressing: the CPU time their processes (or threads) spend.
+
+Elapsed time alone makes a slow case on a busy machine look hung
+(``docs/DESIGN.md#time-budget``).  A rank blocked in a collective that never
+completes sleeps: measured here, a gloo rank waiting in ``all_reduce`` used
+about 1 ms of CPU per second, one polling ``time.sleep(0.05)`` 2 ms; a rank
+doing anything -- computing, completing collectives, changing its stack --
+uses more, even when it gets a few percent of a core.  So a rank *progressed*
+over a span when it used at least :data:`BUSY_SHARE` of a core over it (and
+at least :data:`MIN_CPU_S`, above the clock's resolution).
+
+Read from ``/proc`` (Linux); where it is missing there is no evidence and the
+budget stays a wall-clock budget.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+#: The share of one core a rank must use over a span to count as progressing.
+BUSY_SHARE = 0.01
+#: ... and never less than this many CPU seconds (above the accounting's resolution).
+MIN_CPU_S = 0.01
+
+
+def cpu_seconds(pid: int, tids: Sequence[int] | None = None) -> float | None:
+    """CPU seconds a process (or the given threads of it) has used; None where ``/proc`` cannot say.
+
+    Summed over the threads' scheduler statistics (nanoseconds); without them,
+    the process's ``utime + stime`` (clock ticks, exited threads included).
+    """
+    task_dir = f"/proc/{pid}/task"
+    try:
+        threads = [str(t) for t in tids] if tids is not None else os.listdir(task_dir)
+    except OSError:
+        return None
+    total, read = 0, False
+    for tid in threads:
+        try:
+            with open(f"{task_dir}/{tid}/schedstat") as f:
+                total += int(f.read().split()[0])
+            read = True
+        except (OSError, ValueError, IndexError):
+            continue
+    if read:
+        return total / 1e9
+    if tids is not None:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+@dataclass(frozen=True)
+class Rank:
+    """Where a rank's CPU time is read: its process, and (ranks as threads) its thread."""
+
+    pid: int
+    tid: int | None = None
+
+    def cpu(self) -> float | None:
+        return cpu_seconds(self.pid, None if self.tid is None else [self.tid])
+
+
+class ProgressWatch:
+    """The ranks' CPU time since the last :meth:`mark`: who progressed over that span."""
+
+    def __init__(self, ranks: Mapping[int, Rank]) -> None:
+        self.ranks = dict(ranks)
+        self._since = time.monotonic()
+        self._cpu: dict[int, float | None] = {}
+        self.mark()
+
+    @property
+    def available(self) -> bool:
+        """Whether CPU time can be read for every rank (else there is no evidence either way)."""
+        return bool(self.ranks) and all(v is not None for v in self._cpu.values())
+
+    def mark(self, ranks: Sequence[int] | None = None) -> None:
+        """Start a new span now, for ``ranks`` (all when None)."""
+        self._since = time.monotonic()
+        for r in self.ranks if ranks is None else ranks:
+            if r in self.ranks:
+                self._cpu[r] = self.ranks[r].cpu()
+
+    def span(self) -> float:
+        """Seconds since the last :meth:`mark`."""
+        return time.monotonic() - self._since
+
+    def used(self, ranks: Sequence[int]) -> dict[int, float]:
+        """CPU seconds each of ``ranks`` used since the last :meth:`mark` (unreadable ones left out)."""
+        used = {}
+        for r in ranks:
+            before, now = self._cpu.get(r), self.ranks[r].cpu() if r in self.ranks else None
+            if before is not None and now is not None:
+                used[r] = now - before
+        return used
+
+    def progressed(self, ranks: Sequence[int]) -> list[int]:
+        """Those of ``ranks`` that used at least :data:`BUSY_SHARE` of a core since the last :meth:`mark`."""
+        floor = max(MIN_CPU_S, BUSY_SHARE * self.span())
+        return sorted(r for r, s in self.used(ranks).items() if s >= floor)
