@@ -95,7 +95,8 @@ def add_options(parser: pytest.Parser) -> None:
     group.addoption(
         BUDGET_FACTOR, type=_positive(float), default=20.0, metavar="F",
         help=f"A case's budget: F times the serial path's time on the live ranks, plus {BUDGET_FLOOR} "
-        "(default 20).",
+        "(default 20). A case out of budget is a hang only if its ranks showed no progress (no CPU time "
+        f"used over it); ranks still working get more time, up to {CASE_TIMEOUT}.",
     )
     group.addoption(
         BUDGET_FLOOR, type=_positive(float), default=10.0, metavar="SECONDS",
