@@ -15,6 +15,7 @@ from typing import Any
 
 from coc_impl.config import CoCConfig, resolve_config
 from coc_impl.reference import ReferenceCoC
+from conformance.protocol import PHASE_COLLECTIVES
 
 
 class EnvBeatsCommandLine(ReferenceCoC):
@@ -667,6 +668,63 @@ class RaggedTilingOffset(ReferenceCoC):
             last = blocks[-1]
             out[-last - 1:-1] = out[-last:].clone()
         return out
+
+
+class WritesIntoItsInput(_PatchedPipeline):
+    """The layers' backward reuses the saved input as scratch once the weight gradient is taken: the input changes."""
+
+    name = "fault-writes-into-input"
+    target = "_weight_grad"
+
+    def wrap(self, original: Any) -> Any:
+        def weight_grad(weight: Any, grad_output: Any, total_input: Any, fusion: bool) -> Any:
+            result = original(weight, grad_output, total_input, fusion)
+            total_input.detach().mul_(0.5)  # every number already computed is right
+            return result
+
+        return weight_grad
+
+
+class ReplicasRoundDifferently(ReferenceCoC):
+    """matmul_all_reduce: odd ranks round their copy of the result one unit in the last place up.
+
+    Every copy is within the error bound (MUST holds); the copies are not
+    bitwise identical (SHOULD fails).
+    """
+
+    name = "fault-replicas-round-differently"
+
+    def matmul_all_reduce(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
+        import torch
+        import torch.distributed as dist
+
+        out = super().matmul_all_reduce(x, w, bias, **kw)
+        if kw.get("deterministic") or dist.get_rank(kw["group"]) % 2 == 0:
+            return out
+        return torch.nextafter(out, torch.full_like(out, float("inf")))
+
+
+class OpUnevenTypeError(ReferenceCoC):
+    """matmul_all_reduce on an odd token count: a collective, then a TypeError of its own bug -- no refusal."""
+
+    name = "fault-op-uneven-type-error"
+
+    def matmul_all_reduce(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
+        import torch
+        import torch.distributed as dist
+
+        if x.shape[0] % 2 == 0:
+            return super().matmul_all_reduce(x, w, bias, **kw)
+        dist.all_reduce(torch.zeros(1), group=kw["group"])
+        offset: Any = None
+        return x[: x.shape[0] + offset]  # TypeError: unsupported operand type(s)
+
+
+class DeclaresNoOverlap(ReferenceCoC):
+    """Declares every layer phase not overlapped (``none``): its overlap structure has nothing to be judged on."""
+
+    name = "fault-declares-no-overlap"
+    overlap = {key: "none" for key in PHASE_COLLECTIVES}
 
 
 # --- bad input: results that are not results, resources left behind ------------------------------
