@@ -5,7 +5,7 @@ transposed weight, chunk counts, deterministic, w8A16, fused, auto,
 ``customized_coc``, saved gathers, uneven and exact data, kept results, TP
 subgroups, stragglers, training steps, gradient-accumulation fusion),
 requirement level and error kind at least once, ops and layers at TP 2 and
-TP 8 -- and, proven by ``tests/test_suite_bites.py``, every fault of the proof
+TP 8 -- and, proven by ``tests/suite_runs/test_suite_bites.py``, every fault of the proof
 table.  Patterns match case ids (``test_layers.py::test_x[params]``); the
 scheduling plugin marks the cases at collection.
 """

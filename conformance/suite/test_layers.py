@@ -5,8 +5,9 @@ off; fp32 / bf16 / fp16), every TP size and every chunk count:
 
 * MUST: the patched layers' output, input grad, weight grads and bias grads
   lie within the error bound of the float64 golden (the live unpatched layers
-  are the serial reference); ranks holding replicated tensors agree bitwise;
+  are the serial reference), every rank's copy of a replicated one too;
   results are values;
+* SHOULD: ranks holding a replicated tensor hold it bitwise identically;
 * STRUCTURE: each layer phase overlaps its collective the way the
   implementation declares (``docs/DESIGN.md#overlap-structure``).
 
