@@ -2,7 +2,7 @@
 
 Each is a small subclass of the reference with one defect (a bug class seen in
 real CoC code, or one that escaped other projects' tests); the proof table in
-``tests/test_suite_bites.py`` runs the suite against each and expects the
+``tests/suite_runs/test_suite_bites.py`` runs the suite against each and expects the
 named checks to fail.  The correct variants that must still pass (or skip)
 are at the end.
 """
