@@ -53,6 +53,15 @@ class UntypedErrors(ReferenceCoC):
         return super().configure(argv, env, **kw)
 
 
+class AcceptsMoE(ReferenceCoC):
+    """Accepts CoC with MoE (``num_experts``): allowed when its results are right, against the documented refusal."""
+
+    name = "fault-accepts-moe"
+
+    def configure(self, argv: Sequence[str] | None, env: Mapping[str, str] | None, **kw: Any) -> CoCConfig:
+        return super().configure(argv, env, **{**kw, "num_experts": None})
+
+
 class AcceptsAnyChunkCount(ReferenceCoC):
     """Lets an unsupported chunk count through."""
 
