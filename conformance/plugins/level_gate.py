@@ -154,7 +154,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 def pytest_report_teststatus(report: pytest.TestReport) -> tuple[str, str, str] | None:
     """A bug of the suite is an error of the run, not a failure of the implementation."""
-    if report.when == "call" and report.failed and report_properties.property_of(report, report_properties.SUITE_ERROR):
+    if getattr(report, "when", None) == "call" and report.failed and \
+            report_properties.property_of(report, report_properties.SUITE_ERROR):
         return "error", "E", "ERROR"
     return None
 
