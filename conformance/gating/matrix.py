@@ -9,7 +9,7 @@ Counts *checks* (a test holds one or more, each at a level): a failed check of
 a case reported as known (expectations) or not gated counts as known; a check
 with nothing to judge here counts as not judged, never as passed.  A case
 that failed without recording a check (a hang, a crash, an error before any
-check) counts as one failed MUST check.
+check) counts as one failed MUST check; an error of the suite's own code counts for no implementation.
 """
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ def tally(cases: Sequence[Mapping[str, Any]]) -> Counter[tuple[str, str, str]]:
     for case in cases:
         known = case["outcome"] in ("known", "not-gated")
         checks = case.get("checks") or []
-        if not checks and case["outcome"] in ("failed", "error"):
+        suite_bug = (case.get("failure") or {}).get("category") == "suite error"  # the suite's, not the impl's
+        if not checks and case["outcome"] in ("failed", "error") and not suite_bug:
             counts[(case["area"], Level.MUST.value, "fail")] += 1
         for check in checks:
             outcome = outcome_of(check)

@@ -91,6 +91,7 @@ def test_matrix_counts_checks_by_area_and_level() -> None:
                                                        {"level": "SHOULD", "passed": False}]},
         {"area": "layers", "outcome": "failed", "checks": []},
         {"area": "layers", "outcome": "failed", "checks": [{"level": "STRUCTURE", "passed": False}]},
+        {"area": "layers", "outcome": "error", "failure": {"category": "suite error"}},
     ]
     counts = matrix.tally(cases)
     assert counts[("ops", "MUST", "pass")] == 2 and counts[("ops", "SHOULD", "known")] == 1
