@@ -9,6 +9,7 @@ are at the end.
 
 from __future__ import annotations
 
+import inspect
 import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -468,7 +469,7 @@ class MlpSpBackwardGatherSerial(ReferenceCoC):
         from coc_impl.overlap import GatherMatmulResult
 
         original = scripted.all_gather_matmul
-        row_backward = scripted._RowParallelMatmul.backward.__code__
+        row_backward = inspect.unwrap(scripted._RowParallelMatmul.backward).__code__
 
         def all_gather_matmul(x: Any, matmul: Any, blocks: Any, group: Any, **kw: Any) -> Any:
             import sys
