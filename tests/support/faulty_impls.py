@@ -74,6 +74,16 @@ class AcceptsAnyChunkCount(ReferenceCoC):
         return super().configure(argv, env, **kw)
 
 
+class AcceptsEverything(AcceptsAnyChunkCount):
+    """Refuses no incompatible setting (MC2, MoE, 2-D TP, Transformer Engine) and no chunk count."""
+
+    name = "fault-accepts-everything"
+
+    def configure(self, argv: Sequence[str] | None, env: Mapping[str, str] | None, **kw: Any) -> CoCConfig:
+        kw.update(use_ascend_mc2=False, num_experts=None, tp_2d=False, transformer_impl="local")
+        return super().configure(argv, env, **kw)
+
+
 class ChecksOnRankZeroOnly(ReferenceCoC):
     """Validates on rank 0 only; the other ranks go on to a collective (upstream prints on device 0)."""
 
