@@ -187,3 +187,24 @@ def test_every_smoke_pattern_still_matches_a_collected_case(tmp_path: Path) -> N
     assert len(cases) > 100, done.stdout[-2000:] + done.stderr[-2000:]
     unmatched = [pattern for pattern in SMOKE if not any(matches(case, pattern) for case in cases)]
     assert not unmatched, f"smoke patterns matching no collected case: {unmatched}"
+
+
+class CoCBackendUnavailable(RuntimeError):
+    """Named as the reference names its class, declared nowhere."""
+
+
+class _NoFusedBackend:
+    name = "no-fused-backend"
+
+    def configure(self, argv: Any, env: Any, **kwargs: Any) -> Any:
+        raise CoCBackendUnavailable("no fused backend on this machine")
+
+
+def test_an_undeclared_backend_unavailable_error_is_recognised_by_its_class_name() -> None:
+    from conformance.protocol import Declarations
+    from conformance.suite.test_layers import _fused_or_skip
+
+    declared = Declarations(version=2, error_types={}, overlap={}, fused_overlap={}, fused_layers=True,
+                            in_place_ops=frozenset())
+    with pytest.raises(pytest.skip.Exception, match="unavailable here"):
+        _fused_or_skip(_NoFusedBackend(), declared, 8)
