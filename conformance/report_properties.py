@@ -19,6 +19,8 @@ TIMINGS = "coc_timings"
 FAILURE = "coc_failure"
 #: The levels of the failed checks that did not gate (the case then reports as an expected failure).
 NOT_GATED = "coc_not_gated"
+#: A bug of the suite itself (its message): the case is reported as an error, not as a failed check.
+SUITE_ERROR = "coc_suite_error"
 #: The expectations entry the case matched.
 EXPECTATION = "coc_expectation"
 #: A perf case's measured figures (JSON) and whether its gate was enforced here.

@@ -137,6 +137,7 @@ def layer_task(ctx: RankContext, *, job: LayerJob) -> LayerOutcome:
             seen.extend(said)
             if error is not None:
                 outcome.error = error
+                outcome.collectives_before_error = tuple(c.kind for c in observed_collectives(log).collectives)
                 break
             outcome.coc.append(steps)
             if run == 0:
@@ -183,6 +184,7 @@ def _train(problem: LayerProblem, job: LayerJob, par: Any, batches: list[list[di
             part.gradient_accumulation_fusion = True
     kind = problem.layer
     steps: list[StepRun] = []
+    kept: list[tuple[tuple[Any, Any], str]] = []  # earlier steps' outputs: (as returned, as copied then), where
     for step, micro_batches in enumerate(batches):
         prefill = _shard_weights(problem, main_grad_prefill(problem, step), rank, tp) if fusion else {}
         for name, param in params.items():
@@ -206,12 +208,27 @@ def _train(problem: LayerProblem, job: LayerJob, par: Any, batches: list[list[di
             y.backward(batch["dy"])
         outputs = [{"y": y.detach().cpu(), "dx": x.grad.detach().cpu().clone()} for x, y in zip(xs, ys)]
         if outcome is not None:
+            for i, (x, batch) in enumerate(zip(xs, micro_batches)):
+                # The tensor the layer was given (a copy of the batch's), not the batch: a layer that
+                # writes into its input changes that one.
+                if not torch.equal(x.detach(), batch["x"]):
+                    outcome.mutated.append(f"step {step} micro-batch {i}: input 'x' (written by the layer)")
             for i, (y, copy) in enumerate(zip(ys, returned)):
                 if not torch.equal(y.detach(), copy):
                     outcome.changed_after_return.append(f"step {step} micro-batch {i}: y")
                 for j, other in enumerate(ys[:i]):
                     if overlaps(y, other):
                         outcome.shared_memory.append(f"step {step}: y of micro-batches {j} and {i}")
+                for (earlier, _), label in kept:
+                    if overlaps(y, earlier):
+                        outcome.shared_memory.append(f"y of step {step} micro-batch {i} and of {label}")
+                inputs = {"its input x": xs[i], **{f"parameter {n}": p for n, p in params.items() if p is not None}}
+                for what, tensor in inputs.items():
+                    if overlaps(y, tensor):
+                        outcome.shared_memory.append(f"step {step} micro-batch {i}: y and {what}")
+            changed = [label for (earlier, copy), label in kept if not torch.equal(earlier.detach(), copy)]
+            outcome.changed_after_return.extend(f"{label}'s y, by step {step}" for label in changed)
+            kept.extend(((y, copy), f"step {step} micro-batch {i}") for i, (y, copy) in enumerate(zip(ys, returned)))
         grads: dict[str, Any] = {}
         weight_grad: dict[str, str] = {}
         for name, param in params.items():

@@ -96,6 +96,8 @@ class LayerOutcome:
     #: ``"<layer kind>/<phase>"`` -> its collectives, for the first micro-batch of the first CoC run.
     timelines: dict[str, ObservedCollectives] = field(default_factory=dict)
     error: CapturedError | None = None  #: what the patched layers (or configure) raised
+    #: Collective kinds the patched layers issued before they raised (a refusal must come before any).
+    collectives_before_error: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
     changed_after_return: list[str] = field(default_factory=list)
     mutated: list[str] = field(default_factory=list)

@@ -1,4 +1,4 @@
-"""The expectations file: known outcomes of an implementation, per case-id pattern.
+"""The expectations file: known outcomes of an implementation, per case-id pattern and per check.
 
 TOML, in the manner of web-platform-tests' per-implementation metadata and
 Chromium's TestExpectations::
@@ -7,26 +7,37 @@ Chromium's TestExpectations::
     implementation = "conformance.adapters.mindspeed:MindSpeedCoC"
 
     [[expect]]
-    pattern = "test_layers.py::test_uneven_tokens[*row*]"   # fnmatch on the case id
-    outcome = "fail"                                         # fail | hang | skip
+    pattern = "test_layers.py::test_uneven_token_counts[*row*]"   # fnmatch on the case id
+    check   = "m=7 *: numerics"                                     # optional: fnmatch on the check name
+    level   = "MUST"                                                # optional: the check's level
+    outcome = "fail"                                                # fail | hang | skip
     reason  = "remainder rows are left unwritten when m % p != 0"
-    link    = "https://example.org/issue/1"                  # optional
+    link    = "https://example.org/issue/1"                         # optional
 
 A case id is the pytest node id without directories
 (``test_layers.py::test_x[params]``); in a pattern ``*`` and ``?`` are
-wildcards and brackets are literal.  The first matching entry wins.
+wildcards and brackets are literal.
+
+An entry with ``check`` or ``level`` knows the failure of the checks it names
+and nothing else: another check failing in the same case is a new failure.
+Prefer them (``coc-expectations`` writes them).  An entry with neither covers
+the whole case, whatever fails in it (and ``skip`` is only for whole cases).
+Of the whole-case entries the first matching one wins.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import sys
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from conformance.caseids import matches
+from conformance.judge.levels import Level
+from conformance.judge.verdicts import FAILED, PASSED, outcome_of
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -46,9 +57,55 @@ class Expectation:
     outcome: str
     reason: str
     link: str = ""
+    check: str = ""  #: fnmatch pattern on a check's name ("": any check)
+    level: str = ""  #: a check's level ("": any level)
 
     def describe(self) -> str:
         return self.reason + (f" ({self.link})" if self.link else "")
+
+    @property
+    def whole_case(self) -> bool:
+        """Whether the entry covers every check of its cases (it names no check and no level)."""
+        return not (self.check or self.level)
+
+    def covers(self, check: Mapping[str, Any]) -> bool:
+        """Whether the entry names ``check`` (a check as the report carries it: name, level ...)."""
+        return (not self.check or fnmatch.fnmatchcase(str(check["name"]), self.check)) and \
+            (not self.level or str(check["level"]) == self.level)
+
+    def as_dict(self) -> dict[str, str]:
+        return {key: value for key, value in asdict(self).items() if value}
+
+
+@dataclass(frozen=True)
+class CaseVerdict:
+    """What the check-level entries of one case make of its failed and passed checks."""
+
+    known: list[tuple[Mapping[str, Any], Expectation]]  #: failed checks an entry expected, and that entry
+    new: list[Mapping[str, Any]]  #: failed checks no entry expected (or expected another way: hang / fail)
+    unexpected_passes: list[tuple[Mapping[str, Any], Expectation]]  #: entries whose checks all passed
+
+
+def judge_checks(entries: Sequence[Expectation], checks: Sequence[Mapping[str, Any]], *, hung: bool) -> CaseVerdict:
+    """Each failed check known or new, each entry met or passed unexpectedly (check-level entries only)."""
+    known, new = [], []
+    for check in checks:
+        if outcome_of(check) != FAILED:
+            continue
+        entry = next((e for e in entries if e.covers(check)), None)
+        if entry is None or (entry.outcome == "hang") != hung:
+            new.append(check)
+        else:
+            known.append((check, entry))
+    met = {id(entry) for _, entry in known}
+    unexpected = []
+    for entry in entries:
+        if id(entry) in met:
+            continue
+        passed = [c for c in checks if entry.covers(c) and outcome_of(c) == PASSED]
+        if passed:
+            unexpected.append((passed[0], entry))
+    return CaseVerdict(known, new, unexpected)
 
 
 @dataclass(frozen=True)
@@ -74,7 +131,7 @@ class Expectations:
             at = f"{where}: [[expect]] #{i + 1}"
             if not isinstance(raw, Mapping):
                 raise ExpectationsError(f"{at} must be a table")
-            extra = set(raw) - {"pattern", "outcome", "reason", "link"}
+            extra = set(raw) - {"pattern", "outcome", "reason", "link", "check", "level"}
             if extra:
                 raise ExpectationsError(f"{at}: unknown key(s) {sorted(extra)}")
             for key in ("pattern", "outcome", "reason"):
@@ -82,15 +139,27 @@ class Expectations:
                     raise ExpectationsError(f"{at}: {key!r} must be a non-empty string")
             if raw["outcome"] not in OUTCOMES:
                 raise ExpectationsError(f"{at}: outcome must be one of {OUTCOMES}, got {raw['outcome']!r}")
-            entries.append(Expectation(raw["pattern"], raw["outcome"], raw["reason"], str(raw.get("link", ""))))
+            for key in ("check", "level", "link"):
+                if not isinstance(raw.get(key, ""), str):
+                    raise ExpectationsError(f"{at}: {key!r} must be a string")
+            level = raw.get("level", "").upper()
+            if level and level not in {lvl.value for lvl in Level}:
+                raise ExpectationsError(f"{at}: level must be one of {[lvl.value for lvl in Level]}, "
+                                        f"got {raw['level']!r}")
+            entry = Expectation(raw["pattern"], raw["outcome"], raw["reason"], raw.get("link", ""),
+                                raw.get("check", ""), level)
+            if entry.outcome == "skip" and not entry.whole_case:
+                raise ExpectationsError(f"{at}: 'skip' is for whole cases; a check cannot be skipped alone")
+            entries.append(entry)
         return cls(tuple(entries), dict(doc.get("meta", {})))
 
     def match(self, case: str) -> Expectation | None:
-        """The first entry whose pattern matches the case id."""
-        for entry in self.entries:
-            if matches(case, entry.pattern):
-                return entry
-        return None
+        """The first whole-case entry whose pattern matches the case id."""
+        return next((entry for entry in self.matching(case) if entry.whole_case), None)
+
+    def matching(self, case: str) -> list[Expectation]:
+        """Every entry whose pattern matches the case id, in file order."""
+        return [entry for entry in self.entries if matches(case, entry.pattern)]
 
     def dumps(self) -> str:
         lines = ["# Known outcomes of an implementation under the coc-conformance suite.",
@@ -100,8 +169,10 @@ class Expectations:
             lines += [f"{key} = {json.dumps(value)}" for key, value in self.meta.items()]
             lines.append("")
         for entry in self.entries:
-            lines += ["[[expect]]", f"pattern = {json.dumps(entry.pattern)}", f"outcome = {json.dumps(entry.outcome)}",
-                      f"reason = {json.dumps(entry.reason)}"]
+            lines += ["[[expect]]", f"pattern = {json.dumps(entry.pattern)}"]
+            lines += [f"{key} = {json.dumps(value)}" for key, value in (("check", entry.check), ("level", entry.level))
+                      if value]
+            lines += [f"outcome = {json.dumps(entry.outcome)}", f"reason = {json.dumps(entry.reason)}"]
             if entry.link:
                 lines.append(f"link = {json.dumps(entry.link)}")
             lines.append("")
@@ -110,32 +181,64 @@ class Expectations:
 
 def from_summary(cases: Iterable[Mapping[str, Any]], previous: Expectations | None = None,
                  meta: Mapping[str, Any] | None = None) -> Expectations:
-    """Expectations matching a run: one exact entry per failed, hung or known case.
+    """Expectations matching a run: one exact entry per failed check (per case when it recorded none).
 
     Entries of ``previous`` that still match something that did not pass are
-    kept as they are (with their reasons and links); exact entries for cases
-    that now pass are dropped, so re-running the command after a fix empties
-    the file of what was fixed.
+    kept as they are (with their reasons and links); exact entries for checks
+    or cases that now pass are dropped, so re-running the command after a fix
+    empties the file of what was fixed.
     """
     previous = previous or Expectations(())
     kept: list[Expectation] = []
-    covered: set[str] = set()
+    covered: set[tuple[str, str]] = set()  # (case id, check name; "" for a whole case)
     results = {c["id"]: c for c in cases}
     for entry in previous.entries:
         hits = [cid for cid in results if matches(cid, entry.pattern)]
-        still = [cid for cid in hits if results[cid]["outcome"] in ("failed", "error", "known")
-                 or (entry.outcome == "skip" and results[cid]["outcome"] == "skipped")]
+        still = _still_failing(entry, [results[cid] for cid in hits])
         if still or not hits:
             kept.append(entry)
             covered.update(still)
     for cid, case in sorted(results.items()):
-        if cid in covered or case["outcome"] not in ("failed", "error"):
+        if (cid, "") in covered or case["outcome"] not in ("failed", "error"):
             continue
-        failure = case.get("failure", {})
+        failure = case.get("failure") or {}
         outcome = "hang" if failure.get("category") == "hang" else "fail"
-        message = (failure.get("message") or "").strip().splitlines()
-        kept.append(Expectation(cid, outcome, (message[0] if message else "failed")[:300]))
+        failed = [c for c in case.get("checks", ()) if outcome_of(c) == FAILED]
+        if not failed or outcome == "hang":
+            kept.append(Expectation(cid, outcome, _first_line(failure.get("message"), "failed")))
+            continue
+        for check in failed:
+            if (cid, check["name"]) not in covered:
+                kept.append(Expectation(cid, outcome, _first_line(check.get("message"), "failed"),
+                                        check=_literal(check["name"]), level=check["level"]))
     return Expectations(tuple(kept), dict(meta or previous.meta))
+
+
+def _still_failing(entry: Expectation, hits: Sequence[Mapping[str, Any]]) -> set[tuple[str, str]]:
+    """(case id, check name) of what ``entry`` still covers in the run's matching cases."""
+    still: set[tuple[str, str]] = set()
+    for case in hits:
+        if entry.outcome == "skip":
+            if case["outcome"] == "skipped":
+                still.add((case["id"], ""))
+            continue
+        if entry.whole_case:
+            if case["outcome"] in ("failed", "error", "known"):
+                still.add((case["id"], ""))
+            continue
+        still.update((case["id"], c["name"]) for c in case.get("checks", ())
+                     if entry.covers(c) and outcome_of(c) == FAILED)
+    return still
+
+
+def _literal(name: str) -> str:
+    """An fnmatch pattern matching exactly ``name`` (brackets and wildcards escaped)."""
+    return "".join(f"[{ch}]" if ch in "*?[" else ch for ch in name)
+
+
+def _first_line(message: Any, default: str) -> str:
+    lines = str(message or "").strip().splitlines()
+    return (lines[0] if lines else default)[:300]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -27,11 +27,17 @@ from typing import Any
 
 import numpy as np
 
+from conformance.caseids import case_id
+from conformance.harness.case_errors import HANGS, WorkerLost
 from conformance.judge.perf import CI_LEVEL
+from conformance.judge.verdicts import FAILED as CHECK_FAILED
+from conformance.judge.verdicts import outcome_of
 
 #: Drop of the median paired gain (fraction of the serial time) that counts as a perf regression.
 PERF_THRESHOLD = 0.03
 FAILED = ("failed", "error")
+#: Failure categories the gate reads from either input (the suite writes them; Allure's messages name them).
+HANG, UNEXPECTED_PASS = "hang", "unexpected pass"
 
 
 class RunError(ValueError):
@@ -56,7 +62,12 @@ def load_run(path: Path) -> Run:
                 doc = json.loads(candidate.read_text())
             except (OSError, json.JSONDecodeError) as exc:
                 raise RunError(f"{candidate}: {exc}") from None
-            return Run(str(candidate), doc.get("implementation", "?"), {c["id"]: c for c in doc.get("cases", [])})
+            cases = {c["id"]: c for c in doc.get("cases", [])}
+            for nodeid in doc.get("missing", []):  # collected, never reported: its worker was lost
+                cases.setdefault(case_id(nodeid), {"id": case_id(nodeid), "outcome": "error", "failure": {
+                    "category": HANG, "type": WorkerLost.__name__, "message": f"{WorkerLost.__name__}: no result "
+                    "(the worker running it died, or the run ended before it ran)"}})
+            return Run(str(candidate), doc.get("implementation", "?"), cases)
     if path.is_dir() and any(path.glob("*-result.json")):
         return _allure_run(path)
     raise RunError(f"{path}: neither a coc-summary.json nor an Allure results directory")
@@ -75,8 +86,13 @@ def _allure_run(path: Path) -> Run:
         message = str(details.get("message", ""))
         if outcome == "skipped" and message.startswith("XFAIL"):
             outcome = "known"
-        record = {"id": case, "outcome": outcome, "failure": {"message": message, "category":
-                  "hang" if "CaseTimeout" in message or "RankCrashed" in message else "error"}}
+        if outcome == "failed" and message.startswith(UNEXPECTED_PASS):
+            category = UNEXPECTED_PASS
+        elif outcome == "failed" and any(hang.__name__ in message for hang in HANGS):
+            category = HANG
+        else:
+            category = "error"
+        record = {"id": case, "outcome": outcome, "failure": {"message": message, "category": category}}
         cases[case] = record
     return Run(str(path), "?", cases)
 
@@ -133,11 +149,11 @@ def diff_runs(baseline: Run, current: Run, *, threshold: float = PERF_THRESHOLD,
     for cid, case in sorted(current.cases.items()):
         before = baseline.cases.get(cid, {}).get("outcome")
         outcome = case["outcome"]
-        message = (case.get("failure") or {}).get("message", "")
+        category = (case.get("failure") or {}).get("category")
         if outcome in FAILED:
-            if message.startswith("unexpected pass") or "unexpected pass" in str(case.get("reason", "")):
+            if category == UNEXPECTED_PASS:
                 result.unexpected_passes.append(case)
-            elif (case.get("failure") or {}).get("category") == "hang":
+            elif category == HANG:
                 result.hangs.append(case)
             elif before not in FAILED:
                 result.new_failures.append(case)
@@ -183,7 +199,7 @@ def _first_line(case: Mapping[str, Any]) -> str:
 
 
 def _level(case: Mapping[str, Any]) -> str:
-    failed = sorted({c["level"] for c in case.get("checks", ()) if not c.get("passed")})
+    failed = sorted({c["level"] for c in case.get("checks", ()) if outcome_of(c) == CHECK_FAILED})
     return ", ".join(failed) or "-"
 
 

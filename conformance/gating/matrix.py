@@ -1,4 +1,4 @@
-"""``coc-matrix``: implementation x area x requirement level, as pass / known / fail counts (a markdown table).
+"""``coc-matrix``: implementation x area x requirement level, as pass / known / fail / not judged counts.
 
 Reads runs already made (``--summary NAME=coc-summary.json``) or runs the suite
 for each implementation (``--run NAME=module:attr``, ``--pytest-arg`` for extra
@@ -6,9 +6,10 @@ options); ``--out`` writes the table to a file, ``--alluredir`` adds it to an
 Allure results directory so the report shows it.
 
 Counts *checks* (a test holds one or more, each at a level): a failed check of
-a case reported as known (expectations) or not gated counts as known.  A case
+a case reported as known (expectations) or not gated counts as known; a check
+with nothing to judge here counts as not judged, never as passed.  A case
 that failed without recording a check (a hang, a crash, an error before any
-check) counts as one failed MUST check.
+check) counts as one failed MUST check; an error of the suite's own code counts for no implementation.
 """
 
 from __future__ import annotations
@@ -27,27 +28,31 @@ from typing import Any
 
 from conformance import options
 from conformance.judge.levels import Level
+from conformance.judge.verdicts import NOT_JUDGED, PASSED, outcome_of
 
 AREAS = ("config", "ops", "layers", "training", "perf")
-OUTCOMES = ("pass", "known", "fail")
+OUTCOMES = ("pass", "known", "fail", "not judged")
 
 
 def tally(cases: Sequence[Mapping[str, Any]]) -> Counter[tuple[str, str, str]]:
-    """``(area, level, pass|known|fail)`` -> number of checks."""
+    """``(area, level, pass|known|fail|not judged)`` -> number of checks."""
     counts: Counter[tuple[str, str, str]] = Counter()
     for case in cases:
         known = case["outcome"] in ("known", "not-gated")
         checks = case.get("checks") or []
-        if not checks and case["outcome"] in ("failed", "error"):
+        suite_bug = (case.get("failure") or {}).get("category") == "suite error"  # the suite's, not the impl's
+        if not checks and case["outcome"] in ("failed", "error") and not suite_bug:
             counts[(case["area"], Level.MUST.value, "fail")] += 1
         for check in checks:
-            status = "pass" if check["passed"] else "known" if known else "fail"
+            outcome = outcome_of(check)
+            status = ("pass" if outcome == PASSED else NOT_JUDGED if outcome == NOT_JUDGED
+                      else "known" if known else "fail")
             counts[(case["area"], check["level"], status)] += 1
     return counts
 
 
 def markdown(runs: Mapping[str, Sequence[Mapping[str, Any]]]) -> str:
-    """One row per implementation, one column per area and level: ``pass / known / fail``."""
+    """One row per implementation, one column per area and level: ``pass / known / fail / not judged``."""
     counts = {name: tally(cases) for name, cases in runs.items()}
     areas = [a for a in AREAS if any(k[0] == a for c in counts.values() for k in c)]
     areas += sorted({k[0] for c in counts.values() for k in c} - set(areas))
@@ -59,7 +64,8 @@ def markdown(runs: Mapping[str, Sequence[Mapping[str, Any]]]) -> str:
         cells = [" / ".join(str(c[(a, lvl, o)]) for o in OUTCOMES) for a, lvl in columns]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lines.append("")
-    lines.append("Each cell: checks passed / known (expected failures, or levels not gated) / failed.")
+    lines.append("Each cell: checks passed / known (expected failures, or levels not gated) / failed / "
+                 "not judged (nothing to judge here: a phase declared none, a perf gate not enforced here).")
     return "\n".join(lines) + "\n"
 
 

@@ -79,6 +79,20 @@ def check_bitwise_equal(name: str, runs: Sequence[Any], what: str = "run") -> No
                                        f"({describe_difference(first, other)})")
 
 
+def skip_if_not_implemented(errors: Sequence[CapturedError | None]) -> None:
+    """Skip the case when *every* rank, replica and call raised ``NotImplementedError`` (the mode is absent).
+
+    ``errors`` holds one entry per rank and call, None where it returned.  When
+    some raise it and others return, nothing is skipped: the mode is there on
+    some ranks only, which the checks that follow judge.
+    """
+    if errors and all(e is not None and e.is_a("builtins.NotImplementedError") for e in errors):
+        import pytest
+
+        first = errors[0]
+        pytest.skip(f"not implemented: {first.message if first is not None else ''}")
+
+
 def check_refused_on_every_rank(errors: Sequence[CapturedError | None], *, what: str,
                                 patterns: Sequence[str] = (), level: Level = Level.MUST) -> None:
     """Every rank raised, the same error (class and message) on each, naming every ``patterns`` regex.
@@ -100,6 +114,27 @@ def check_refused_on_every_rank(errors: Sequence[CapturedError | None], *, what:
         if not re.search(pattern, first.message, re.IGNORECASE):
             raise WrongError(f"{what}: the error on every rank ({first.describe()}) does not name "
                              f"{pattern!r}", level=level)
+
+
+def check_clear_refusal(errors: Sequence[CapturedError | None], collectives: Sequence[Sequence[str]], *, what: str,
+                        names: Sequence[str]) -> None:
+    """MUST (the alternative to correct numbers): a *clear* refusal, not any exception.
+
+    Every rank raised the same error before issuing any collective
+    (``collectives``: per rank, what it issued before raising), and the message
+    names what it refuses: one of the ``names`` regexes (m, p, tp, the setting).
+    A crash inside a collective, or a ``TypeError`` from the implementation's
+    own bug, is not a refusal.
+    """
+    check_refused_on_every_rank(errors, what=what)
+    first = next(e for e in errors if e is not None)
+    issued = {rank: list(kinds) for rank, kinds in enumerate(collectives) if kinds}
+    if issued:
+        raise WrongError(f"{what}: not a clear refusal: {first.describe()} was raised after collectives had run "
+                         f"({issued}); a refusal comes before any collective, or a peer still in one hangs")
+    if not any(re.search(name, first.message, re.IGNORECASE) for name in names):
+        raise WrongError(f"{what}: not a clear refusal: {first.describe()} names none of what it refuses "
+                         f"(expected one of {list(names)})")
 
 
 def check_declared_error(error: CapturedError, declared: Any, *, kind: str, what: str) -> None:

@@ -38,7 +38,9 @@ class NumericMismatch(CheckFailure):
 
 
 class ReplicaMismatch(NumericMismatch):
-    """Ranks that must hold identical copies of a tensor do not."""
+    """Ranks holding copies of one replicated tensor hold different bits (each copy may still be within the bound)."""
+
+    default_level = Level.SHOULD
 
 
 class DeterminismViolation(CheckFailure):
@@ -76,3 +78,22 @@ class PerfRegression(CheckFailure):
 CATEGORIES: tuple[type[CheckFailure], ...] = (
     NumericMismatch, DeterminismViolation, WrongError, ContractViolation, StructureMismatch, PerfRegression,
 )
+
+
+class SuiteError(Exception):
+    """A bug of the suite itself -- its references, judging or self-checks -- not of the implementation.
+
+    Reported as an error of the run naming the suite, never as a failed check:
+    a broken judge must not score an implementation.
+    """
+
+    @classmethod
+    def wrapping(cls, where: str, exc: BaseException) -> SuiteError:
+        first = (str(exc).strip().splitlines() or [""])[0]
+        return cls(f"suite bug in {where}: {type(exc).__name__}: {first}")
+
+
+def suite_requires(condition: bool, what: str) -> None:
+    """A self-check of the suite (its own data or reference): raises :class:`SuiteError` when it does not hold."""
+    if not condition:
+        raise SuiteError(f"suite bug in a self-check: {what}")

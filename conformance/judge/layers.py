@@ -22,8 +22,8 @@ from conformance.contract.layouts import Split, layout, row_owner
 from conformance.contract.problems import LayerProblem, layer_batch, layer_weights, main_grad_prefill
 from conformance.contract.results import LayerOutcome
 from conformance.harness.case import CapturedError
-from conformance.judge import checks, numerics
-from conformance.judge.assembly import assemble
+from conformance.judge import assembly, checks, numerics
+from conformance.judge.assembly import assemble, by_replica, copies
 from conformance.judge.failures import ContractViolation, NumericMismatch, WrongError
 from conformance.judge.levels import Level
 
@@ -106,24 +106,13 @@ def _envelope(problem: LayerProblem, t: Mapping[str, Any]) -> dict[str, tuple[np
     return numerics.linear_envelope(t["x"], t["w"], t.get("b"), t["dy"])
 
 
-def by_replica(outcomes: Sequence[LayerOutcome]) -> dict[int, list[LayerOutcome]]:
-    """Rank outcomes grouped by data-parallel replica, each ordered by TP rank."""
-    groups: dict[int, list[LayerOutcome]] = {}
-    for outcome in outcomes:
-        groups.setdefault(outcome.replica, []).append(outcome)
-    return {r: sorted(g, key=lambda o: o.tp_rank) for r, g in sorted(groups.items())}
-
-
 def check_no_errors(outcomes: Sequence[LayerOutcome], what: str) -> None:
     """The patched layers ran on every rank (an implementation's ``NotImplementedError`` skips)."""
     errors = [o.error for o in outcomes]
     raised = [e for e in errors if e is not None]
     if not raised:
         return
-    if all(e is not None and e.is_a("builtins.NotImplementedError") for e in errors):
-        import pytest
-
-        pytest.skip(f"not implemented: {raised[0].message}")
+    checks.skip_if_not_implemented(errors)
     ranks = [r for r, e in enumerate(errors) if e is not None]
     first: CapturedError = raised[0]
     raise WrongError(f"{what}: rank(s) {ranks} raised {first.describe()} where the patched layers must run"
@@ -188,14 +177,30 @@ def _label(where: str, micro: int, count: int) -> str:
 def _compare(name: str, pieces: list[Any], serial_pieces: list[Any] | None, truth: np.ndarray,
              envelope: tuple[np.ndarray, int], split: Split, dtype: Any, roundings: int, tp: int,
              where: str) -> None:
-    out = assemble(pieces, split, f"CoC {name}")
-    serial = assemble(serial_pieces, split, f"serial {name}") if serial_pieces else out
-    truth = np.asarray(truth).reshape(tuple(out.shape))
-    magnitude = np.asarray(envelope[0]).reshape(tuple(out.shape))
-    rows = int(np.prod(out.shape[:-1])) if out.dim() > 1 else 1
-    label = f"{name} ({where})" if where else name
-    checks.check_close(label, out, truth, serial, (magnitude, envelope[1]), dtype, roundings=roundings,
-                       row_owner=row_owner(split, rows, tp))
+    for holders, out in copies(pieces, split):
+        serial = assemble(serial_pieces, split) if serial_pieces else out
+        expected = np.asarray(truth).reshape(tuple(out.shape))
+        magnitude = np.asarray(envelope[0]).reshape(tuple(out.shape))
+        rows = int(np.prod(out.shape[:-1])) if out.dim() > 1 else 1
+        label = ", ".join(filter(None, (f"{name} ({where})" if where else name, holders)))
+        checks.check_close(label, out, expected, serial, (magnitude, envelope[1]), dtype, roundings=roundings,
+                           row_owner=row_owner(split, rows, tp))
+
+
+def check_identical_copies(problem: LayerProblem, outcomes: Sequence[LayerOutcome], run: int = 0) -> None:
+    """SHOULD: every replicated output and gradient is bitwise the same on every rank of a replica."""
+    splits = layout(problem.layer, problem.sequence_parallel)
+    for replica, ranks in by_replica(outcomes).items():
+        for step, runs in enumerate(zip(*(o.coc[run] for o in ranks))):
+            where = f"step {step}, replica {replica}"
+            for micro in range(len(runs[0].outputs)):
+                for name in ("y", "dx"):
+                    assembly.check_identical_copies([r.outputs[micro][name] for r in runs], splits[name],
+                                                    f"{name} ({where}, micro-batch {micro})")
+            for name in runs[0].grads:
+                pieces = [r.grads.get(name) for r in runs]
+                if all(p is not None for p in pieces):
+                    assembly.check_identical_copies(pieces, splits[name], f"{name} ({where})")
 
 
 def check_values(outcomes: Sequence[LayerOutcome]) -> None:

@@ -24,8 +24,9 @@ from conformance.contract.jobs import OpRun
 from conformance.contract.layouts import GATHERS, OPERAND_SPLITS, row_owner
 from conformance.contract.problems import Problem, global_operands
 from conformance.contract.results import OpRunOutcome
-from conformance.judge import checks, numerics
-from conformance.judge.assembly import assemble
+from conformance.harness.case import CapturedError
+from conformance.judge import assembly, checks, numerics
+from conformance.judge.assembly import assemble, by_replica, copies
 from conformance.judge.failures import ContractViolation, NumericMismatch, WrongError
 
 
@@ -51,18 +52,13 @@ def truth_of(problem: Problem, replica: int) -> tuple[np.ndarray, tuple[np.ndarr
     return y, (magnitude, problem.k), x
 
 
-def skip_if_not_implemented(outcomes: Sequence[OpRunOutcome]) -> None:
-    """An op that raises ``NotImplementedError`` on every rank lacks the mode: the case is skipped."""
-    errors = [c.error for o in outcomes for c in o.calls if c.error is not None]
-    if errors and len(errors) == sum(1 for o in outcomes for c in o.calls if c.error is not None) and all(
-            e.is_a("builtins.NotImplementedError") for e in errors):
-        import pytest
-
-        pytest.skip(f"not implemented: {errors[0].message}")
+def call_errors(outcomes: Sequence[OpRunOutcome]) -> list[CapturedError | None]:
+    """What every call raised on every rank (None where it returned)."""
+    return [c.error for o in outcomes for c in o.calls]
 
 
 def check_ran(run: OpRun, outcomes: Sequence[OpRunOutcome]) -> None:
-    """MUST: every call returned on every rank (an error where the op must work fails)."""
+    """MUST: every call returned on every rank."""
     for rank, outcome in enumerate(outcomes):
         for i, call in enumerate(outcome.calls):
             if call.error is not None:
@@ -137,12 +133,9 @@ def _kind(value: Any) -> str:
 
 def check_numerics(run: OpRun, outcomes: Sequence[OpRunOutcome], *, exact: bool = False) -> None:
     """MUST: every call's result within the bound of its replica's float64 truth (bitwise when ``exact``)."""
-    groups: dict[int, list[OpRunOutcome]] = {}
-    for outcome in outcomes:
-        groups.setdefault(outcome.replica, []).append(outcome)
+    groups = by_replica(outcomes)
     split = OPERAND_SPLITS[run.op]["y"]
-    for replica, ranks in sorted(groups.items()):
-        ranks.sort(key=lambda o: o.tp_rank)
+    for replica, ranks in groups.items():
         for i, problem in enumerate(run.problems):
             y, envelope, x = truth_of(problem, replica)
             runs = len(ranks[0].calls[i].results)
@@ -152,25 +145,38 @@ def check_numerics(run: OpRun, outcomes: Sequence[OpRunOutcome], *, exact: bool 
                 if unusable:
                     raise NumericMismatch(f"{_label(run, i, replica, len(groups), j)}: cannot compare {unusable[0]} "
                                           "with the expected result (see the result contract)")
-                out = assemble([_first(o.calls[i].results[j], run.op) for o in ranks], split,
-                               f"{run.op} y")
-                serial = (assemble([_first(o.calls[i].serial, run.op) for o in ranks], split, "serial y")
-                          if ranks[0].calls[i].serial is not None else out)
+                for holders, out in copies(pieces, split):
+                    serial = (assemble([_first(o.calls[i].serial, run.op) for o in ranks], split)
+                              if ranks[0].calls[i].serial is not None else out)
+                    label = ", ".join(filter(None, (_label(run, i, replica, len(groups), j), holders)))
+                    try:
+                        if exact:
+                            _check_exact(label, out, y, problem.dtype, split, run.tp)
+                        else:
+                            checks.check_close(label, out, y, serial, envelope, getattr(torch, problem.dtype),
+                                               roundings=roundings(run.tp),
+                                               row_owner=row_owner(split, y.shape[0], run.tp))
+                    except NumericMismatch as failure:
+                        raise NumericMismatch(f"{failure}{_wrong_group(run, ranks, problem, out, replica, groups)}")\
+                            from None
                 label = _label(run, i, replica, len(groups), j)
-                try:
-                    if exact:
-                        _check_exact(label, out, y, problem.dtype, split, run.tp)
-                    else:
-                        checks.check_close(label, out, y, serial, envelope, getattr(torch, problem.dtype),
-                                           roundings=roundings(run.tp), row_owner=row_owner(split, y.shape[0], run.tp))
-                except NumericMismatch as failure:
-                    raise NumericMismatch(f"{failure}{_wrong_group(run, ranks, problem, out, replica, groups)}") \
-                        from None
                 if run.op == "all_gather_matmul_v2":
                     for o in ranks:
                         gathered = o.calls[i].results[j][1]
                         _check_exact(f"{label}: rank {o.tp_rank}'s gathered input", gathered, x, problem.dtype,
                                      OPERAND_SPLITS[run.op]["x"], run.tp)
+
+
+def check_identical_copies(run: OpRun, outcomes: Sequence[OpRunOutcome]) -> None:
+    """SHOULD: where every rank of a replica holds the whole result, the copies are bitwise identical."""
+    split = OPERAND_SPLITS[run.op]["y"]
+    groups = by_replica(outcomes)
+    for replica, ranks in groups.items():
+        for i in range(len(run.problems)):
+            for j in range(len(ranks[0].calls[i].results)):
+                pieces = [_first(o.calls[i].results[j], run.op) for o in ranks]
+                if all(isinstance(p, torch.Tensor) and p.device.type == "cpu" for p in pieces):  # else the contract
+                    assembly.check_identical_copies(pieces, split, _label(run, i, replica, len(groups), j))
 
 
 def _first(result: Any, op: str) -> Any:

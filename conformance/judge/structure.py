@@ -8,7 +8,9 @@ launched and before it was waited for.
   collectives of its kind, each asynchronously;
 * :class:`~conformance.protocol.OverlapsMatmul`: one of its collectives is in
   flight while the named matmul (identified by its output shape) runs;
-* :class:`~conformance.protocol.NotOverlapped`: nothing is required;
+* :class:`~conformance.protocol.NotOverlapped`: nothing is required, and
+  nothing is judged (a check whose every phase is declared so is *not
+  judged*, never passed);
 * undeclared: some collective of the phase's kind overlaps *some* matmul, or
   a fused vendor op (one that multiplies and communicates) ran.
 """
@@ -21,6 +23,7 @@ from typing import Any
 from conformance.contract.problems import LayerProblem
 from conformance.contract.results import LayerOutcome, ObservedCollectives
 from conformance.judge.failures import StructureMismatch
+from conformance.judge.verdicts import NotJudged
 from conformance.protocol import (
     PHASE_COLLECTIVES,
     Chunked,
@@ -43,19 +46,20 @@ def matmul_matches(shape: Shape | None, wanted: Shape) -> bool:
 
 
 def check_phase(timeline: ObservedCollectives | None, key: str, declared: OverlapStrategy | None, *, chunks: int,
-                matmuls: Mapping[str, Shape]) -> None:
+                matmuls: Mapping[str, Shape]) -> bool:
     """Raise :class:`StructureMismatch` when phase ``key`` is not overlapped as declared.
 
     ``chunks`` is the configured chunk count; ``matmuls`` maps a matmul name
     (:data:`~conformance.protocol.MATMULS`) to its output shape on this rank.
+    Returns whether anything was judged (False for a phase declared ``none``).
     """
+    if isinstance(declared, NotOverlapped):
+        return False
     kind = PHASE_COLLECTIVES[key]
     if timeline is None:
         raise StructureMismatch(f"{key}: the phase was not observed (no timeline recorded)")
     calls = timeline.of_kind(kind)
     seen = f"observed {timeline.describe()}"
-    if isinstance(declared, NotOverlapped):
-        return
     if isinstance(declared, Chunked):
         if len(calls) != chunks:
             raise StructureMismatch(f"{key}: declared chunked, expected {chunks} {kind} collective(s) for "
@@ -66,7 +70,7 @@ def check_phase(timeline: ObservedCollectives | None, key: str, declared: Overla
         if chunks > 1 and not any(c.overlapped for c in calls):
             raise StructureMismatch(f"{key}: declared chunked, but no matmul ran while a {kind} chunk was in "
                                     f"flight (each was waited for at once); {seen}")
-        return
+        return True
     if isinstance(declared, OverlapsMatmul):
         wanted = matmuls.get(declared.matmul)
         if wanted is None:
@@ -80,12 +84,11 @@ def check_phase(timeline: ObservedCollectives | None, key: str, declared: Overla
         if not any(c.overlappable and any(is_wanted(s) for s in c.overlapped) for c in calls):
             raise StructureMismatch(f"{key}: declared one {kind} overlapped with the {declared.matmul} matmul "
                                     f"(output {list(wanted)}); no {kind} was in flight while it ran; {seen}")
-        return
-    if timeline.fused_ops:
-        return
-    if not any(c.overlapped for c in calls):
+        return True
+    if not timeline.fused_ops and not any(c.overlapped for c in calls):
         raise StructureMismatch(f"{key}: no {kind} collective overlaps a matmul (none was in flight while a "
                                 f"matmul ran, and no fused op ran): the phase is serial; {seen}")
+    return True
 
 
 def layer_parts(layer: str) -> list[str]:
@@ -109,8 +112,10 @@ def check_layer_structure(problem: LayerProblem, outcomes: Sequence[LayerOutcome
 
     ``chunks`` is the configured count, or one per phase key.  Fused layers
     tile by their own plan, so a phase declared chunked is only required to
-    overlap some matmul there.
+    overlap some matmul there.  Raises :class:`~conformance.judge.verdicts.NotJudged`
+    when every phase is declared ``none``: nothing was judged.
     """
+    judged = False
     for rank, outcome in enumerate(outcomes):
         for kind in layer_parts(problem.layer):
             for phase in ("forward", "backward"):
@@ -122,7 +127,10 @@ def check_layer_structure(problem: LayerProblem, outcomes: Sequence[LayerOutcome
                     declared = None
                 count = chunks if isinstance(chunks, int) else chunks.get(key, 1)
                 try:
-                    check_phase(outcome.timelines.get(f"{kind}/{phase}"), key, declared, chunks=count,
+                    judged |= check_phase(outcome.timelines.get(f"{kind}/{phase}"), key, declared, chunks=count,
                                           matmuls=_matmuls(problem, kind, tp))
                 except StructureMismatch as failure:
                     raise StructureMismatch(f"rank {rank}: {failure}") from None
+    if not judged:
+        raise NotJudged(f"every phase of the {problem.layer} layer is declared 'none' (not overlapped): "
+                        "no overlap to judge")

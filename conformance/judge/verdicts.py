@@ -1,14 +1,29 @@
-"""The named checks of one test, each recorded with its requirement level, pass or fail."""
+"""The named checks of one test, each recorded with its requirement level and its outcome.
+
+A check passes, fails, or is *not judged*: nothing was there to judge (a phase
+declared ``none``, a perf gate not enforced on this machine, a check about
+chunking for an implementation that does not chunk).  Not judged is never
+counted as passed, so a score says what was actually checked.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from conformance.harness.case_errors import CaseError
 from conformance.judge.failures import CheckFailure
 from conformance.judge.levels import Level
+
+PASSED, FAILED, NOT_JUDGED = "passed", "failed", "not judged"
+#: Every outcome a check can have, in the order reports list them.
+OUTCOMES = (PASSED, FAILED, NOT_JUDGED)
+
+
+class NotJudged(Exception):
+    """Raised inside a check when there is nothing to judge; the message says why."""
 
 
 @dataclass(frozen=True)
@@ -20,18 +35,35 @@ class CheckResult:
     passed: bool
     message: str = ""
     category: str = ""
+    outcome: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.outcome:
+            object.__setattr__(self, "outcome", PASSED if self.passed else FAILED)
+
+    @property
+    def failed(self) -> bool:
+        return self.outcome == FAILED
 
     def as_dict(self) -> dict[str, Any]:
         return {**asdict(self), "level": self.level.value}
 
 
+def outcome_of(check: Mapping[str, Any]) -> str:
+    """The outcome of a check as a report carries it (summaries written before ``outcome`` existed too)."""
+    return str(check.get("outcome") or (PASSED if check.get("passed") else FAILED))
+
+
 class Verdicts:
     """The checks of one test, each at its level.
 
-    ``with verdicts.check("numerics", Level.MUST): ...`` records a pass, or the
+    ``with verdicts.check("numerics", Level.MUST): ...`` records a pass, the
     :class:`~conformance.judge.failures.CheckFailure` (or plain assertion)
-    raised inside, and goes on, so later checks of the same run are still
-    judged.  The test fails at the end if a failed check's level gates.
+    raised inside, or :class:`NotJudged`, and goes on, so later checks of the
+    same run are still judged.  Hangs and crashes
+    (:class:`~conformance.harness.case_errors.CaseError`) are not a check's
+    verdict: they propagate, and stay MUST whatever the check's level.
+    The test fails at the end if a failed check's level gates.
     """
 
     def __init__(self) -> None:
@@ -42,6 +74,10 @@ class Verdicts:
     def check(self, name: str, level: Level) -> Iterator[None]:
         try:
             yield
+        except CaseError:
+            raise
+        except NotJudged as why:
+            self.not_judged(name, level, str(why))
         except (CheckFailure, AssertionError) as failure:
             category = failure.category if isinstance(failure, CheckFailure) else "failure"
             self.results.append(CheckResult(name, level, False, str(failure), category))
@@ -51,9 +87,12 @@ class Verdicts:
         else:
             self.results.append(CheckResult(name, level, True))
 
+    def not_judged(self, name: str, level: Level, reason: str) -> None:
+        """Record that check ``name`` had nothing to judge here, and why."""
+        self.results.append(CheckResult(name, level, False, reason, outcome=NOT_JUDGED))
+
     def failed(self, levels: Iterable[Level] | None = None) -> list[BaseException]:
         """The failures whose level is in ``levels`` (all when None)."""
         chosen = None if levels is None else set(levels)
-        return [exc for exc, result in zip(self.exceptions, (r for r in self.results if not r.passed),
-                                           strict=True)
+        return [exc for exc, result in zip(self.exceptions, (r for r in self.results if r.failed), strict=True)
                 if chosen is None or result.level in chosen]

@@ -2,17 +2,19 @@
 
 An implementation with known non-conformances would otherwise stay red
 forever.  The file (TOML, :mod:`conformance.gating.expectations`) maps case-id
-patterns to an expected outcome -- ``fail``, ``hang`` or ``skip`` -- with a
-reason and a link:
+patterns -- and, preferably, the checks inside a case -- to an expected
+outcome (``fail``, ``hang`` or ``skip``) with a reason and a link:
 
-* ``skip``: the case is not run; it is reported skipped with the reason;
-* ``fail`` / ``hang``: a case that fails that way is reported as a known
-  failure (``xfailed``, reason ``known: ...``); one that fails the other way
-  fails ("expected fail, got hang"); one that passes is an *unexpected pass*
-  and fails the gate until the file is updated.
+* ``skip`` (whole cases only): the case is not run; it is reported skipped with the reason;
+* ``fail`` / ``hang``: a case whose failed checks are all expected, that way,
+  is reported as a known failure (``xfailed``, reason ``known: ...``); a
+  failed check no entry names fails the case as before, so a known failure
+  of one check never hides another; an entry whose checks passed is an
+  *unexpected pass* and fails the case until the file is updated.
 
 Each matched report carries ``coc_expectation`` in its user properties (the
-JSON summary shows it).
+JSON summary shows it); an unexpected pass carries its failure as data
+(``coc_failure``, category ``unexpected pass``) for ``coc-gate``.
 """
 
 from __future__ import annotations
@@ -23,11 +25,12 @@ import pytest
 
 from conformance import options, report_properties
 from conformance.caseids import case_id
-from conformance.gating.expectations import Expectation, Expectations, ExpectationsError
+from conformance.gating.expectations import Expectation, Expectations, ExpectationsError, judge_checks
+from conformance.gating.gate import UNEXPECTED_PASS
 from conformance.harness.case_errors import HANGS
 
 expectations_key = pytest.StashKey[Expectations]()
-matched_key = pytest.StashKey[Expectation]()
+matched_key = pytest.StashKey[list[Expectation]]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -44,12 +47,13 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     known = item.config.stash.get(expectations_key, None)
     if known is None:
         return
-    found = known.match(case_id(item.nodeid))
-    if found is None:
+    found = known.matching(case_id(item.nodeid))
+    if not found:
         return
     item.stash[matched_key] = found
-    if found.outcome == "skip":
-        pytest.skip(f"known skip: {found.describe()}")
+    whole = next((entry for entry in found if entry.whole_case), None)
+    if whole is not None and whole.outcome == "skip":
+        pytest.skip(f"known skip: {whole.describe()}")
 
 
 @pytest.hookimpl(wrapper=True)
@@ -59,18 +63,24 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     found = item.stash.get(matched_key, None)
     if found is None or call.when != "call":
         return report
-    report.user_properties.append((report_properties.EXPECTATION, {"pattern": found.pattern, "outcome": found.outcome,
-                                                       "reason": found.reason, "link": found.link}))
+    whole = next((entry for entry in found if entry.whole_case), None)
+    used = [whole] if whole is not None else found
+    report.user_properties.append((report_properties.EXPECTATION, [entry.as_dict() for entry in used]))
+    hung = call.excinfo is not None and isinstance(call.excinfo.value, HANGS)
+    if whole is not None:
+        _whole_case(item, report, whole, hung)
+    else:
+        _per_check(item, report, found, hung)
+    return report
+
+
+def _whole_case(item: pytest.Item, report: pytest.TestReport, found: Expectation, hung: bool) -> None:
     if hasattr(report, "wasxfail"):  # already an expected failure (a level that does not gate)
-        return report
+        return
     if report.passed:
-        report.outcome = "failed"
-        report.longrepr = (f"unexpected pass: {case_id(item.nodeid)} was expected to {found.outcome} "
-                           f"({found.describe()}); remove or update the entry {found.pattern!r} in "
-                           f"{options.expectations_path(item.config)}")
-        return report
-    if report.failed and call.excinfo is not None:
-        hung = isinstance(call.excinfo.value, HANGS)
+        _unexpected_pass(item, report, f"{case_id(item.nodeid)} was expected to {found.outcome} "
+                                       f"({found.describe()}); remove or update the entry {found.pattern!r}")
+    elif report.failed and not report_properties.property_of(report, report_properties.SUITE_ERROR):
         if (found.outcome == "hang") == hung:
             report.outcome = "skipped"
             report.wasxfail = f"known {found.outcome}: {found.describe()}"
@@ -78,4 +88,34 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
             got = "hang" if hung else "fail"
             report.longrepr = (f"expected {found.outcome}, got {got} ({found.describe()}):\n"
                                f"{report.longreprtext}")
-    return report
+
+
+def _per_check(item: pytest.Item, report: pytest.TestReport, entries: list[Expectation], hung: bool) -> None:
+    checks = report_properties.property_of(report, report_properties.CHECKS) or []
+    verdict = judge_checks(entries, checks, hung=hung)
+    if verdict.unexpected_passes:
+        check, entry = verdict.unexpected_passes[0]
+        _unexpected_pass(item, report, f"check {check['name']!r} of {case_id(item.nodeid)} was expected to "
+                                       f"{entry.outcome} ({entry.describe()}); remove or update the entry "
+                                       f"{entry.pattern!r} / {entry.check or entry.level!r}")
+        return
+    if not report.failed or report_properties.property_of(report, report_properties.SUITE_ERROR):
+        return
+    if verdict.known and not verdict.new:
+        report.outcome = "skipped"
+        report.wasxfail = "known: " + "; ".join(f"{check['name']}: {entry.outcome}, {entry.describe()}"
+                                               for check, entry in verdict.known)
+    elif verdict.known:
+        report.longrepr = (f"new failure beside known ones: {', '.join(repr(c['name']) for c in verdict.new)} "
+                           f"(known: {', '.join(repr(c['name']) for c, _ in verdict.known)}):\n"
+                           f"{report.longreprtext}")
+
+
+def _unexpected_pass(item: pytest.Item, report: pytest.TestReport, what: str) -> None:
+    message = f"{UNEXPECTED_PASS}: {what} in {options.expectations_path(item.config)}"
+    report.outcome = "failed"
+    report.longrepr = message
+    if hasattr(report, "wasxfail"):
+        del report.wasxfail
+    report.user_properties.append((report_properties.FAILURE, {
+        "category": UNEXPECTED_PASS, "type": "UnexpectedPass", "message": message}))

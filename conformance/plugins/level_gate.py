@@ -12,7 +12,12 @@ MUST) or per check through the ``verdicts`` fixture.  After the test body:
   summary read (under xdist, on the controller).
 
 Hangs, crashes and unexpected rank errors are always MUST: no implementation
-may hang or die, whatever it declares.
+may hang or die, whatever it declares.  Any other exception from a test body
+(not a check failure, not an assertion) is the suite's own bug: it is raised
+as :class:`~conformance.judge.failures.SuiteError` and reported as an *error*
+of the run, never as a failed check of the implementation.  A test body
+raising :class:`~conformance.judge.verdicts.NotJudged` records its check as
+not judged.
 """
 
 from __future__ import annotations
@@ -25,9 +30,9 @@ import pytest
 
 from conformance import options, report_properties
 from conformance.harness.case_errors import CaseError
-from conformance.judge.failures import CheckFailure
+from conformance.judge.failures import CheckFailure, SuiteError
 from conformance.judge.levels import Level
-from conformance.judge.verdicts import CheckResult, Verdicts
+from conformance.judge.verdicts import FAILED, NOT_JUDGED, CheckResult, NotJudged, Verdicts, outcome_of
 
 verdicts_key = pytest.StashKey[Verdicts]()
 gate_key = pytest.StashKey[frozenset[Level]]()
@@ -63,9 +68,12 @@ def failure_level(item: pytest.Item, exc: BaseException) -> Level:
         return Level.MUST  # hangs, crashes, unexpected rank errors
     if isinstance(exc, CheckFailure) and exc.explicit_level is not None:
         return exc.explicit_level
-    if isinstance(exc, (CheckFailure, AssertionError)):
-        return default_level(item)
-    return Level.MUST
+    return default_level(item)
+
+
+def is_verdict(exc: BaseException) -> bool:
+    """Whether an exception from a test body judges the implementation (else it is the suite's own bug)."""
+    return isinstance(exc, (CheckFailure, AssertionError, CaseError))
 
 
 @pytest.fixture
@@ -78,17 +86,21 @@ def verdicts(request: pytest.FixtureRequest) -> Verdicts:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
+    name = getattr(item, "originalname", item.name)
     try:
         yield
     except BaseException as exc:
         if isinstance(exc, (pytest.skip.Exception, pytest.xfail.Exception)) or not isinstance(exc, Exception):
             raise
-        found = item.stash.setdefault(verdicts_key, Verdicts())
-        name = getattr(item, "originalname", item.name)
-        category = exc.category if isinstance(exc, CheckFailure) else type(exc).__name__
-        found.results.append(CheckResult(name, failure_level(item, exc), False, _first_line(exc), category))
-        found.exceptions.append(exc)
-        raise
+        if not isinstance(exc, NotJudged):
+            if not is_verdict(exc):
+                raise (exc if isinstance(exc, SuiteError) else SuiteError.wrapping(item.nodeid, exc)) from exc
+            found = item.stash.setdefault(verdicts_key, Verdicts())
+            category = exc.category if isinstance(exc, CheckFailure) else type(exc).__name__
+            found.results.append(CheckResult(name, failure_level(item, exc), False, _first_line(exc), category))
+            found.exceptions.append(exc)
+            raise
+        item.stash.setdefault(verdicts_key, Verdicts()).not_judged(name, default_level(item), str(exc))
     recorded = item.stash.get(verdicts_key, None)
     if recorded is None:
         return
@@ -119,6 +131,9 @@ def _first_line(exc: BaseException) -> str:
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[
         None, pytest.TestReport, pytest.TestReport]:
     report = yield
+    if call.excinfo is not None and isinstance(call.excinfo.value, SuiteError):
+        report.user_properties.append((report_properties.SUITE_ERROR, str(call.excinfo.value)))
+        return report
     if call.when != "call" or not is_check(item):
         return report
     recorded = item.stash.get(verdicts_key, None)
@@ -128,7 +143,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     if results:
         report.user_properties.append((report_properties.CHECKS, [r.as_dict() for r in results]))
     gate = item.config.stash[gate_key]
-    failed = [r for r in results if not r.passed]
+    failed = [r for r in results if r.failed]
     if report.failed and failed and all(r.level not in gate for r in failed) and not hasattr(report, "wasxfail"):
         report.outcome = "skipped"
         levels = ", ".join(sorted({r.level.value for r in failed}))
@@ -137,9 +152,21 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     return report
 
 
+def pytest_report_teststatus(report: pytest.TestReport) -> tuple[str, str, str] | None:
+    """A bug of the suite is an error of the run, not a failure of the implementation."""
+    if getattr(report, "when", None) == "call" and report.failed and \
+            report_properties.property_of(report, report_properties.SUITE_ERROR):
+        return "error", "E", "ERROR"
+    return None
+
+
 def checks_of(report: pytest.TestReport) -> list[dict[str, Any]]:
     """The check results a report carries (empty for setup and teardown)."""
     return list(cast(list[dict[str, Any]], report_properties.property_of(report, report_properties.CHECKS) or []))
+
+
+#: The columns of the terminal tally, in order.
+TALLY = ("passed", "failed", "not gated", NOT_JUDGED)
 
 
 class LevelTally:
@@ -155,24 +182,24 @@ class LevelTally:
         if report.when != "call":
             return
         for check in checks_of(report):
-            level, passed = Level(check["level"]), check["passed"]
-            outcome = "passed" if passed else "failed" if level in self.gate else "not gated"
-            self.tally[(level.value, outcome)] += 1
-            if outcome == "not gated":
+            level, outcome = Level(check["level"]), outcome_of(check)
+            if outcome == FAILED and level not in self.gate:
+                outcome = "not gated"
                 self.ungated.append(f"{report.nodeid} [{level.value}] {check['name']}: {check['message'][:160]}")
+            self.tally[(level.value, outcome)] += 1
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if not self.tally:
             return
         terminalreporter.section("coc-conformance: requirement levels")
         for level in Level:
-            counts = {outcome: self.tally[(level.value, outcome)] for outcome in ("passed", "failed", "not gated")}
+            counts = {outcome: self.tally[(level.value, outcome)] for outcome in TALLY}
             if not any(counts.values()):
                 continue
             gated = "gates" if level in self.gate else "not gated"
             terminalreporter.write_line(
                 f"{level.value:<10} {counts['passed']:>5} checks passed, {counts['failed']:>4} failed, "
-                f"{counts['not gated']:>4} failed but not gated   ({gated})")
+                f"{counts['not gated']:>4} failed but not gated, {counts[NOT_JUDGED]:>4} not judged   ({gated})")
         for line in self.ungated[:20]:
             terminalreporter.write_line(f"  not gated: {line}")
         if len(self.ungated) > 20:

@@ -26,6 +26,7 @@ import pytest
 
 from conformance import options, report_properties
 from conformance.caseids import area, case_id
+from conformance.judge.verdicts import outcome_of
 from conformance.options import impl_spec
 from conformance.report_properties import property_of
 from conformance.roster import is_xdist_worker, roster
@@ -48,11 +49,11 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     report = yield
     if call.excinfo is not None and report.failed:
         from conformance.harness.case_errors import HANGS
-        from conformance.judge.failures import CheckFailure
+        from conformance.judge.failures import CheckFailure, SuiteError
 
         exc = call.excinfo.value
         category = ("hang" if isinstance(exc, HANGS) else exc.category if isinstance(exc, CheckFailure)
-                    else "error")
+                    else "suite error" if isinstance(exc, SuiteError) else "error")
         report.user_properties.append((report_properties.FAILURE, {
             "category": category, "type": type(exc).__name__, "message": str(exc)[:2000]}))
     return report
@@ -64,7 +65,8 @@ def record_of(report: pytest.TestReport) -> dict[str, Any]:
     if report.passed:
         outcome = "passed"
     elif report.failed:
-        outcome = "failed" if report.when == "call" else "error"
+        outcome = "failed" if report.when == "call" and not property_of(report, report_properties.SUITE_ERROR) \
+            else "error"
     elif wasxfail is not None:
         outcome = "not-gated" if property_of(report, report_properties.NOT_GATED) else "known"
     else:
@@ -120,7 +122,7 @@ class SummaryWriter:
         levels: Counter[str] = Counter()
         for r in records:
             for check in r.get("checks", ()):
-                levels[f"{check['level']}:{'passed' if check['passed'] else 'failed'}"] += 1
+                levels[f"{check['level']}:{outcome_of(check)}"] += 1
         missing = [n for n in self.roster.collected if n not in self.records]
         allure_dir = self.config.getoption("allure_report_dir", None)
         allure_results = (len(list(Path(allure_dir).glob("*-result.json")))

@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 import allure
 
+from conformance.judge.verdicts import FAILED, NOT_JUDGED, outcome_of
+
 if TYPE_CHECKING:
     import pytest
 
@@ -286,16 +288,22 @@ def attach_case_evidence(found: CaseEvidence) -> None:
 
 
 def label_levels(checks: Sequence[Mapping[str, Any]]) -> None:
-    """Tag the case with the requirement levels of its checks; ``requirement`` is the worst failed one."""
+    """Tag the case with the requirement levels of its checks; ``requirement`` is the worst failed one.
+
+    A check that was not judged is tagged apart (``<LEVEL> not judged``), never as a judged level.
+    """
     if not _active or not checks:
         return
-    levels = sorted({str(c["level"]) for c in checks})
+    judged = [c for c in checks if outcome_of(c) != NOT_JUDGED]
+    levels = sorted({str(c["level"]) for c in judged})
     for level in levels:
         allure.dynamic.tag(level)
-    failed = [str(c["level"]) for c in checks if not c.get("passed")]
+    for level in sorted({str(c["level"]) for c in checks if outcome_of(c) == NOT_JUDGED}):
+        allure.dynamic.tag(f"{level} {NOT_JUDGED}")
+    failed = [str(c["level"]) for c in judged if outcome_of(c) == FAILED]
     order = ("MUST", "STRUCTURE", "SHOULD")
     worst = min(failed, key=lambda level: order.index(level) if level in order else len(order)) if failed else None
-    allure.dynamic.label("requirement", worst or ("MUST" if "MUST" in levels else levels[0]))
+    allure.dynamic.label("requirement", worst or ("MUST" if "MUST" in levels else levels[0] if levels else NOT_JUDGED))
 
 
 def report_lost_case(results_dir: str, nodeid: str, why: str) -> None:

@@ -93,9 +93,8 @@ class AllureHooks:
             found = evidence.end()
             if found is not None:
                 reporting.attach_case_evidence(found)
-            properties: dict[str, Any] = dict(report.user_properties)
-            reporting.label_levels(properties.get(report_properties.CHECKS) or [])
-            reporting.attach_timings(properties.get(report_properties.TIMINGS))
+            reporting.label_levels(report_properties.property_of(report, report_properties.CHECKS) or [])
+            reporting.attach_timings(report_properties.property_of(report, report_properties.TIMINGS))
         return report
 
     def _observe_device(self) -> None:

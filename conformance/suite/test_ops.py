@@ -39,8 +39,8 @@ from conformance.contract.layouts import OPERAND_SPLITS
 from conformance.contract.problems import Problem, exact_limit_ok
 from conformance.judge import checks, numerics
 from conformance.judge import ops as judge
-from conformance.judge.assembly import assemble
-from conformance.judge.failures import DeterminismViolation, WrongError
+from conformance.judge.assembly import assemble, copies
+from conformance.judge.failures import DeterminismViolation, WrongError, suite_requires
 from conformance.judge.levels import Level
 from conformance.protocol import FUSED_OPS, Declarations
 from golden.catalogue import DTYPES, TP_SIZES
@@ -68,13 +68,15 @@ def _golden_problem(case: Any) -> Problem:
 def _run_checks(coc_ranks: Any, verdicts: Any, declared: Declarations, run: OpRun, *, world: int | None = None,
                 exact: bool = False) -> list[Any]:
     outcomes = coc_ranks.run(op_task, world or run.tp, run=run)
-    judge.skip_if_not_implemented(outcomes)
+    checks.skip_if_not_implemented(judge.call_errors(outcomes))
     with verdicts.check("the op ran on every rank", Level.MUST):
         judge.check_ran(run, outcomes)
     with verdicts.check("results are values", Level.MUST):
         judge.check_contract(run, outcomes, declared.in_place_ops)
     with verdicts.check("numerics" if not exact else "exact layout", Level.MUST):
         judge.check_numerics(run, outcomes, exact=exact)
+    with verdicts.check("replicated results bitwise identical", Level.SHOULD):
+        judge.check_identical_copies(run, outcomes)
     return outcomes
 
 
@@ -125,11 +127,12 @@ def test_uneven_token_counts(coc_ranks: Any, verdicts: Any, coc_declarations: De
     for problem in problems:
         run = OpRun(op, (problem,), tp)
         outcomes = coc_ranks.run(op_task, tp, run=run)
-        judge.skip_if_not_implemented(outcomes)
+        checks.skip_if_not_implemented(judge.call_errors(outcomes))
         errors = [o.calls[0].error for o in outcomes]
         if any(e is not None for e in errors):
             with verdicts.check(f"m={problem.m}: refused clearly", Level.MUST):
-                checks.check_refused_on_every_rank(errors, what=f"{op} m={problem.m}", patterns=[])
+                checks.check_clear_refusal(errors, _issued(outcomes), what=f"{op} m={problem.m}",
+                                           names=_refusal_names(problem.m, tp))
             with verdicts.check(f"m={problem.m}: declared shape error", Level.SHOULD):
                 first = next(e for e in errors if e is not None)
                 checks.check_declared_error(first, coc_declarations.error_type("shape"), kind="shape",
@@ -143,7 +146,19 @@ def test_uneven_token_counts(coc_ranks: Any, verdicts: Any, coc_declarations: De
         bad = Problem(tp * 7 + 1, 64, 48, "float32")
         outcomes = coc_ranks.run(op_task, tp, run=OpRun(op, (bad,), tp))
         with verdicts.check(f"m={bad.m} (not a multiple of tp): refused", Level.MUST):
-            checks.check_refused_on_every_rank([o.calls[0].error for o in outcomes], what=f"{op} m={bad.m}")
+            checks.check_clear_refusal([o.calls[0].error for o in outcomes], _issued(outcomes), what=f"{op} m={bad.m}",
+                                       names=_refusal_names(bad.m, tp))
+
+
+def _issued(outcomes: list[Any]) -> list[list[str]]:
+    """Per rank, the collectives its first call issued (before it raised, when it did)."""
+    return [[c.kind for t in o.calls[0].timelines for c in t.collectives] for o in outcomes]
+
+
+def _refusal_names(m: int, tp: int) -> list[str]:
+    """What a refusal of ``m`` rows may name: the token count, tp, rows, the setting."""
+    return [rf"\b{m}\b", rf"\b{m // tp}\b" if m >= tp else rf"\b{m}\b", r"\bm\b", r"\btp\b", r"\brows?\b",
+            r"tokens?", r"chunk", r"tile|tiling|block"]
 
 
 def _exact_params() -> list[Any]:
@@ -156,7 +171,7 @@ def test_exact_layout(coc_ranks: Any, verdicts: Any, coc_declarations: Declarati
                       op: str, dtype: str, tp: int) -> None:
     """Exact data: rows land where one serial collective puts them, bit for bit, under any tiling."""
     problem = Problem(tp * 24, 64, 32, dtype, seed=3, exact=True)
-    assert exact_limit_ok(problem)
+    suite_requires(exact_limit_ok(problem), f"exact data {problem} exceeds what its dtype holds exactly")
     rows = problem.m // tp if op != "matmul_all_reduce" else problem.m
     tilings: tuple[tuple[int, ...] | None, ...] = (None,)
     if impl_accepts_blocks(op):
@@ -240,7 +255,7 @@ def test_deterministic_is_bitwise_reproducible(coc_ranks: Any, impl_accepts_bloc
     run = OpRun(op, (problem,), tp, deterministic=True, tilings=tilings, runs=3, straggler_s=0.004,
                 serial=False, reference=True)
     outcomes = coc_ranks.run(op_task, tp, run=run)
-    judge.skip_if_not_implemented(outcomes)
+    checks.skip_if_not_implemented(judge.call_errors(outcomes))
     judge.check_ran(run, outcomes)
     for rank, o in enumerate(outcomes):
         name = f"{op} {dtype} rank {rank}"
@@ -278,8 +293,7 @@ def test_w8a16_matches_dequantised_golden(coc_ranks: Any, case_id: str, tp: int)
     g = golden.load(case_id)
     outcomes = coc_ranks.run(quant_task, tp, run=QuantRun(case_id, tp))
     errors = [o.error for o in outcomes]
-    if all(e is not None and e.is_a("builtins.NotImplementedError") for e in errors):
-        pytest.skip(f"not implemented: {errors[0].message}")
+    checks.skip_if_not_implemented(errors)
     raised = [(r, e) for r, e in enumerate(errors) if e is not None]
     if raised:
         raise WrongError(f"rank(s) {[r for r, _ in raised]} raised {raised[0][1].describe()}")
@@ -292,9 +306,10 @@ def test_w8a16_matches_dequantised_golden(coc_ranks: Any, case_id: str, tp: int)
     envelope = (numerics.magnitude(g.inputs["x"], wf) + (abs(g.inputs["bias"]) if "bias" in g.inputs else 0), p["k"])
     split = OPERAND_SPLITS["matmul_all_reduce"]["y"]
     serial_y = assemble([o.serial for o in outcomes], split)
-    out = assemble([o.results[0] for o in outcomes], split, "w8A16 y")
-    # The dequantised weight is rounded to the activation dtype once more.
-    checks.check_close("y", out, g.outputs["y"], serial_y, envelope, g.dtype, roundings=judge.roundings(tp) + 1)
+    for holders, out in copies([o.results[0] for o in outcomes], split):
+        # The dequantised weight is rounded to the activation dtype once more.
+        checks.check_close(", ".join(filter(None, ("y", holders))), out, g.outputs["y"], serial_y, envelope, g.dtype,
+                           roundings=judge.roundings(tp) + 1)
 
 
 #: What each refusal's message must name.
@@ -313,8 +328,7 @@ def test_w8a16_bad_arguments_refused_on_every_rank(coc_ranks: Any, verdicts: Any
     case_id = next(c.id for c in QUANT_CASES if c.params["dtype"] == "float16" and c.params["k"] == 512)
     outcomes = coc_ranks.run(quant_task, tp, run=QuantRun(case_id, tp, change))
     errors = [o.error for o in outcomes]
-    if all(e is not None and e.is_a("builtins.NotImplementedError") for e in errors):
-        pytest.skip(f"not implemented: {errors[0].message}")
+    checks.skip_if_not_implemented(errors)
     with verdicts.check("refused, naming the argument", Level.MUST):
         checks.check_refused_on_every_rank(errors, what=f"w8A16 {change}", patterns=[BAD_QUANT_NAMES[change]])
     if errors[0] is not None:

@@ -5,7 +5,8 @@ by the :mod:`conformance.judge.perf` protocol on an exclusive lease of the node,
 judged on the median paired gain (each serial / CoC pair ran back to back).
 A gate is *enforced* only when the ranks' hardware (device kind, device
 name, backend, TP) matches the case's profile; everywhere else the case still
-runs and reports its figures, passes, and says so: the result carries the
+runs and reports its figures, its check is recorded as *not judged* (never as
+passed), and it says so: the result carries the
 user property ``perf_gate`` and the Allure parameter ``gate`` ("enforced" or
 "reported, not gated") and prints one ``PERF`` line with the reason.
 An enforced miss is measured once more and judged again on the rounds of
@@ -34,6 +35,7 @@ from conformance.contract import perf_items
 from conformance.harness.launchers.devices import detect_device_kind
 from conformance.judge import evidence, hardware, perf
 from conformance.judge.failures import PerfRegression
+from conformance.judge.verdicts import NotJudged
 
 PRESENT = detect_device_kind().name
 
@@ -114,6 +116,9 @@ def test_coc_gain_meets_profile(coc_ranks: Any, case: hardware.PerfCase, record_
         pytest.skip(f"no variant of {sorted(case.gates)} can run: {result['skipped']}")
     measurement, verdicts = _verdicts(result, case, profile)
     text = _report(case, result, measurement, verdicts, record_property, "perf figures")
+    if not any(v.enforced for v in verdicts.values()):
+        reasons = sorted({v.reason.rpartition("; ")[2] for v in verdicts.values()})
+        raise NotJudged(f"{case.name}: gate not enforced on this machine ({'; '.join(reasons)}): figures reported")
     if not any(v.failed for v in verdicts.values()):
         return
     retry = _measure(coc_ranks, case, profile)

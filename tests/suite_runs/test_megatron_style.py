@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from conformance.judge.verdicts import FAILED, NOT_JUDGED, PASSED, outcome_of
 from tests.support import ROOT
 
 IMPL = "tests.support.megatron_style_impl:MegatronStyleCoC"
@@ -24,7 +25,7 @@ MODULES = ("test_config", "test_layers", "test_training")
 
 
 def _failed_checks(case: dict[str, Any]) -> list[dict[str, Any]]:
-    return [c for c in case.get("checks", ()) if not c["passed"]]
+    return [c for c in case.get("checks", ()) if outcome_of(c) == FAILED]
 
 
 def test_megatron_style_is_judged_fairly(run_suite: Callable[..., Any], tmp_path: Path) -> None:
@@ -61,7 +62,10 @@ def test_megatron_style_is_judged_fairly(run_suite: Callable[..., Any], tmp_path
     structure = [(case["id"], c) for case in cases if case["id"].startswith("test_layers.py::")
                  for c in case.get("checks", ()) if c["level"] == "STRUCTURE"]
     assert len(structure) >= 20, f"too few STRUCTURE checks ran: {len(structure)}"
-    assert all(c["passed"] for _, c in structure), [(cid, c["message"]) for cid, c in structure if not c["passed"]]
+    assert all(outcome_of(c) != FAILED for _, c in structure), \
+        [(cid, c["message"]) for cid, c in structure if outcome_of(c) == FAILED]
+    # customized_coc is judged where a phase is chunked (row), not judged where none is (column: overlaps:weight_grad).
     honoured = [c for case in cases if case["id"].startswith("test_layers.py::test_customized_coc_is_honoured")
-                for c in case.get("checks", ())]
-    assert honoured and all(c["passed"] for c in honoured), honoured
+                for c in case.get("checks", ()) if c["name"].startswith("customized_coc")]
+    outcomes = {outcome_of(c) for c in honoured}
+    assert outcomes == {PASSED, NOT_JUDGED}, honoured

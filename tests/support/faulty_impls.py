@@ -9,12 +9,14 @@ are at the end.
 
 from __future__ import annotations
 
+import inspect
 import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from coc_impl.config import CoCConfig, resolve_config
 from coc_impl.reference import ReferenceCoC
+from conformance.protocol import PHASE_COLLECTIVES
 
 
 class EnvBeatsCommandLine(ReferenceCoC):
@@ -52,6 +54,15 @@ class UntypedErrors(ReferenceCoC):
         return super().configure(argv, env, **kw)
 
 
+class AcceptsMoE(ReferenceCoC):
+    """Accepts CoC with MoE (``num_experts``): allowed when its results are right, against the documented refusal."""
+
+    name = "fault-accepts-moe"
+
+    def configure(self, argv: Sequence[str] | None, env: Mapping[str, str] | None, **kw: Any) -> CoCConfig:
+        return super().configure(argv, env, **{**kw, "num_experts": None})
+
+
 class AcceptsAnyChunkCount(ReferenceCoC):
     """Lets an unsupported chunk count through."""
 
@@ -60,6 +71,16 @@ class AcceptsAnyChunkCount(ReferenceCoC):
     def configure(self, argv: Sequence[str] | None, env: Mapping[str, str] | None, **kw: Any) -> CoCConfig:
         argv = [a if a not in ("3", "16", "many") else "2" for a in (argv or [])]
         env = {k: ("2" if k == "COC_PARALLEL_NUM" else v) for k, v in (env or {}).items()}
+        return super().configure(argv, env, **kw)
+
+
+class AcceptsEverything(AcceptsAnyChunkCount):
+    """Refuses no incompatible setting (MC2, MoE, 2-D TP, Transformer Engine) and no chunk count."""
+
+    name = "fault-accepts-everything"
+
+    def configure(self, argv: Sequence[str] | None, env: Mapping[str, str] | None, **kw: Any) -> CoCConfig:
+        kw.update(use_ascend_mc2=False, num_experts=None, tp_2d=False, transformer_impl="local")
         return super().configure(argv, env, **kw)
 
 
@@ -668,6 +689,63 @@ class RaggedTilingOffset(ReferenceCoC):
             last = blocks[-1]
             out[-last - 1:-1] = out[-last:].clone()
         return out
+
+
+class WritesIntoItsInput(_PatchedPipeline):
+    """The layers' backward reuses the saved input as scratch once the weight gradient is taken: the input changes."""
+
+    name = "fault-writes-into-input"
+    target = "_weight_grad"
+
+    def wrap(self, original: Any) -> Any:
+        def weight_grad(weight: Any, grad_output: Any, total_input: Any, fusion: bool) -> Any:
+            result = original(weight, grad_output, total_input, fusion)
+            total_input.detach().mul_(0.5)  # every number already computed is right
+            return result
+
+        return weight_grad
+
+
+class ReplicasRoundDifferently(ReferenceCoC):
+    """matmul_all_reduce: odd ranks round their copy of the result one unit in the last place up.
+
+    Every copy is within the error bound (MUST holds); the copies are not
+    bitwise identical (SHOULD fails).
+    """
+
+    name = "fault-replicas-round-differently"
+
+    def matmul_all_reduce(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
+        import torch
+        import torch.distributed as dist
+
+        out = super().matmul_all_reduce(x, w, bias, **kw)
+        if kw.get("deterministic") or dist.get_rank(kw["group"]) % 2 == 0:
+            return out
+        return torch.nextafter(out, torch.full_like(out, float("inf")))
+
+
+class OpUnevenTypeError(ReferenceCoC):
+    """matmul_all_reduce on an odd token count: a collective, then a TypeError of its own bug -- no refusal."""
+
+    name = "fault-op-uneven-type-error"
+
+    def matmul_all_reduce(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
+        import torch
+        import torch.distributed as dist
+
+        if x.shape[0] % 2 == 0:
+            return super().matmul_all_reduce(x, w, bias, **kw)
+        dist.all_reduce(torch.zeros(1), group=kw["group"])
+        offset: Any = None
+        return x[: x.shape[0] + offset]  # TypeError: unsupported operand type(s)
+
+
+class DeclaresNoOverlap(ReferenceCoC):
+    """Declares every layer phase not overlapped (``none``): its overlap structure has nothing to be judged on."""
+
+    name = "fault-declares-no-overlap"
+    overlap = {key: "none" for key in PHASE_COLLECTIVES}
 
 
 # --- bad input: results that are not results, resources left behind ------------------------------

@@ -91,12 +91,97 @@ def test_matrix_counts_checks_by_area_and_level() -> None:
                                                        {"level": "SHOULD", "passed": False}]},
         {"area": "layers", "outcome": "failed", "checks": []},
         {"area": "layers", "outcome": "failed", "checks": [{"level": "STRUCTURE", "passed": False}]},
+        {"area": "layers", "outcome": "error", "failure": {"category": "suite error"}},
     ]
     counts = matrix.tally(cases)
     assert counts[("ops", "MUST", "pass")] == 2 and counts[("ops", "SHOULD", "known")] == 1
     assert counts[("layers", "MUST", "fail")] == 1 and counts[("layers", "STRUCTURE", "fail")] == 1
     table = matrix.markdown({"reference": cases})
-    assert "| reference | 2 / 0 / 0 | 0 / 1 / 0 |" in table
+    assert "| reference | 2 / 0 / 0 / 0 | 0 / 1 / 0 / 0 |" in table
+
+
+def test_matrix_shows_not_judged_apart_from_passed() -> None:
+    cases = [{"area": "layers", "outcome": "passed", "checks": [
+        {"level": "STRUCTURE", "passed": False, "outcome": "not judged"},
+        {"level": "STRUCTURE", "passed": True, "outcome": "passed"}]}]
+    counts = matrix.tally(cases)
+    assert counts[("layers", "STRUCTURE", "pass")] == 1 and counts[("layers", "STRUCTURE", "not judged")] == 1
+    assert "| reference | 1 / 0 / 0 / 1 |" in matrix.markdown({"reference": cases})
+
+
+def test_gate_reads_unexpected_passes_and_every_hang_class_from_the_summary(tmp_path: Path) -> None:
+    passed = _numeric("passed")
+    unexpected = {**passed, "outcome": "failed", "failure": {
+        "category": "unexpected pass", "type": "UnexpectedPass", "message": "unexpected pass: ..."}}
+    storm = {**passed, "id": passed["id"] + "-storm", "outcome": "failed", "failure": {
+        "category": "hang", "type": "StormBroken", "message": "StormBroken: not run"}}
+    path = tmp_path / "cur.json"
+    path.write_text(json.dumps({"cases": [unexpected, storm], "missing": ["suite/test_ops.py::test_lost[x]"]}))
+    result = gate.diff_runs(gate.load_run(_summary(tmp_path, "base", [passed])), gate.load_run(path))
+    assert [c["id"] for c in result.unexpected_passes] == [passed["id"]]
+    assert sorted(c["id"] for c in result.hangs) == sorted([storm["id"], "test_ops.py::test_lost[x]"])
+    assert result.red and not result.new_failures
+
+
+@pytest.mark.parametrize("message, kind", [
+    ("StormBroken: not run: 3 hangs in a row", "hangs"), ("WorkerLost: no result", "hangs"),
+    ("CaseTimeout: did not finish", "hangs"), ("RankCrashed: rank 1 died", "hangs"),
+    ("unexpected pass: test_x was expected to fail", "unexpected_passes")])
+def test_gate_reads_hangs_and_unexpected_passes_from_allure(tmp_path: Path, message: str, kind: str) -> None:
+    allure = tmp_path / "allure"
+    allure.mkdir()
+    (allure / "a-result.json").write_text(json.dumps({"fullName": "suite.test_x", "status": "failed",
+                                                      "statusDetails": {"message": message}}))
+    result = gate.diff_runs(gate.Run("b", "?", {}), gate.load_run(allure))
+    assert len(getattr(result, kind)) == 1 and not result.new_failures
+
+
+def _check(name: str, level: str, passed: bool) -> dict[str, Any]:
+    return {"name": name, "level": level, "passed": passed, "outcome": "passed" if passed else "failed"}
+
+
+def test_a_known_check_failure_never_hides_another_checks_failure() -> None:
+    known = expectations.Expectations.parse({"expect": [
+        {"pattern": "test_x.py::*", "check": "declared error type", "outcome": "fail", "reason": "untyped"}]})
+    entries = known.matching("test_x.py::test_a[p]")
+    alone = expectations.judge_checks(entries, [_check("declared error type", "SHOULD", False),
+                                                _check("numerics", "MUST", True)], hung=False)
+    assert [c["name"] for c, _ in alone.known] == ["declared error type"] and not alone.new
+    both = expectations.judge_checks(entries, [_check("declared error type", "SHOULD", False),
+                                               _check("numerics", "MUST", False)], hung=False)
+    assert [c["name"] for c in both.new] == ["numerics"]
+    fixed = expectations.judge_checks(entries, [_check("declared error type", "SHOULD", True)], hung=False)
+    assert [c["name"] for c, _ in fixed.unexpected_passes] == ["declared error type"]
+    assert known.match("test_x.py::test_a[p]") is None  # no whole-case entry
+
+
+def test_expectations_writer_writes_one_entry_per_failed_check_and_round_trips(tmp_path: Path) -> None:
+    case = {"id": "test_ops.py::test_a[m-1]", "outcome": "failed", "failure": {"category": "numeric mismatch"},
+            "checks": [_check("m=7: numerics", "MUST", False), _check("results are values", "MUST", True),
+                       _check("m=1 [x]: declared shape error", "SHOULD", False)]}
+    written = expectations.from_summary([case])
+    assert [(e.check, e.level) for e in written.entries] == [("m=7: numerics", "MUST"),
+                                                            ("m=1 [[]x]: declared shape error", "SHOULD")]
+    path = tmp_path / "e.toml"
+    path.write_text(written.dumps())
+    again = expectations.Expectations.load(path)
+    assert again.entries == written.entries
+    assert all(e.covers(c) for e, c in zip(again.entries, (case["checks"][0], case["checks"][2]), strict=True))
+    assert expectations.from_summary([case], again).entries == written.entries
+    fixed = {**case, "outcome": "passed", "checks": [_check(c["name"], c["level"], True) for c in case["checks"]]}
+    assert expectations.from_summary([fixed], again).entries == ()
+
+
+def test_whole_case_entries_still_cover_a_whole_case_and_skip_is_whole_case_only() -> None:
+    known = expectations.Expectations.parse({"expect": [
+        {"pattern": "test_x.py::*", "outcome": "fail", "reason": "broken"}]})
+    assert known.match("test_x.py::test_a").whole_case
+    with pytest.raises(expectations.ExpectationsError, match="whole cases"):
+        expectations.Expectations.parse({"expect": [
+            {"pattern": "x", "check": "numerics", "outcome": "skip", "reason": "r"}]})
+    with pytest.raises(expectations.ExpectationsError, match="level must be one of"):
+        expectations.Expectations.parse({"expect": [{"pattern": "x", "level": "MAY", "outcome": "fail",
+                                                     "reason": "r"}]})
 
 
 TEMPLATES = ROOT / "ci-templates"

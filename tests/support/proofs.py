@@ -1,0 +1,223 @@
+"""The proof table: every named check of the suite, and the fault of ``tests/support/faulty_impls.py`` that proves it.
+
+A check is proven when a fault makes it come out as a row of :data:`FAULT_TABLE`
+says (``tests/suite_runs/test_suite_bites.py`` runs each row).  Every named
+check of the suite -- each ``verdicts.check`` name, and each test that judges
+without one -- has a row, or an entry in :data:`UNPROVEN` saying why not
+(``tests/unit/test_proofs.py`` holds the suite to that).
+
+``python -m tests.support.proofs`` prints the check -> fault table.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.support import ROOT
+
+SUITE = ROOT / "conformance" / "suite"
+
+MUST, SHOULD, STRUCTURE = "MUST", "SHOULD", "STRUCTURE"
+NUMERIC, CONTRACT, ERROR, OVERLAP = "numeric mismatch", "result contract", "missing or wrong error", "overlap structure"
+EVERY_RANK = "test_config_error_on_every_rank_before_any_collective"
+NUMERICS = "numerics"
+TRAINING = "numerics of every step, micro-batch and replica"
+VALUES = "results are values"
+
+
+@dataclass(frozen=True)
+class Proof:
+    """One fault and the check that must catch it."""
+
+    module: str
+    fault: str
+    select: str  #: -k selection of the checks expected to catch it
+    check: str  #: the check's name (a regex matched in full)
+    level: str
+    category: str = ""  #: the failure's category (a regex matched in full); "" for a check not judged
+    outcome: str = "failed"  #: or "not judged"
+    must_hold: bool = False  #: no MUST check may fail (the fault is allowed of a correct implementation)
+
+    @property
+    def id(self) -> str:
+        return f"{self.module}-{self.fault}"
+
+
+FAULT_TABLE = [
+    # configuration
+    Proof("test_config", "EnvBeatsCommandLine", "effective_config and cli-over-env", "effective settings", SHOULD,
+          "failure"),
+    Proof("test_config", "SilentOverrides", "effective_config and (cli-over-env or fused-over-num or without-enable)",
+          "one warning per overridden or ineffective setting", SHOULD, "failure"),
+    Proof("test_config", "UntypedErrors", "refused_naming and mc2", "declared error type", SHOULD, ERROR),
+    Proof("test_config", "AcceptsMoE", "refused_naming and moe", "refused, naming the setting", SHOULD, ERROR,
+          must_hold=True),
+    Proof("test_config", "AcceptsEverything", "each_cause", "test_each_cause_has_its_own_error_type", SHOULD,
+          outcome="not judged"),
+    Proof("test_config", "AcceptsAnyChunkCount", "refused_naming and chunks", "refused, naming the setting", MUST,
+          ERROR),
+    Proof("test_config", "ChecksOnRankZeroOnly", "every_rank and mc2", EVERY_RANK, MUST, f"{ERROR}|CaseTimeout"),
+    Proof("test_config", "AgreesBeforeValidating", "every_rank and mc2", EVERY_RANK, MUST, ERROR),
+    Proof("test_config", "ConfigureHangsOnOneRank", "every_rank and mc2-2", EVERY_RANK, MUST, "CaseTimeout"),
+    Proof("test_config", "ConfigureRaisesOnOneRank", "every_rank and mc2", EVERY_RANK, MUST, ERROR),
+    # fused ops
+    Proof("test_ops", "ArrivalOrderReduction", "deterministic and matmul_all_reduce and float32 and tp4",
+          "test_deterministic_is_bitwise_reproducible", MUST, "determinism violation"),
+    Proof("test_ops", "V2GatheredWrongOrder", "op_matches_golden and v2 and tp2", NUMERICS, MUST, NUMERIC),
+    Proof("test_ops", "AntiquantOffsetIgnored", "w8a16_matches and offset and not nooffset and tp2",
+          "test_w8a16_matches_dequantised_golden", MUST, NUMERIC),
+    Proof("test_ops", "PerGroupAsPerChannel", "w8a16_matches and per_group and float16 and tp2",
+          "test_w8a16_matches_dequantised_golden", MUST, NUMERIC),
+    # Only all-gather ops see the whole (square) weight; other ops get a k-shard.
+    Proof("test_ops", "SquareWeightTransposed",
+          "op_matches_golden and all_gather_matmul and m64k64n64 and not wT and not v2", NUMERICS, MUST, NUMERIC),
+    Proof("test_ops", "ReduceScatterNeighbourShard", "op_matches_golden and matmul_reduce_scatter and tp2", NUMERICS,
+          MUST, NUMERIC),
+    Proof("test_ops", "OpUnevenGarbageRows", "uneven_token_counts and matmul_all_reduce and tp2", r"m=\d+: numerics",
+          MUST, NUMERIC),
+    Proof("test_ops", "OpUnevenTypeError", "uneven_token_counts and matmul_all_reduce and tp2",
+          r"m=\d+: refused clearly", MUST, ERROR),
+    Proof("test_ops", "RaggedTilingOffset", "exact_layout and matmul_reduce_scatter and tp2", "exact layout", MUST,
+          NUMERIC),
+    Proof("test_ops", "WrongGroupOps", "tp_subgroup and matmul_all_reduce and world4", NUMERICS, MUST, NUMERIC),
+    Proof("test_ops", "CachedOutputBuffer", "results_are_values and tp2 and not v2", VALUES, MUST, CONTRACT),
+    Proof("test_ops", "MutatesInput", "results_are_values and matmul_all_reduce and tp2", VALUES, MUST, CONTRACT),
+    Proof("test_ops", "ReturnsBeforeWaiting", "stragglers and matmul_all_reduce", VALUES, MUST, CONTRACT),
+    Proof("test_ops", "LeaksProcessGroups", "results_are_values and matmul_all_reduce and tp2", VALUES, MUST,
+          CONTRACT),
+    Proof("test_ops", "ReturnsNone", "op_matches_golden and matmul_all_reduce and tp2 and not wT", VALUES, MUST,
+          CONTRACT),
+    Proof("test_ops", "ReturnsList", "op_matches_golden and matmul_all_reduce and tp2 and not wT", VALUES, MUST,
+          CONTRACT),
+    Proof("test_ops", "ReturnsWrongShape", "op_matches_golden and matmul_all_reduce and tp2 and not wT", VALUES,
+          MUST, CONTRACT),
+    Proof("test_ops", "ReturnsWrongDtype", "op_matches_golden and matmul_all_reduce and tp2 and not wT", VALUES,
+          MUST, CONTRACT),
+    Proof("test_ops", "ReturnsOnAnotherDevice", "op_matches_golden and matmul_all_reduce and tp2 and not wT", VALUES,
+          MUST, CONTRACT),
+    Proof("test_ops", "ReplicasRoundDifferently", "op_matches_golden and matmul_all_reduce and float32 and tp2 "
+          "and not wT", "replicated results bitwise identical", SHOULD, NUMERIC, must_hold=True),
+    # layers
+    Proof("test_layers", "DropsLastChunk", "layer_matches_golden and row-nosp and float32 and tp2-p2", NUMERICS, MUST,
+          NUMERIC),
+    Proof("test_layers", "DuplicatesFirstChunk", "layer_matches_golden and row-nosp and float32 and tp2-p4", NUMERICS,
+          MUST, NUMERIC),
+    Proof("test_layers", "GathersChunksInWrongOrder", "layer_matches_golden and column-sp and float32 and tp2-p2",
+          NUMERICS, MUST, NUMERIC),
+    Proof("test_layers", "BiasOnEveryRank", "layer_matches_golden and row-nosp and float32-bias and tp2-p2", NUMERICS,
+          MUST, NUMERIC),
+    Proof("test_layers", "IgnoresCustomizedCoC", "customized_coc", "customized_coc honoured in every phase", SHOULD,
+          OVERLAP),
+    Proof("test_layers", "PatchNotApplied", "layer_matches_golden and column-nosp and float32 and tp2-p2",
+          "overlap structure", STRUCTURE, OVERLAP),
+    Proof("test_layers", "StaleSavedGather", "saved_all_gather and column and tp2", NUMERICS, MUST, NUMERIC),
+    Proof("test_layers", "UnevenTokensGarbageRows", "uneven_token_counts and row-nosp and tp2", r".*: numerics", MUST,
+          NUMERIC),
+    Proof("test_layers", "FusedRowSilentlySerial", "fused_kernel_layers_overlap and row-nosp",
+          "the fused path overlaps", STRUCTURE, OVERLAP),
+    Proof("test_layers", "AsyncFlagButBlocking", "layer_matches_golden and row-nosp and float32 and tp2-p2",
+          "overlap structure", STRUCTURE, OVERLAP),
+    Proof("test_layers", "MlpSpBackwardGatherSerial", "layer_matches_golden and mlp-sp and float32 and tp2-p2",
+          "overlap structure", STRUCTURE, OVERLAP),
+    Proof("test_layers", "WritesIntoItsInput", "layer_matches_golden and row-nosp and float32 and tp2-p2", VALUES,
+          MUST, CONTRACT),
+    Proof("test_layers", "DeclaresNoOverlap", "layer_matches_golden and row-nosp and float32 and tp2-p2",
+          "overlap structure", STRUCTURE, outcome="not judged"),
+    # training steps
+    Proof("test_training", "WrongGroupLayers", "layers_on_tp_subgroup and row-nosp and world4", TRAINING, MUST,
+          NUMERIC),
+    Proof("test_training", "StaleWeightCache", "training_steps and row-nosp and tp2", TRAINING, MUST, NUMERIC),
+    Proof("test_training", "ReusedOutputWorkspace", "training_steps and row-nosp and tp2", VALUES, MUST, CONTRACT),
+    Proof("test_training", "LostGradAccumulation", "gradient_accumulation_fusion and column-nosp and tp2", TRAINING,
+          MUST, NUMERIC),
+    Proof("test_training", "GradInBothPlaces", "gradient_accumulation_fusion and row-nosp and tp2",
+          "gradient lands in main_grad once", MUST, NUMERIC),
+]
+
+
+#: (suite module, check name template) -> why no fault proves it.  ``{}`` stands for a formatted value.
+UNPROVEN: dict[tuple[str, str], str] = {
+    ("test_config", "test_user_cfgs_defaults"): "SHOULD of documented defaults: a fault would only restate them",
+    ("test_config", "test_incompatibilities_only_apply_when_enabled"):
+        "needs a fault refusing MC2 while CoC is off; not written yet",
+    ("test_config", "a clear refusal, or correct results"):
+        "AcceptsMoE proves the refusal SHOULD with this MUST left unfailed; a clear refusal is proven by the "
+        "other refusal rows",
+    ("test_layers", "replicated results bitwise identical"):
+        "proven on the op path (ReplicasRoundDifferently); the layer copies come from the same assembly check",
+    ("test_layers", "recompute_all_gather=False honoured"):
+        "needs a fault re-gathering in the backward; not written yet",
+    ("test_layers", "{}: refused clearly on every rank"):
+        "the clear-refusal rule is proven on the op path (OpUnevenTypeError); the layer path shares it",
+    ("test_layers", "{}: declared shape error"): "UntypedErrors proves the declared-error rule on configure",
+    ("test_layers", "{}: the refusal names m and p"): "needs a fault refusing without naming m or p; not written yet",
+    ("test_layers", "{}: one fallback warning per layer"): "needs a fault that falls back silently; not written yet",
+    ("test_layers", "test_layer_is_deterministic"): "ArrivalOrderReduction proves determinism on the op path",
+    ("test_layers", "test_fused_kernel_layers_match_golden"):
+        "the fused layers' numbers are judged by the same check as the scripted ones (DropsLastChunk ...)",
+    ("test_layers", "test_auto_chunk_count_matches_golden"): "the same numeric check as the golden layer cases",
+    ("test_ops", "the op ran on every rank"): "needs a fault raising on one rank mid-call; not written yet",
+    ("test_ops", "m={}: results are values"): "the result contract is proven on golden calls (ReturnsWrongShape ...)",
+    ("test_ops", "m={} (not a multiple of tp): refused"): "needs a fault that scatters m % tp rows; not written yet",
+    ("test_ops", "m={}: declared shape error"): "UntypedErrors proves the declared-error rule on configure",
+    ("test_ops", "refused, naming the argument"): "needs a w8A16 fault accepting a bad scale; not written yet",
+    ("test_ops", "declared error type"): "UntypedErrors proves the declared-error rule on configure",
+    ("test_training", "replicated results bitwise identical"):
+        "proven on the op path (ReplicasRoundDifferently); the layer copies come from the same assembly check",
+    ("test_training", "fusion honoured: gradient accumulated into main_grad"):
+        "needs a fault returning a full .grad under fusion; not written yet",
+    ("test_perf", "test_coc_gain_meets_profile"):
+        "timing: no fault misses a gate reliably on a shared CPU; where a gate is not enforced it is not judged",
+}
+
+
+def _templates(node: ast.expr) -> list[str]:
+    """A check name as written: a string, an f-string (fields as ``{}``), or either side of ``a if c else b``."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return [node.value]
+    if isinstance(node, ast.JoinedStr):
+        return ["".join(v.value if isinstance(v, ast.Constant) else "{}" for v in node.values)]
+    if isinstance(node, ast.IfExp):
+        return _templates(node.body) + _templates(node.orelse)
+    return []
+
+
+def suite_checks(suite: Path = SUITE) -> Iterator[tuple[str, str]]:
+    """``(module, name template)`` of every named check of the suite, in file order."""
+    for path in sorted(suite.glob("test_*.py")):
+        seen: set[str] = set()
+        for fn in ast.parse(path.read_text()).body:
+            if not isinstance(fn, ast.FunctionDef):
+                continue
+            names = [name for call in ast.walk(fn) if isinstance(call, ast.Call)
+                     and isinstance(call.func, ast.Attribute) and call.func.attr in ("check", "not_judged")
+                     and isinstance(call.func.value, ast.Name) and call.func.value.id == "verdicts"
+                     for name in _templates(call.args[0])]
+            if fn.name.startswith("test_") and "verdicts" not in {a.arg for a in fn.args.args}:
+                names.append(fn.name)
+            for name in names:
+                if name not in seen:
+                    seen.add(name)
+                    yield path.stem, name
+
+
+def proofs_of(module: str, template: str) -> list[Proof]:
+    """The rows proving a check (its ``{}`` fields read as a number)."""
+    sample = template.replace("{}", "1")
+    return [p for p in FAULT_TABLE if p.module == module and re.fullmatch(p.check, sample)]
+
+
+def main() -> int:
+    for module, name in suite_checks():
+        proofs = proofs_of(module, name)
+        proven = ", ".join(f"{p.fault} ({p.level} {p.outcome})" for p in proofs)
+        print(f"{module:<14} {name:<55} {proven or 'UNPROVEN: ' + UNPROVEN.get((module, name), '(no reason)')}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
