@@ -469,7 +469,6 @@ class MlpSpBackwardGatherSerial(ReferenceCoC):
     name = "fault-mlp-sp-backward-serial"
 
     def patch_megatron(self, config: CoCConfig) -> Any:
-        import inspect
         from contextlib import ExitStack
         from unittest import mock
 
