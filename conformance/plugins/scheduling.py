@@ -14,6 +14,7 @@ with small ones across workers.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -38,6 +39,14 @@ def builds_megatron_state(item: pytest.Item) -> bool:
     return any("patch_megatron" in mark.args for mark in item.iter_markers("coc_requires"))
 
 
+def in_suite(item: pytest.Item) -> bool:
+    """Whether the case is one of the suite's, by its file (node ids of an installed suite are
+    relative to its own directory, so they name no ``suite/``)."""
+    import conformance.suite
+
+    return Path(item.path).resolve().parent == Path(conformance.suite.__file__).resolve().parent
+
+
 def world_size(item: pytest.Item) -> int:
     """Ranks the case needs at once (0: none)."""
     return max(sizes(item), default=0)
@@ -55,7 +64,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     from conformance.suite.smoke import in_smoke
 
     for item in items:
-        if in_smoke(case_id(item.nodeid)) and "/suite/" in f"/{item.nodeid}".replace("\\", "/"):
+        if in_suite(item) and in_smoke(case_id(item.nodeid)):
             item.add_marker(pytest.mark.smoke)
     raw = config.getoption("--coc-tp")
     chosen = {int(v) for v in raw.split(",") if v.strip()} if raw else None
