@@ -26,12 +26,12 @@ else:  # pragma: no cover - Python 3.10
 
 yaml = pytest.importorskip("yaml")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = next(p for p in Path(__file__).resolve().parents if (p / "pyproject.toml").is_file())
 TEMPLATES = sorted((ROOT / "ci-templates").glob("*.yml"))
 GITLAB_KEYWORDS = {"variables", "stages", "default", "include", "workflow", "image", "services",
                    "cache", "before_script", "after_script"}
 GITLAB_SCRIPTS = ("before_script", "script", "after_script")
-#: What every template must run: the smoke tier, the full suite, and the NPU node's job.
+#: How the NPU node job runs pytest (its other two jobs: the smoke tier and the full suite on a CPU runner).
 NPU_OPTIONS = {"-n": "8", "--coc-backend": "hccl"}
 
 
