@@ -1,7 +1,7 @@
 """Route megatron-core's TP linear layers through CoC, reversibly.
 
 :func:`patch_megatron` replaces ``forward`` of megatron's
-``ColumnParallelLinear`` and ``RowParallelLinear`` (megatron-core 0.7 to 0.16) for
+``ColumnParallelLinear`` and ``RowParallelLinear`` (megatron-core 0.7 to 0.19) for
 the duration of a ``with`` block and restores the originals on exit, also
 when the block raises.  The replacements keep megatron's signatures
 (``functools.wraps``) and its conventions: ``(output, output_bias)`` with
@@ -13,7 +13,8 @@ once, in :func:`backend_for`.
 Calls CoC does not cover fall through to megatron's own ``forward``: TP size
 1, MoE expert layers (``explicit_expert_comm``), a column layer without a
 backward reduction (``disable_grad_reduce`` without SP), deferred embedding
-weight-gradients and CPU activation offloading.
+weight-gradients, CPU activation offloading, and weights sharded beyond TP
+(0.19's weight rematerialisation, which megatron gathers in its own forward).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from coc_shared.megatron_harness import (
     gather_from_tensor_model_parallel_region,
     layer_tp_group,
     scatter_to_tensor_model_parallel_region,
+    weight_sharded_beyond_tp,
 )
 
 FUSED_MODULE = "coc_impl.fused"
@@ -103,6 +105,7 @@ def _column_uses_coc(layer: ColumnParallelLinear) -> bool:
         and not layer.explicit_expert_comm
         and not layer.config.defer_embedding_wgrad_compute
         and layer.config._cpu_offloading_context is None
+        and not weight_sharded_beyond_tp(layer)
     )
 
 
@@ -111,6 +114,7 @@ def _row_uses_coc(layer: RowParallelLinear) -> bool:
         layer_tp_group(layer).size() > 1
         and not layer.explicit_expert_comm
         and layer.config._cpu_offloading_context is None
+        and not weight_sharded_beyond_tp(layer)
     )
 
 

@@ -1,6 +1,6 @@
 """The one place that talks to megatron-core: CPU redirection, groups, layers, release differences.
 
-Supported: every minor release from 0.7 to 0.16 (:mod:`coc_shared.megatron_range`
+Supported: every minor release from 0.7 to 0.19 (:mod:`coc_shared.megatron_range`
 holds the range).  The releases differ in ways this module hides, each detected
 once at import from signatures and attributes, never from version strings:
 
@@ -18,6 +18,16 @@ layers' ``tp_group=`` and ``layer.tp_group``   0.13        passed where accepted
 ``ColumnParallelLinear.forward(                0.10        :data:`COLUMN_HAS_RUNTIME_GATHER_OUTPUT`
 runtime_gather_output=)``
 ``pkg_resources`` imported by megatron         0.7-0.8     the environment installs setuptools < 70
+``initialize_model_parallel(rank_offset=,      0.17        not passed: one node, the whole world
+local_world_size=)``
+``initialize_model_parallel`` drops           0.18        never passed
+``create_all_gather_group=``
+``triton`` imported by ``megatron.core``,      0.18        the environment installs triton;
+not declared                                               :mod:`coc_shared.megatron_range` stops without it
+``RowParallelLinear.forward`` skips its        0.18        CoC covers TP > 1 only (the patch leaves TP 1
+all-reduce at TP 1                                         to megatron on every release)
+layers' ``gtp_remat_size``: weights sharded    0.19        :func:`weight_sharded_beyond_tp`; the patch
+beyond TP, all-gathered in megatron's forward              leaves such layers to megatron
 =============================================  ==========  ==========================================
 
 What breaks when these tensor-parallel layers run on a CPU-only torch with
@@ -102,6 +112,15 @@ def scatter_to_tensor_model_parallel_region(input_: torch.Tensor,
     return _mappings.scatter_to_tensor_model_parallel_region(input_)
 
 
+def weight_sharded_beyond_tp(layer: Any) -> bool:
+    """Whether ``layer.weight`` is only a part of this rank's TP shard (0.19's ``gtp_remat_size``).
+
+    Megatron all-gathers such a weight inside its own forward and backward;
+    CoC needs the whole TP shard, so these layers stay megatron's.
+    """
+    return int(getattr(layer, "gtp_remat_size", 1)) > 1
+
+
 def layer_tp_group(layer: Any) -> dist.ProcessGroup:
     """A layer's TP group: ``layer.tp_group`` where set (0.13+, or :func:`build_column`), else megatron's."""
     group = getattr(layer, "tp_group", None)
@@ -123,6 +142,7 @@ __all__ = [
     "release_model_parallel",
     "parallel_config",
     "scatter_to_tensor_model_parallel_region",
+    "weight_sharded_beyond_tp",
 ]
 
 ParallelLinear: TypeAlias = ColumnParallelLinear | RowParallelLinear

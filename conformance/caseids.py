@@ -9,10 +9,21 @@ from a checkout or from an installed package (``--pyargs``).  Patterns use
 from __future__ import annotations
 
 import fnmatch
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import pytest
+
+
+#: The suite's own test modules live here, in a checkout and in an installed package alike.
+SUITE_DIR = Path(__file__).resolve().parent / "suite"
+
+
+def in_suite(path: Path | str) -> bool:
+    """Whether a test file is one of the suite's (by its place: an installed suite's node ids
+    are relative to its own directory, so they name no ``suite/``)."""
+    return Path(path).resolve().parent == SUITE_DIR
 
 
 def case_id(nodeid: str) -> str:

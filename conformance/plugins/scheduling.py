@@ -52,11 +52,11 @@ def order(item: pytest.Item) -> tuple[bool, int, int]:
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark the smoke tier; deselect what ``--coc-tp`` leaves out or torchrun cannot host; order the rest."""
-    from conformance.caseids import case_id
+    from conformance.caseids import case_id, in_suite
     from conformance.tiers import in_smoke
 
     for item in items:
-        if in_smoke(case_id(item.nodeid)) and "/suite/" in f"/{item.nodeid}".replace("\\", "/"):
+        if in_suite(item.path) and in_smoke(case_id(item.nodeid)):
             item.add_marker(pytest.mark.smoke)
     chosen = config.getoption(options.TP)
     limit = int(os.environ.get("WORLD_SIZE", "1")) if config.getoption(options.LAUNCHER) == "torchrun" else None

@@ -26,7 +26,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def _check_collection(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Fail the session when a case on ranks escapes the storm breaker, or a combination is uncovered."""
-    from conformance.caseids import capability
+    from conformance.caseids import capability, in_suite
     from conformance.suite.coverage import holes
 
     unbroken = sorted({item.nodeid.split("[")[0] for item in items
@@ -39,7 +39,7 @@ def _check_collection(config: pytest.Config, items: list[pytest.Item]) -> None:
     if narrowed:
         return
     cases = [(getattr(item, "originalname", item.name), getattr(getattr(item, "callspec", None), "params", {}))
-             for item in items if "/suite/" in f"/{item.nodeid}"]
+             for item in items if in_suite(item.path)]
     found = holes(cases)
     if found:
         lines = [f"{requirement}: {missing[:6]}{' ...' if len(missing) > 6 else ''}"

@@ -1,4 +1,4 @@
-"""CI gating in process: baseline comparison, the gate command, expectations files, the matrix, CI templates."""
+"""CI gating in process: baseline comparison, the gate command, expectations files, the matrix."""
 
 from __future__ import annotations
 
@@ -182,17 +182,3 @@ def test_whole_case_entries_still_cover_a_whole_case_and_skip_is_whole_case_only
     with pytest.raises(expectations.ExpectationsError, match="level must be one of"):
         expectations.Expectations.parse({"expect": [{"pattern": "x", "level": "MAY", "outcome": "fail",
                                                      "reason": "r"}]})
-
-
-TEMPLATES = ROOT / "ci-templates"
-
-
-@pytest.mark.parametrize("name", ["github-actions.yml", "gitlab-ci.yml"])
-def test_ci_templates_parse_and_gate(name: str) -> None:
-    yaml = pytest.importorskip("yaml")
-    text = (TEMPLATES / name).read_text()
-    doc = yaml.safe_load(text)
-    assert isinstance(doc, dict) and doc
-    for step in ("-m smoke", "--coc-expectations", "--coc-summary", "--junitxml", "coc-gate",
-                 "--baseline", "--current"):
-        assert step in text, f"{name} lacks {step!r}"

@@ -328,3 +328,22 @@ def test_incomplete_fused_backend_is_unavailable(monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "coc_impl.fused", types.ModuleType("coc_impl.fused"))
     with pytest.raises(CoCBackendUnavailable, match="column_forward, row_forward"):
         backend_for(CoCConfig(enabled=True, fused_kernel=True))
+
+
+def _layer_stub(**attrs):
+    """The attributes the patch reads to decide whether CoC covers a layer (a TP 2 layer CoC covers)."""
+    config = types.SimpleNamespace(defer_embedding_wgrad_compute=False, _cpu_offloading_context=None)
+    group = types.SimpleNamespace(size=lambda: 2)
+    fields = dict(allreduce_dgrad=True, sequence_parallel=False, explicit_expert_comm=False, config=config,
+                  tp_group=group)
+    return types.SimpleNamespace(**{**fields, **attrs})
+
+
+def test_weights_sharded_beyond_tp_stay_megatrons() -> None:
+    """0.19's weight rematerialisation (``gtp_remat_size`` > 1): megatron gathers the weight itself."""
+    from coc_impl import megatron_patch
+
+    for uses_coc in (megatron_patch._column_uses_coc, megatron_patch._row_uses_coc):
+        assert uses_coc(_layer_stub())
+        assert uses_coc(_layer_stub(gtp_remat_size=1))
+        assert not uses_coc(_layer_stub(gtp_remat_size=2))

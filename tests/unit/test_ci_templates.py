@@ -1,0 +1,189 @@
+"""The CI templates a patch repository copies: they parse, and everything they run exists.
+
+A template is only read by its user's CI, long after a change here renamed a
+module, a console command or an option; these checks fail first instead.
+Commands come from every ``run:`` (GitHub Actions) and ``script:`` /
+``before_script:`` / ``after_script:`` (GitLab CI) entry.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+import shlex
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support import ROOT
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+yaml = pytest.importorskip("yaml")
+
+TEMPLATES = sorted((ROOT / "ci-templates").glob("*.yml"))
+GITLAB_KEYWORDS = {"variables", "stages", "default", "include", "workflow", "image", "services",
+                   "cache", "before_script", "after_script"}
+GITLAB_SCRIPTS = ("before_script", "script", "after_script")
+#: How the NPU node job runs pytest (its other two jobs: the smoke tier and the full suite on a CPU runner).
+NPU_OPTIONS = {"-n": "8", "--coc-backend": "hccl"}
+
+
+def _load(path: Path) -> dict[Any, Any]:
+    doc = yaml.safe_load(path.read_text())
+    assert isinstance(doc, dict), f"{path.name}: not a mapping"
+    return doc
+
+
+def _jobs(doc: dict[Any, Any]) -> dict[str, dict[str, Any]]:
+    if "jobs" in doc:  # GitHub Actions
+        return dict(doc["jobs"])
+    return {name: job for name, job in doc.items()
+            if name not in GITLAB_KEYWORDS and not name.startswith(".") and isinstance(job, dict)}
+
+
+def _scripts(job: dict[str, Any]) -> Iterator[str]:
+    for step in job.get("steps", []):
+        if "run" in step:
+            yield step["run"]
+    for key in GITLAB_SCRIPTS:
+        yield from job.get(key, [])
+
+
+def _commands(script: str) -> Iterator[list[str]]:
+    """The simple commands of a shell script, as word lists (control words and operators dropped)."""
+    for line in re.split(r"\n|;|&&|\|\||\|", script):
+        words = shlex.split(line, comments=True)
+        while words and words[0] in ("if", "then", "else", "fi", "do", "done", "!"):
+            words = words[1:]
+        if words and not words[0].startswith("["):
+            yield words
+
+
+def _invocations() -> Iterator[tuple[str, str, list[str]]]:
+    """(template, job, words) of every command of every job."""
+    for path in TEMPLATES:
+        for name, job in _jobs(_load(path)).items():
+            for script in _scripts(job):
+                for words in _commands(script):
+                    yield path.name, name, words
+
+
+def _python_module(words: list[str]) -> tuple[str, list[str]] | None:
+    """``(module, args)`` of ``python -m module args`` (any interpreter path), else None."""
+    if Path(words[0]).name in ("python", "python3") and len(words) > 2 and words[1] == "-m":
+        return words[2], words[3:]
+    return None
+
+
+def _pytest_runs() -> list[tuple[str, str, list[str]]]:
+    runs = []
+    for template, job, words in _invocations():
+        module = _python_module(words)
+        if module and module[0] == "pytest":
+            runs.append((template, job, module[1]))
+        elif words[0] == "pytest":
+            runs.append((template, job, words[1:]))
+    return runs
+
+
+def _console_scripts() -> dict[str, str]:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+
+
+@pytest.fixture(scope="module")
+def pytest_help() -> str:
+    """``pytest --help`` with the suite's plugin loaded (installed entry point or the root conftest)."""
+    done = subprocess.run([sys.executable, "-m", "pytest", "--help"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "--coc-impl" in done.stdout, "the plugin was not loaded"
+    return done.stdout
+
+
+def test_templates_exist() -> None:
+    assert {p.name for p in TEMPLATES} >= {"github-actions.yml", "gitlab-ci.yml"}
+
+
+@pytest.mark.parametrize("path", TEMPLATES, ids=lambda p: p.name)
+def test_template_parses_with_its_jobs(path: Path) -> None:
+    jobs = _jobs(_load(path))
+    assert len(jobs) >= 3, f"{path.name}: jobs {sorted(jobs)}"
+    for name, job in jobs.items():
+        assert list(_scripts(job)), f"{path.name}: job {name} runs nothing"
+        needs = job.get("needs", [])
+        for needed in [needs] if isinstance(needs, str) else needs:
+            assert (needed["job"] if isinstance(needed, dict) else needed) in jobs
+    # A job that downloads another job's artifacts by name names a job of this template.
+    for job_name in re.findall(r"[?&]job=([\w-]+)", path.read_text()):
+        assert job_name in jobs, f"{path.name}: artifacts of unknown job {job_name}"
+
+
+@pytest.mark.parametrize("path", TEMPLATES, ids=lambda p: p.name)
+def test_template_runs_the_three_jobs(path: Path) -> None:
+    runs = [args for template, _, args in _pytest_runs() if template == path.name]
+    assert any("smoke" in args for args in runs), "no smoke tier"
+    assert any("-m" not in args and "--coc-backend" not in args for args in runs), "no full suite on a CPU runner"
+    npu = [args for args in runs if all(opt in args and args[args.index(opt) + 1] == value
+                                        for opt, value in NPU_OPTIONS.items())]
+    assert npu, f"no NPU node job ({NPU_OPTIONS})"
+    text = path.read_text()
+    assert "ASCEND_RT_VISIBLE_DEVICES" in text and "npu-910b" in text and "allure-report" in text
+
+
+def test_templates_install_a_pinned_package() -> None:
+    """Never the bare name: nothing is published under it."""
+    for template, job, words in _invocations():
+        module = _python_module(words)
+        if module and module[0] == "pip" and module[1][:1] == ["install"]:
+            packages = [w for w in module[1][1:] if "coc-conformance" in w]
+            for package in packages:
+                assert "@" in package, f"{template} {job}: unpinned {package!r}"
+    for path in TEMPLATES:
+        pinned = re.search(r"^\s*COC_CONFORMANCE: (\S+)$", path.read_text(), re.M)
+        assert pinned and re.search(r"@v?\d|\.whl$", pinned[1]), f"{path.name}: version not pinned"
+
+
+def test_python_modules_answer_help() -> None:
+    modules = sorted({m[0] for *_, words in _invocations() if (m := _python_module(words))} - {"pip", "pytest"})
+    assert "conformance.reporting.build" in modules
+    for module in modules:
+        done = subprocess.run([sys.executable, "-m", module, "--help"], cwd=ROOT, capture_output=True,
+                              text=True, timeout=60)
+        assert done.returncode == 0, f"python -m {module} --help: {done.stderr}"
+
+
+def test_console_commands_answer_help(capsys: pytest.CaptureFixture[str]) -> None:
+    scripts = _console_scripts()
+    used = {words[0] for *_, words in _invocations() if words[0].startswith("coc-")}
+    assert "coc-gate" in used
+    for command in sorted(used | {"coc-gate", "coc-matrix", "coc-expectations"}):
+        assert command in scripts, f"{command} is not a console script of the package"
+        module, _, attr = scripts[command].partition(":")
+        with pytest.raises(SystemExit) as exited:
+            getattr(importlib.import_module(module), attr)(["--help"])
+        assert exited.value.code == 0, command
+        assert "usage:" in capsys.readouterr().out
+
+
+def test_pytest_options_are_registered(pytest_help: str) -> None:
+    """Every long option passed to pytest is one pytest knows (the suite's, its own, a plugin's).
+
+    pytest's help lists options that differ only in hyphens once (``--junit-xml`` for
+    ``--junitxml``), so names are compared without them.
+    """
+    known = {re.sub("-", "", name) for name in re.findall(r"--[a-z][\w-]*", pytest_help)}
+    runs = _pytest_runs()
+    assert runs
+    for template, job, args in runs:
+        for arg in args:
+            option = arg.partition("=")[0]
+            if option.startswith("--"):
+                assert option.replace("-", "") in known, f"{template} {job}: pytest has no option {option}"
