@@ -7,6 +7,7 @@ in the same test (a loaded machine slows both).
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -61,15 +62,24 @@ def slack_s(trivial_s: float) -> float:
     return 10.0 + 50 * trivial_s
 
 
+def timed_verdict(launcher: ProcessLauncher | ThreadedLauncher, task: RankTask,
+                  error: type[BaseException]) -> tuple[pytest.ExceptionInfo[BaseException], float, float]:
+    """Run ``task`` expecting ``error``: the verdict, its wall time, and a trivial run's time in the same pool."""
+    trivial = trivial_run_s(launcher, task.world_size)
+    start = time.monotonic()
+    with pytest.raises(error) as info:
+        launcher.run(task, (), IMPL)
+    elapsed = time.monotonic() - start
+    print(f"{launcher.name}: {error.__name__} after {elapsed:.2f} s (ceiling {task.timeout:g} s; "
+          f"a trivial run took {trivial:.3f} s)")
+    return info, elapsed, trivial
+
+
 def test_rank_left_waiting_is_a_hang_and_next_case_passes(
     launcher: ProcessLauncher | ThreadedLauncher,
 ) -> None:
-    trivial = trivial_run_s(launcher, 4)
-    start = time.monotonic()
-    with pytest.raises(CaseTimeout) as info:
-        launcher.run(RankTask(rank_cases.rank0_raises_others_wait, 4, timeout=3.0), (), IMPL)
-    elapsed = time.monotonic() - start
-    print(f"{launcher.name}: hang declared after {elapsed:.2f} s (ceiling 3 s; a trivial run took {trivial:.3f} s)")
+    info, elapsed, trivial = timed_verdict(launcher, RankTask(rank_cases.rank0_raises_others_wait, 4, timeout=3.0),
+                                           CaseTimeout)
     assert elapsed < 3.0 + slack_s(trivial)
     text = str(info.value)
     assert "only rank 0 saw bad input" in text  # the rank that raised is named with its error
@@ -82,12 +92,8 @@ def test_rank_left_waiting_is_a_hang_and_next_case_passes(
 
 
 def test_hung_case_fails_within_timeout_with_stacks(launcher: ProcessLauncher | ThreadedLauncher) -> None:
-    trivial = trivial_run_s(launcher, 2)
-    start = time.monotonic()
-    with pytest.raises(CaseTimeout, match=r"did not finish within 1.5 s \(the case's ceiling\)") as info:
-        launcher.run(RankTask(rank_cases.sleep_forever, 2, timeout=1.5), (), IMPL)
-    elapsed = time.monotonic() - start
-    print(f"{launcher.name}: hang declared after {elapsed:.2f} s (ceiling 1.5 s; a trivial run took {trivial:.3f} s)")
+    info, elapsed, trivial = timed_verdict(launcher, RankTask(rank_cases.sleep_forever, 2, timeout=1.5), CaseTimeout)
+    assert re.search(r"did not finish within 1.5 s \(the case's ceiling\)", str(info.value))
     assert 1.5 <= elapsed < 1.5 + slack_s(trivial)
     assert all("sleep_forever" in info.value.stacks[r] for r in (0, 1))
     if launcher.name == "process":
@@ -96,12 +102,7 @@ def test_hung_case_fails_within_timeout_with_stacks(launcher: ProcessLauncher | 
 
 def test_dead_rank_fails_the_case_and_pool_is_rebuilt(pool: ProcessLauncher) -> None:
     """Noticed when the rank dies: waiting for the ceiling would be a CaseTimeout, and the survivor sleeps 60 s."""
-    trivial = trivial_run_s(pool, 2)
-    start = time.monotonic()
-    with pytest.raises(RankCrashed) as info:
-        pool.run(RankTask(rank_cases.rank1_dies, 2, timeout=30.0), (), IMPL)
-    elapsed = time.monotonic() - start
-    print(f"dead rank noticed after {elapsed:.2f} s (ceiling 30 s; a trivial run took {trivial:.3f} s)")
+    info, elapsed, trivial = timed_verdict(pool, RankTask(rank_cases.rank1_dies, 2, timeout=30.0), RankCrashed)
     assert elapsed < slack_s(trivial), "a dead rank must not wait for the case timeout"
     assert "exit code 7" in str(info.value)
     assert "rank 1 about to exit" in info.value.stacks[1]
