@@ -979,7 +979,7 @@ class LargeGatherDropsLastBlock(_EveryOpOutput):
 
 
 class TP1RowDropsBias(_PatchedRowForward):
-    """At TP 1 the patched row layer skips the (trivial) reduction and, with it, the bias added after it."""
+    """Takes the CoC row path at every TP size, and at TP 1 skips the (trivial) reduction and the bias added after it."""
 
     name = "fault-tp1-row-drops-bias"
 
@@ -988,6 +988,17 @@ class TP1RowDropsBias(_PatchedRowForward):
             return original(x, weight, None if kw["group"].size() == 1 else bias, **kw)
 
         return row_forward
+
+    def patch_megatron(self, config: CoCConfig) -> Any:
+        from contextlib import ExitStack
+        from unittest import mock
+
+        import coc_impl.megatron_patch as patch
+
+        stack = ExitStack()
+        stack.enter_context(mock.patch.object(patch, "_row_uses_coc", lambda layer: not layer.explicit_expert_comm))
+        stack.enter_context(super().patch_megatron(config))
+        return stack
 
 
 class RawPointerWeight(_EveryOp):
