@@ -7,7 +7,10 @@ implementation's op once per problem -- back to back, with no synchronisation
 in between -- keeps every result, and only then compares what it can compare
 on the rank (results changed after they were returned, inputs changed by the
 call, memory shared between results or with inputs, collectives left
-pending).  On request it adds the suite's references
+pending).  :func:`op_sequence_task` does the same for several runs of
+different ops one after the other, comparing only after the last.  Operands
+can be laid out with other strides than contiguous ones
+(:data:`~conformance.contract.jobs.OPERAND_STRIDES`), NaN around each view.  On request it adds the suite's references
 (:mod:`conformance.cases.references`).
 
 Fresh allocations are poisoned while the implementation runs

@@ -13,7 +13,13 @@ every rank, and every result against the contract (``conformance.judge.ops``):
 * several calls back to back with different inputs and sizes, checked only
   at the end (results are values);
 * TP groups that are proper subgroups of the world (contiguous and strided);
-* stragglers: one rank, or random ranks, late at every collective.
+* stragglers: one rank, or random ranks, late at every collective;
+* corners of the case space, where real kernels change behaviour: ``n`` = 43
+  (no multiple of 8), 4096 rows gathered, TP 1, strided operands (a ``.t()``
+  weight view, column slices, storage offsets: correct numbers or a clear
+  refusal on every rank), three calls of one shape, two different ops one
+  after the other with both results kept, w8A16 group size 128 -- truth in
+  float64 from seeded inputs, no stored golden.
 
 ``deterministic=True`` must equal the serial deterministic reference of
 :mod:`conformance.cases.op_cases` bit for bit, whatever the tiling, the run,

@@ -15,7 +15,10 @@ Bug classes that escape single-call tests, each a MUST:
 * TP groups that are proper subgroups of the world, set up by Megatron's
   own ``initialize_model_parallel`` with DP > 1, each replica with its data;
 * stragglers: one rank, or random ranks, late at every collective, forward
-  and backward.
+  and backward;
+* corners: ``h_out`` (per rank) = 43, TP 1, and float32 parameters under
+  ``torch.autocast`` to bfloat16 (judged with bfloat16's bound against the
+  float64 truth).
 
 Every output, input gradient, weight and bias gradient of every step,
 micro-batch and replica is compared with the float64 replay of the same
@@ -126,7 +129,7 @@ def test_corner_h_out_not_multiple_of_8(coc_ranks: Any, verdicts: Any, layer: st
 
 @pytest.mark.parametrize("layer, sp, tp", [pytest.param(layer, False, 1, id=f"{layer}-nosp-tp1")
                                            for layer in LAYER_KINDS])  # megatron refuses SP without TP
-def test_corner_tp1(coc_ranks: Any, verdicts: Any, layer: str, sp: bool, tp: int) -> None:
+def test_corner_tp1_layers(coc_ranks: Any, verdicts: Any, layer: str, sp: bool, tp: int) -> None:
     """TP 1: the patch is applied at any TP size, a group of one rank included."""
     _check(coc_ranks, verdicts, LayerJob(_problem(layer, sp, tp, seed=6), tp, tuple(coc_argv(CHUNKS))))
 

@@ -979,7 +979,7 @@ class LargeGatherDropsLastBlock(_EveryOpOutput):
 
 
 class TP1RowDropsBias(_PatchedRowForward):
-    """Takes the CoC row path at every TP size, and at TP 1 skips the (trivial) reduction and the bias added after it."""
+    """Takes the CoC row path at every TP size; at TP 1 it skips the (trivial) reduction and the bias added after it."""
 
     name = "fault-tp1-row-drops-bias"
 

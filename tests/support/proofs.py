@@ -149,7 +149,7 @@ FAULT_TABLE = [
           MUST, NUMERIC),
     Proof("test_training", "GradInBothPlaces", "gradient_accumulation_fusion and row-nosp and tp2",
           "gradient lands in main_grad once", MUST, NUMERIC),
-    Proof("test_training", "TP1RowDropsBias", "corner_tp1 and row-nosp", TRAINING, MUST, NUMERIC),
+    Proof("test_training", "TP1RowDropsBias", "corner_tp1_layers and row-nosp", TRAINING, MUST, NUMERIC),
     Proof("test_training", "AutocastOutputInInputDtype", "corner_autocast and row-sp", TRAINING, MUST, NUMERIC),
 ]
 
