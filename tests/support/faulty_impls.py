@@ -1032,8 +1032,9 @@ class DoubleBufferedWorkspace(_EveryOpOutput):
 
     def bad(self, output: Any) -> Any:
         import torch
+        import torch.distributed as dist
 
-        key = (tuple(output.shape), output.dtype)
+        key = (dist.get_rank(), tuple(output.shape), output.dtype)  # per rank: threaded ranks share the instance
         pair = self._buffers.setdefault(key, [torch.empty(output.shape, dtype=output.dtype) for _ in range(2)])
         turn = self._turn.get(key, 0)
         self._turn[key] = turn + 1
@@ -1047,15 +1048,18 @@ class SharedWorkspaceBetweenOps(_EveryOp):
 
     def __init__(self) -> None:
         super().__init__()
-        self._scratch: Any = None
+        self._scratch: dict[int, Any] = {}  # per rank: threaded ranks share the instance
 
     def through(self, op: str, x: Any, w: Any, bias: Any, kw: dict[str, Any]) -> Any:
+        import torch.distributed as dist
+
         result = super().through(op, x, w, bias, kw)
         output = result[0] if isinstance(result, tuple) else result
+        scratch, rank = self._scratch.get(dist.get_rank()), dist.get_rank()
         if op.startswith("all_gather"):
-            self._scratch = output  # handed out, and yet kept as free scratch
-        elif self._scratch is not None and self._scratch.numel() >= output.numel():
-            self._scratch.view(-1)[: output.numel()].copy_(output.reshape(-1))  # partials staged there
+            self._scratch[rank] = output  # handed out, and yet kept as free scratch
+        elif scratch is not None and scratch.numel() >= output.numel():
+            scratch.view(-1)[: output.numel()].copy_(output.reshape(-1))  # partials staged there
         return result
 
 
