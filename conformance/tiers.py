@@ -3,7 +3,9 @@
 Every capability (configure, each op, each layer kind), mode (SP or not,
 transposed weight, chunk counts, deterministic, w8A16, fused, auto,
 ``customized_coc``, saved gathers, uneven and exact data, kept results, TP
-subgroups, stragglers, training steps, gradient-accumulation fusion),
+subgroups, stragglers, training steps, gradient-accumulation fusion, every
+corner of the case space: odd widths, large gathers, TP 1, strided operands,
+same-shape calls, op sequences, group size 128, autocast),
 requirement level and error kind at least once, ops and layers at TP 2 and
 TP 8 -- and, proven by ``tests/suite_runs/test_suite_bites.py``, every fault of the proof
 table.  Patterns match case ids (``test_layers.py::test_x[params]``); the
@@ -33,6 +35,15 @@ SMOKE: tuple[str, ...] = (
     "test_ops.py::test_w8a16_matches_dequantised_golden[*-per_channel-offset-bfloat16-*-tp8]",
     "test_ops.py::test_w8a16_bad_arguments_refused_on_every_rank[scale-shape-*]",
     "test_ops.py::test_w8a16_bad_arguments_refused_on_every_rank[group-not-multiple-of-32-*]",
+    # ops in the corners of the case space: n % 8 != 0, 4096-row gathers, TP 1, strided operands, three calls
+    # of one shape, two ops in a row, w8A16 group size 128
+    "test_ops.py::test_corner_n_not_multiple_of_8[all_gather_matmul-*]",
+    "test_ops.py::test_corner_large_gather[all_gather_matmul-*]",
+    "test_ops.py::test_corner_tp1[matmul_all_reduce-*]",
+    "test_ops.py::test_corner_strided_operands[matmul_all_reduce-*]",
+    "test_ops.py::test_corner_same_shape_calls[matmul_all_reduce-*]",
+    "test_ops.py::test_corner_op_sequence[all_gather_matmul-then-matmul_reduce_scatter-*]",
+    "test_ops.py::test_corner_w8a16_group_size[*]",
     # layers: every kind and SP mode on float32 goldens at TP 2 and TP 8
     "test_layers.py::test_layer_matches_golden[*-float32-*-tp2-p2]",
     "test_layers.py::test_layer_matches_golden[layer-row-nosp-*-float32-*-tp2-p4]",
@@ -54,6 +65,10 @@ SMOKE: tuple[str, ...] = (
     "test_training.py::test_layers_on_tp_subgroup[mlp-sp-world8-tp4]",
     "test_training.py::test_layer_stragglers[row-sp-tp4-rank1]",
     "test_training.py::test_layer_stragglers[mlp-nosp-tp4-random]",
+    # layers in the corners: h_out % 8 != 0, TP 1, torch.autocast
+    "test_training.py::test_corner_h_out_not_multiple_of_8[row-nosp-*]",
+    "test_training.py::test_corner_tp1_layers[row-nosp-*]",
+    "test_training.py::test_corner_autocast[row-sp-*]",
 )
 
 

@@ -5,7 +5,8 @@
 alone (the live serial reference in the same dtype), one run under the
 implementation's ``patch_megatron`` (the CoC result) -- and trains both the
 same way: per optimizer step, every micro-batch forward back to back (results
-kept), then every backward, then the same in-place weight update.  Under
+kept), then every backward (both under ``torch.autocast`` when the job asks),
+then the same in-place weight update.  Under
 gradient-accumulation fusion the CoC layer's weights carry a pre-filled fp32
 ``main_grad`` that its backward must accumulate into, as Megatron's DDP sets
 up.  It returns this rank's pieces of every output and gradient, and for the
@@ -22,6 +23,7 @@ from __future__ import annotations
 import time
 import zlib
 from collections.abc import Mapping
+from contextlib import nullcontext
 from typing import Any
 
 from conformance.cases.memory import clone, overlaps, poisoned_allocations
@@ -160,6 +162,20 @@ def _straggler(ctx: RankContext, job: LayerJob) -> Straggler | None:
     return Straggler(job.straggler_s, seed, probability=0.5)
 
 
+def _precision(job: LayerJob, device: Any) -> Any:
+    """``torch.autocast`` to ``job.autocast`` on ``device``'s type, or nothing.
+
+    The backward runs under it too: megatron's ``custom_bwd`` re-enters
+    autocast for CUDA only, so on other devices its backward would multiply a
+    reduced-precision gradient by a float32 weight.
+    """
+    import torch
+
+    if job.autocast is None:
+        return nullcontext()
+    return torch.autocast(device.type, dtype=getattr(torch, job.autocast))
+
+
 def _phases(log: CollectiveLog) -> dict[str, ObservedCollectives]:
     """The timeline of each phase of the first micro-batch of the first step: from its mark to the next."""
     marks = [(i, e.label) for i, e in enumerate(log.events) if e.what == "mark"]
@@ -199,13 +215,15 @@ def _train(problem: LayerProblem, job: LayerJob, par: Any, batches: list[list[di
             if straggler is not None:
                 straggler()  # arrive late at the call itself
             x = batch["x"].detach().clone().requires_grad_(True)
-            y = _call(module, kind, x, log, f"{step}.{i}")
+            with _precision(job, x.device):
+                y = _call(module, kind, x, log, f"{step}.{i}")
             xs.append(x)
             ys.append(y)
             returned.append(y.detach().clone())
         for i, (y, batch) in enumerate(zip(ys, micro_batches)):
             _mark(log, "row/backward" if kind in ("row", "mlp") else "column/backward", f"{step}.{i}")
-            y.backward(batch["dy"])
+            with _precision(job, y.device):
+                y.backward(batch["dy"])
         outputs = [{"y": y.detach().cpu(), "dx": x.grad.detach().cpu().clone()} for x, y in zip(xs, ys)]
         if outcome is not None:
             for i, (x, batch) in enumerate(zip(xs, micro_batches)):

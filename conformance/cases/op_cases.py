@@ -7,7 +7,10 @@ implementation's op once per problem -- back to back, with no synchronisation
 in between -- keeps every result, and only then compares what it can compare
 on the rank (results changed after they were returned, inputs changed by the
 call, memory shared between results or with inputs, collectives left
-pending).  On request it adds the suite's references
+pending).  :func:`op_sequence_task` does the same for several runs of
+different ops one after the other, comparing only after the last.  Operands
+can be laid out with other strides than contiguous ones
+(:data:`~conformance.contract.jobs.OPERAND_STRIDES`), NaN around each view.  On request it adds the suite's references
 (:mod:`conformance.cases.references`).
 
 Fresh allocations are poisoned while the implementation runs
@@ -21,13 +24,14 @@ from __future__ import annotations
 import random
 import time
 import zlib
+from dataclasses import dataclass, field
 from typing import Any
 
 from conformance.cases.groups import TPPlace, tp_place
 from conformance.cases.memory import clone, overlaps, poisoned_allocations, tensors_of, to_cpu
 from conformance.cases.references import deterministic_reference, serial_composition
 from conformance.contract.equality import bitwise_equal, describe_difference
-from conformance.contract.jobs import OpRun
+from conformance.contract.jobs import OPERAND_STRIDES, OpRun
 from conformance.contract.layouts import OPERAND_SPLITS, shard
 from conformance.contract.problems import Problem, global_operands
 from conformance.contract.results import OpCallResults, OpRunOutcome, observed_collectives
@@ -35,8 +39,9 @@ from conformance.harness.case import IMPL, REFERENCE, RankContext, call_capturin
 from conformance.harness.probes import Straggler, record_collectives
 
 
-def rank_operands(problem: Problem, op: str, place: TPPlace, transpose_weight: bool) -> dict[str, Any]:
-    """This rank's x, w (stored ``[n, k]`` when ``transpose_weight``) and bias."""
+def rank_operands(problem: Problem, op: str, place: TPPlace, transpose_weight: bool,
+                  strides: str = "contiguous") -> dict[str, Any]:
+    """This rank's x, w (stored ``[n, k]`` when ``transpose_weight``) and bias, laid out as ``strides`` says."""
     whole = global_operands(problem, place.replica)
     splits = OPERAND_SPLITS[op]
     x = shard(whole["x"], splits["x"], place.tp_rank, place.tp)
@@ -44,22 +49,84 @@ def rank_operands(problem: Problem, op: str, place: TPPlace, transpose_weight: b
     if transpose_weight:
         w = w.T.contiguous()
     bias = whole["bias"].clone() if whole["bias"] is not None else None
+    if strides == "weight-view":
+        w = w.t().contiguous().t()
+    elif strides == "sliced":
+        x, w = _column_slice(x), _column_slice(w)
+    elif strides == "offset":
+        x, w, bias = _at_offset(x), _at_offset(w), _at_offset(bias)
+    elif strides != "contiguous":
+        raise ValueError(f"unknown operand strides {strides!r}; expected one of {OPERAND_STRIDES}")
     return {"x": x, "w": w, "bias": bias}
+
+
+#: NaN padding around strided operands: an implementation reading past a view reads NaN, never plausible values.
+_PAD = 3
+
+
+def _column_slice(t: Any) -> Any:
+    """``t``'s values as a column slice of a wider buffer: row stride > row length, storage offset > 0."""
+    import torch
+
+    wide = torch.full((t.shape[0], t.shape[1] + 2 * _PAD), float("nan"), dtype=t.dtype)
+    wide[:, _PAD:_PAD + t.shape[1]] = t
+    return wide[:, _PAD:_PAD + t.shape[1]]
+
+
+def _at_offset(t: Any) -> Any:
+    """``t``'s values, contiguous, at a storage offset into a longer buffer."""
+    import torch
+
+    if t is None:
+        return None
+    flat = torch.full((t.numel() + 2 * _PAD,), float("nan"), dtype=t.dtype)
+    flat[_PAD:_PAD + t.numel()] = t.reshape(-1)
+    return flat[_PAD:_PAD + t.numel()].view(t.shape)
+
+
+@dataclass
+class _Calls:
+    """One run's state on this rank: its operands, what each call returned, what the rank saw."""
+
+    run: OpRun
+    place: TPPlace
+    operands: list[dict[str, Any]]
+    calls: list[OpCallResults]
+    kept_inputs: list[dict[str, Any]] = field(default_factory=list)
+    returned: list[list[tuple[Any, Any]]] = field(default_factory=list)  #: per call: (result, its copy then)
+    groups_created: int = 0
 
 
 def op_task(ctx: RankContext, *, run: OpRun) -> OpRunOutcome:
     """Run ``run`` on this rank (module docstring)."""
-    import torch.distributed as dist
+    return op_sequence_task(ctx, runs=(run,))[0]
 
+
+def op_sequence_task(ctx: RankContext, *, runs: tuple[OpRun, ...]) -> list[OpRunOutcome]:
+    """Every run's calls, run after run (op after op, with no synchronisation between), all results kept.
+
+    Only once the last call of the last run returned is anything compared, so a
+    later op that overwrites an earlier op's result (a workspace shared between
+    ops) is seen.
+    """
     ctx.budget_from(0.0)  # the serial references: the floor, until their time is known
+    started = time.perf_counter()
+    states = [_prepare(ctx, run) for run in runs]
+    calls = sum(len(r.problems) * len(r.tilings) * r.runs for r in runs)
+    ctx.budget_from((time.perf_counter() - started) / max(1, sum(len(r.problems) for r in runs)), calls=calls)
+    for state in states:
+        state.kept_inputs = [{name: clone(t) for name, t in args.items()} for args in state.operands]
+    for state in states:
+        _call(ctx, state)
+    everything = [(state.run.op, state.returned) for state in states]
+    return [_collect(state, everything) for state in states]
+
+
+def _prepare(ctx: RankContext, run: OpRun) -> _Calls:
+    """This rank's operands of ``run`` and the suite's references, computed before any call."""
     place = tp_place(ctx, run.tp, run.layout)
-    fn = getattr(ctx.impl, run.op)
-    kwargs: dict[str, Any] = {"group": place.group, "transpose_weight": run.transpose_weight, **run.extra}
-    if run.deterministic:
-        kwargs["deterministic"] = True
-    operands = [rank_operands(p, run.op, place, run.transpose_weight) for p in run.problems]
+    operands = [rank_operands(p, run.op, place, run.transpose_weight, run.strides) for p in run.problems]
     calls = [OpCallResults([]) for _ in run.problems]
-    start = time.perf_counter()
     with ctx.timer(REFERENCE):
         for call, args in zip(calls, operands):
             if run.serial:
@@ -68,13 +135,22 @@ def op_task(ctx: RankContext, *, run: OpRun) -> OpRunOutcome:
             if run.reference:
                 call.reference = deterministic_reference(place, run.op, args["x"],
                                                          _kn(args["w"], run.transpose_weight), args["bias"])
-    serial_s = (time.perf_counter() - start) / max(1, len(run.problems))
-    ctx.budget_from(serial_s, calls=len(run.problems) * len(run.tilings) * run.runs)
-    kept_inputs = [{name: clone(t) for name, t in args.items()} for args in operands]
+    return _Calls(run, place, operands, calls)
+
+
+def _call(ctx: RankContext, state: _Calls) -> None:
+    """Every call of the run, back to back; each result kept with a copy taken when it was returned."""
+    import torch.distributed as dist
+
+    run = state.run
+    fn = getattr(ctx.impl, run.op)
+    kwargs: dict[str, Any] = {"group": state.place.group, "transpose_weight": run.transpose_weight, **run.extra}
+    if run.deterministic:
+        kwargs["deterministic"] = True
     straggler = _straggler(ctx, run)
-    returned: list[list[tuple[Any, Any]]] = [[] for _ in calls]  # (result, its copy when returned)
+    state.returned = [[] for _ in state.calls]
     groups_after_first: int | None = None
-    for index, (call, args) in enumerate(zip(calls, operands)):
+    for index, (call, args) in enumerate(zip(state.calls, state.operands)):
         for tiling in run.tilings:
             extra = {} if tiling is None else {"blocks": list(tiling)}
             for _ in range(run.runs):
@@ -87,19 +163,24 @@ def op_task(ctx: RankContext, *, run: OpRun) -> OpRunOutcome:
                 call.timelines.append(observed_collectives(log))
                 call.error = error
                 if error is None:
-                    returned[index].append((result, clone(result)))
+                    state.returned[index].append((result, clone(result)))
         if index == 0:
             groups_after_first = len(dist.distributed_c10d._world.pg_map)
         if call.error is not None:
             break
-    groups_created = len(dist.distributed_c10d._world.pg_map) - (groups_after_first or 0)
-    # Only now, with every call made, look at what was returned.
-    for i, call in enumerate(calls):
-        for name, before in kept_inputs[i].items():
+    if groups_after_first is not None:
+        state.groups_created = len(dist.distributed_c10d._world.pg_map) - groups_after_first
+
+
+def _collect(state: _Calls, everything: list[tuple[str, list[list[tuple[Any, Any]]]]]) -> OpRunOutcome:
+    """What the rank compares once every call of every run was made."""
+    operands = state.operands
+    for i, call in enumerate(state.calls):
+        for name, before in state.kept_inputs[i].items():
             now = operands[i][name]
             if before is not None and not bitwise_equal(before, now):
                 call.mutated[name] = describe_difference(before, now)
-        for j, (result, snapshot) in enumerate(returned[i]):
+        for j, (result, snapshot) in enumerate(state.returned[i]):
             call.results.append(result)
             device = operands[i]["x"].device
             moved = [t.device for t in tensors_of(result) if t.device != device]
@@ -110,22 +191,24 @@ def op_task(ctx: RankContext, *, run: OpRun) -> OpRunOutcome:
                 continue
             call.changed_after_return.append(
                 "" if bitwise_equal(snapshot, result) else describe_difference(snapshot, result))
-            call.shared_memory.append(", ".join(_sharing(result, (i, j), returned, operands)))
+            call.shared_memory.append(", ".join(_sharing(result, (state.run.op, i, j), everything, operands)))
         call.results = [to_cpu(r) for r in call.results]
         call.serial, call.reference = to_cpu(call.serial), to_cpu(call.reference)
-    return OpRunOutcome(calls, place.replica, place.tp_rank, place.members,
-                        groups_created=groups_created if groups_after_first is not None else 0)
+    return OpRunOutcome(state.calls, state.place.replica, state.place.tp_rank, state.place.members,
+                        groups_created=state.groups_created)
 
 
-def _sharing(result: Any, me: tuple[int, int], returned: list[list[tuple[Any, Any]]],
+def _sharing(result: Any, me: tuple[str, int, int], everything: list[tuple[str, list[list[tuple[Any, Any]]]]],
              operands: list[dict[str, Any]]) -> list[str]:
-    """What else ``result`` shares memory with: other calls' results, any call's inputs."""
+    """What else ``result`` shares memory with: other calls' results (of any op run), its run's inputs."""
     mine = tensors_of(result)
     found = []
-    for i, pairs in enumerate(returned):
-        for j, (other, _) in enumerate(pairs):
-            if (i, j) != me and any(overlaps(a, b) for a in mine for b in tensors_of(other)):
-                found.append(f"the result of call {i}" + (f" (repeat {j})" if j else ""))
+    for op, returned in everything:
+        for i, pairs in enumerate(returned):
+            for j, (other, _) in enumerate(pairs):
+                if (op, i, j) != me and any(overlaps(a, b) for a in mine for b in tensors_of(other)):
+                    found.append((f"the result of call {i}" if op == me[0] else f"the result of {op} call {i}")
+                                 + (f" (repeat {j})" if j else ""))
     for i, args in enumerate(operands):
         for name, tensor in args.items():
             if tensor is not None and any(overlaps(a, tensor) for a in mine):

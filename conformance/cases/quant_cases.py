@@ -8,6 +8,7 @@ from typing import Any
 from conformance.cases.memory import poisoned_allocations
 from conformance.contract.jobs import QuantRun
 from conformance.contract.layouts import Split, shard
+from conformance.contract.problems import quant_operands
 from conformance.contract.results import OpCallResults, observed_collectives
 from conformance.harness.case import IMPL, REFERENCE, RankContext, call_capturing_errors
 from conformance.harness.probes import record_collectives
@@ -17,30 +18,27 @@ def quant_task(ctx: RankContext, *, run: QuantRun) -> OpCallResults:
     """w8A16 matmul_all_reduce on this rank and its live serial composition (or the refused call)."""
     import torch.distributed as dist
 
-    import golden
     from golden import serial
 
     ctx.budget_from(0.0)  # the floor, until the serial reference's time is known
-    g = golden.load(run.case_id)
-    p, tp, rank = g.params, ctx.world_size, ctx.rank
-    x = shard(g.tensor("x"), Split.LAST, rank, tp)
-    w = shard(g.tensor("w"), Split.SEQ, rank, tp)
-    grouped = p["granularity"] == "per_group"
-    scale = g.tensor("scale")
-    offset = g.tensor("offset") if "offset" in g.inputs else None
-    if grouped:  # group rows follow their k rows (k/tp is a multiple of g)
+    tp, rank = ctx.world_size, ctx.rank
+    inputs, group_size, dtype = quant_inputs(run)
+    x = shard(inputs["x"], Split.LAST, rank, tp)
+    w = shard(inputs["w"], Split.SEQ, rank, tp)
+    scale, offset = inputs["scale"], inputs.get("offset")
+    if group_size:  # group rows follow their k rows (k/tp is a multiple of g)
         scale = shard(scale, Split.SEQ, rank, tp)
         offset = None if offset is None else shard(offset, Split.SEQ, rank, tp)
-    bias = g.tensor("bias") if "bias" in g.inputs else None
+    bias = inputs.get("bias")
     kwargs: dict[str, Any] = {"antiquant_scale": scale, "antiquant_offset": offset,
-                              "antiquant_group_size": p["group_size"] or 0}
+                              "antiquant_group_size": group_size}
     call = OpCallResults([])
     if run.change is not None:
         x, bias, kwargs = _invalid(run.change, x, w, kwargs)
     else:
         with ctx.timer(REFERENCE):
             start = time.perf_counter()
-            ref = x @ serial.dequantize(w, scale, offset, p["group_size"]).to(g.dtype)
+            ref = x @ serial.dequantize(w, scale, offset, group_size or None).to(dtype)
             dist.all_reduce(ref, group=ctx.group)
             call.serial = ref if bias is None else ref + bias
         ctx.budget_from(time.perf_counter() - start)
@@ -50,6 +48,19 @@ def quant_task(ctx: RankContext, *, run: QuantRun) -> OpCallResults:
     if call.error is None:
         call.results.append(result)
     return call
+
+
+def quant_inputs(run: QuantRun) -> tuple[dict[str, Any], int, Any]:
+    """The global inputs of ``run`` (present ones only), its group size (0: none) and activation dtype."""
+    import torch
+
+    if run.seeded is not None:
+        return quant_operands(run.seeded), run.seeded.group_size, getattr(torch, run.seeded.dtype)
+    import golden
+
+    assert run.case_id is not None
+    g = golden.load(run.case_id)
+    return {name: g.tensor(name) for name in g.inputs}, g.params["group_size"] or 0, g.dtype
 
 
 #: Invalid w8A16 arguments, each refused with a message naming what is wrong.

@@ -11,7 +11,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from conformance.contract.problems import LayerProblem, Problem
+from conformance.contract.problems import LayerProblem, Problem, QuantProblem
+
+#: How an op's operands lie in memory (``docs/DESIGN.md#fused-ops``): the values are the same, the strides not.
+#: ``weight-view``: ``w`` a transposed view (``.t()``) of storage laid out the other way round, as Megatron hands
+#: ``weight.t()``; ``sliced``: ``x`` and ``w`` column slices of wider buffers (row stride > row length, a storage
+#: offset); ``offset``: ``x``, ``w`` and the bias contiguous, but at a storage offset.
+OPERAND_STRIDES: tuple[str, ...] = ("contiguous", "weight-view", "sliced", "offset")
 
 
 @dataclass(frozen=True)
@@ -22,6 +28,7 @@ class OpRun:
     problems: tuple[Problem, ...]  #: one call per problem, back to back
     tp: int
     layout: str = "contiguous"
+    strides: str = "contiguous"  #: one of :data:`OPERAND_STRIDES`
     transpose_weight: bool = False
     deterministic: bool = False
     #: Explicit tilings (``blocks=``) each problem is called with; None: the implementation's own.
@@ -38,11 +45,12 @@ class OpRun:
 
 @dataclass(frozen=True)
 class QuantRun:
-    """A w8A16 ``matmul_all_reduce`` of one golden case, or one made invalid by ``change``."""
+    """A w8A16 ``matmul_all_reduce`` of one golden case, or one made invalid by ``change``, or of seeded inputs."""
 
-    case_id: str
+    case_id: str | None
     tp: int
     change: str | None = None
+    seeded: QuantProblem | None = None  #: with no ``case_id``: the inputs' recipe
 
 
 def coc_argv(chunks: int | str) -> list[str]:
@@ -65,3 +73,4 @@ class LayerJob:
     straggler_s: float = 0.0
     straggler_rank: int | None = None  #: None with ``straggler_s``: random ranks
     poison: bool = True
+    autocast: str | None = None  #: run the layers under ``torch.autocast`` to this dtype (serial and CoC alike)

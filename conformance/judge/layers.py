@@ -120,13 +120,15 @@ def check_no_errors(outcomes: Sequence[LayerOutcome], what: str) -> None:
 
 
 def check_training(problem: LayerProblem, outcomes: Sequence[LayerOutcome], *, tp: int, chunks: int,
-                   fusion: bool = False, run: int = 0) -> None:
+                   fusion: bool = False, run: int = 0, autocast: str | None = None) -> None:
     """Every output and gradient of every step, micro-batch and replica within the bound.
 
-    A mismatch says so when the patched layers issued collectives outside their TP group.
+    Under ``autocast`` the products are rounded to that dtype, so the bound is
+    that dtype's (the truth stays float64).  A mismatch says so when the
+    patched layers issued collectives outside their TP group.
     """
     try:
-        _check_training(problem, outcomes, tp=tp, chunks=chunks, fusion=fusion, run=run)
+        _check_training(problem, outcomes, tp=tp, chunks=chunks, fusion=fusion, run=run, autocast=autocast)
     except NumericMismatch as failure:
         raise NumericMismatch(f"{failure}{foreign_groups(outcomes)}") from None
 
@@ -142,9 +144,9 @@ def foreign_groups(outcomes: Sequence[LayerOutcome]) -> str:
 
 
 def _check_training(problem: LayerProblem, outcomes: Sequence[LayerOutcome], *, tp: int, chunks: int,
-                    fusion: bool, run: int) -> None:
+                    fusion: bool, run: int, autocast: str | None) -> None:
     splits = layout(problem.layer, problem.sequence_parallel)
-    dtype = getattr(torch, problem.dtype)
+    dtype = getattr(torch, autocast or problem.dtype)
     micro_count = 1 if problem.case_id is not None else len(problem.tokens)
     r = roundings(tp, chunks, problem.layer, micro_count)
     for replica, ranks in by_replica(outcomes).items():

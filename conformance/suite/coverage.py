@@ -15,11 +15,15 @@ from itertools import product
 from typing import Any
 
 from conformance.cases.groups import GROUP_LAYOUTS, SUBGROUP_SIZES
+from conformance.contract.jobs import OPERAND_STRIDES
 from conformance.contract.problems import LAYER_KINDS
 from conformance.protocol import FUSED_OPS
 from golden.catalogue import DTYPES, TP_SIZES
 
 SP = (False, True)
+#: Corners of the case space every fused op is run in.
+CORNERS_OF_EVERY_OP = ("test_corner_n_not_multiple_of_8", "test_corner_large_gather", "test_corner_tp1",
+                       "test_corner_same_shape_calls")
 
 Key = tuple[Any, ...]
 
@@ -47,6 +51,9 @@ def required() -> dict[str, set[Key]]:
         "test_gradient_accumulation_fusion": set(product(LAYER_KINDS, SP, (2, 8))),
         "test_layers_on_tp_subgroup": {(lay, sp, w, t) for lay in LAYER_KINDS for sp in SP for w, t in SUBGROUP_SIZES},
         "test_layer_stragglers": set(product(LAYER_KINDS, SP, ("rank1", "random"))),
+        **{name: {(op,) for op in FUSED_OPS} for name in CORNERS_OF_EVERY_OP},
+        "test_corner_strided_operands": set(product(FUSED_OPS, OPERAND_STRIDES[1:])),
+        "test_corner_tp1_layers": {(layer,) for layer in LAYER_KINDS},
     }
 
 
@@ -83,6 +90,12 @@ def keys(name: str, params: Mapping[str, Any]) -> dict[str, Key]:
         found[name] = (p["layer"], p["sp"], p["world"], p["tp"])
     elif name == "test_layer_stragglers":
         found[name] = (p["layer"], p["sp"], p["who"])
+    elif name in CORNERS_OF_EVERY_OP:
+        found[name] = (p["op"],)
+    elif name == "test_corner_strided_operands":
+        found[name] = (p["op"], p["strides"])
+    elif name == "test_corner_tp1_layers":
+        found[name] = (p["layer"],)
     return found
 
 

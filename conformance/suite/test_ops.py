@@ -13,7 +13,13 @@ every rank, and every result against the contract (``conformance.judge.ops``):
 * several calls back to back with different inputs and sizes, checked only
   at the end (results are values);
 * TP groups that are proper subgroups of the world (contiguous and strided);
-* stragglers: one rank, or random ranks, late at every collective.
+* stragglers: one rank, or random ranks, late at every collective;
+* corners of the case space, where real kernels change behaviour: ``n`` = 43
+  (no multiple of 8), 4096 rows gathered, TP 1, strided operands (a ``.t()``
+  weight view, column slices, storage offsets: correct numbers or a clear
+  refusal on every rank), three calls of one shape, two different ops one
+  after the other with both results kept, w8A16 group size 128 -- truth in
+  float64 from seeded inputs, no stored golden.
 
 ``deterministic=True`` must equal the serial deterministic reference of
 :mod:`conformance.cases.op_cases` bit for bit, whatever the tiling, the run,
@@ -31,12 +37,12 @@ import pytest
 
 import golden
 from conformance.cases.groups import GROUP_LAYOUTS, SUBGROUP_SIZES
-from conformance.cases.op_cases import op_task
-from conformance.cases.quant_cases import BAD_QUANT, quant_task
+from conformance.cases.op_cases import op_sequence_task, op_task
+from conformance.cases.quant_cases import BAD_QUANT, quant_inputs, quant_task
 from conformance.contract.equality import bitwise_equal, describe_difference
-from conformance.contract.jobs import OpRun, QuantRun
+from conformance.contract.jobs import OPERAND_STRIDES, OpRun, QuantRun
 from conformance.contract.layouts import OPERAND_SPLITS
-from conformance.contract.problems import Problem, exact_limit_ok
+from conformance.contract.problems import Problem, QuantProblem, exact_limit_ok, quant_operands
 from conformance.judge import checks, numerics
 from conformance.judge import ops as judge
 from conformance.judge.assembly import assemble, copies
@@ -68,16 +74,50 @@ def _golden_problem(case: Any) -> Problem:
 def _run_checks(coc_ranks: Any, verdicts: Any, declared: Declarations, run: OpRun, *, world: int | None = None,
                 exact: bool = False) -> list[Any]:
     outcomes = coc_ranks.run(op_task, world or run.tp, run=run)
-    checks.skip_if_not_implemented(judge.call_errors(outcomes))
-    with verdicts.check("the op ran on every rank", Level.MUST):
-        judge.check_ran(run, outcomes)
-    with verdicts.check("results are values", Level.MUST):
-        judge.check_contract(run, outcomes, declared.in_place_ops)
-    with verdicts.check("numerics" if not exact else "exact layout", Level.MUST):
-        judge.check_numerics(run, outcomes, exact=exact)
-    with verdicts.check("replicated results bitwise identical", Level.SHOULD):
-        judge.check_identical_copies(run, outcomes)
+    _judge(verdicts, declared, [(run, outcomes)], exact=exact)
     return outcomes
+
+
+def _judge(verdicts: Any, declared: Declarations, judged: list[tuple[OpRun, list[Any]]], *,
+           exact: bool = False) -> None:
+    """The op checks of every ``(run, its outcomes on every rank)``: ran, values, numerics, identical copies."""
+    checks.skip_if_not_implemented([e for run, outcomes in judged for e in judge.call_errors(outcomes)])
+    with verdicts.check("the op ran on every rank", Level.MUST):
+        for run, outcomes in judged:
+            judge.check_ran(run, outcomes)
+    with verdicts.check("results are values", Level.MUST):
+        for run, outcomes in judged:
+            judge.check_contract(run, outcomes, declared.in_place_ops)
+    with verdicts.check("numerics" if not exact else "exact layout", Level.MUST):
+        for run, outcomes in judged:
+            judge.check_numerics(run, outcomes, exact=exact)
+    with verdicts.check("replicated results bitwise identical", Level.SHOULD):
+        for run, outcomes in judged:
+            judge.check_identical_copies(run, outcomes)
+
+
+def _numbers_or_clear_refusal(coc_ranks: Any, verdicts: Any, declared: Declarations, run: OpRun, *, label: str,
+                              names: list[str], kind: str) -> None:
+    """MUST: correct numbers, or a clear refusal on every rank (SHOULD: of the declared ``kind`` of error).
+
+    The one rule for every case an implementation may refuse (token counts no
+    tiling divides, strided operands): never silent wrong rows.
+    """
+    outcomes = coc_ranks.run(op_task, run.tp, run=run)
+    checks.skip_if_not_implemented(judge.call_errors(outcomes))
+    errors = [o.calls[0].error for o in outcomes]
+    what = f"{run.op} {label}"
+    if any(e is not None for e in errors):
+        with verdicts.check(f"{label}: refused clearly", Level.MUST):
+            checks.check_clear_refusal(errors, _issued(outcomes), what=what, names=names)
+        with verdicts.check(f"{label}: declared {kind} error", Level.SHOULD):
+            first = next(e for e in errors if e is not None)
+            checks.check_declared_error(first, declared.error_type(kind), kind=kind, what=what)
+        return
+    with verdicts.check(f"{label}: results are values", Level.MUST):
+        judge.check_contract(run, outcomes, declared.in_place_ops)
+    with verdicts.check(f"{label}: numerics", Level.MUST):
+        judge.check_numerics(run, outcomes)
 
 
 def _op_params() -> list[Any]:
@@ -123,25 +163,9 @@ def test_uneven_token_counts(coc_ranks: Any, verdicts: Any, coc_declarations: De
     """
     rows = {"matmul_all_reduce": UNEVEN_ROWS, "matmul_reduce_scatter": tuple(r * tp for r in UNEVEN_ROWS),
             "all_gather_matmul": tuple(r * tp for r in UNEVEN_ROWS)}.get(op, tuple(r * tp for r in UNEVEN_ROWS))
-    problems = tuple(Problem(m, 64, 48, "float32", seed=m) for m in rows)
-    for problem in problems:
-        run = OpRun(op, (problem,), tp)
-        outcomes = coc_ranks.run(op_task, tp, run=run)
-        checks.skip_if_not_implemented(judge.call_errors(outcomes))
-        errors = [o.calls[0].error for o in outcomes]
-        if any(e is not None for e in errors):
-            with verdicts.check(f"m={problem.m}: refused clearly", Level.MUST):
-                checks.check_clear_refusal(errors, _issued(outcomes), what=f"{op} m={problem.m}",
-                                           names=_refusal_names(problem.m, tp))
-            with verdicts.check(f"m={problem.m}: declared shape error", Level.SHOULD):
-                first = next(e for e in errors if e is not None)
-                checks.check_declared_error(first, coc_declarations.error_type("shape"), kind="shape",
-                                            what=f"{op} m={problem.m}")
-            continue
-        with verdicts.check(f"m={problem.m}: results are values", Level.MUST):
-            judge.check_contract(run, outcomes, coc_declarations.in_place_ops)
-        with verdicts.check(f"m={problem.m}: numerics", Level.MUST):
-            judge.check_numerics(run, outcomes)
+    for problem in (Problem(m, 64, 48, "float32", seed=m) for m in rows):
+        _numbers_or_clear_refusal(coc_ranks, verdicts, coc_declarations, OpRun(op, (problem,), tp),
+                                  label=f"m={problem.m}", names=_refusal_names(problem.m, tp), kind="shape")
     if op == "matmul_reduce_scatter":
         bad = Problem(tp * 7 + 1, 64, 48, "float32")
         outcomes = coc_ranks.run(op_task, tp, run=OpRun(op, (bad,), tp))
@@ -286,30 +310,34 @@ def _quant_params() -> list[Any]:
 @pytest.mark.coc_capability(W8A16)
 @pytest.mark.parametrize("case_id, tp", _quant_params())
 def test_w8a16_matches_dequantised_golden(coc_ranks: Any, case_id: str, tp: int) -> None:
-    import torch
+    g = golden.load(case_id)
+    run = QuantRun(case_id, tp)
+    _check_w8a16(coc_ranks.run(quant_task, tp, run=run), run, g.outputs["y"])
+
+
+def _check_w8a16(outcomes: list[Any], run: QuantRun, y: Any) -> None:
+    """MUST: every rank's w8A16 result within the bound of the float64 ``y`` of the dequantised weight."""
+    import numpy as np
 
     from golden import serial
 
-    g = golden.load(case_id)
-    outcomes = coc_ranks.run(quant_task, tp, run=QuantRun(case_id, tp))
     errors = [o.error for o in outcomes]
     checks.skip_if_not_implemented(errors)
     raised = [(r, e) for r, e in enumerate(errors) if e is not None]
     if raised:
         raise WrongError(f"rank(s) {[r for r, _ in raised]} raised {raised[0][1].describe()}")
-    p = g.params
-    scale = g.inputs["scale"]
-    offset = g.inputs.get("offset")
-    wf = serial.dequantize(torch.from_numpy(g.inputs["w"].astype("float64")), torch.from_numpy(
-        scale.astype("float64")), None if offset is None else torch.from_numpy(offset.astype("float64")),
-        p["group_size"]).numpy()
-    envelope = (numerics.magnitude(g.inputs["x"], wf) + (abs(g.inputs["bias"]) if "bias" in g.inputs else 0), p["k"])
+    inputs, group_size, dtype = quant_inputs(run)
+    f64 = {name: t.double() for name, t in inputs.items()}
+    wf = serial.dequantize(f64["w"], f64["scale"], f64.get("offset"), group_size or None).numpy()
+    bias = f64.get("bias")
+    envelope = (numerics.magnitude(f64["x"].numpy(), wf) + (0 if bias is None else np.abs(bias.numpy())),
+                wf.shape[0])
     split = OPERAND_SPLITS["matmul_all_reduce"]["y"]
     serial_y = assemble([o.serial for o in outcomes], split)
     for holders, out in copies([o.results[0] for o in outcomes], split):
         # The dequantised weight is rounded to the activation dtype once more.
-        checks.check_close(", ".join(filter(None, ("y", holders))), out, g.outputs["y"], serial_y, envelope, g.dtype,
-                           roundings=judge.roundings(tp) + 1)
+        checks.check_close(", ".join(filter(None, ("y", holders))), out, y, serial_y, envelope, dtype,
+                           roundings=judge.roundings(run.tp) + 1)
 
 
 #: What each refusal's message must name.
@@ -335,3 +363,102 @@ def test_w8a16_bad_arguments_refused_on_every_rank(coc_ranks: Any, verdicts: Any
         with verdicts.check("declared error type", Level.SHOULD):
             checks.check_declared_error(errors[0], coc_declarations.error_type("argument"), kind="argument",
                                         what=f"w8A16 {change}")
+
+
+# --- corners of the case space: where real kernels change behaviour (docs/DESIGN.md#fused-ops) ---------------
+
+#: n with a tail no tile of 8 or 16 columns covers.
+ODD_N = 43
+#: Rows of a large gather: past the sizes where kernels switch algorithm or tiling (small k and n keep it fast).
+LARGE_ROWS = 4096
+
+
+def _op_corner(tp: int) -> list[Any]:
+    return [pytest.param(op, tp, marks=_requires(op), id=f"{op}-tp{tp}") for op in FUSED_OPS]
+
+
+@pytest.mark.parametrize("op, tp", _op_corner(2))
+def test_corner_n_not_multiple_of_8(coc_ranks: Any, verdicts: Any, coc_declarations: Declarations, op: str,
+                                    tp: int) -> None:
+    """``n`` = 43: an epilogue in tiles of 8 or 16 columns must still write the tail."""
+    _run_checks(coc_ranks, verdicts, coc_declarations, OpRun(op, (Problem(tp * 8, 64, ODD_N, "float32", seed=23),),
+                                                             tp))
+
+
+@pytest.mark.parametrize("op, tp", _op_corner(4))
+def test_corner_large_gather(coc_ranks: Any, verdicts: Any, coc_declarations: Declarations, op: str,
+                             tp: int) -> None:
+    """4096 rows gathered, scattered or reduced: the sizes where a kernel switches algorithm."""
+    _run_checks(coc_ranks, verdicts, coc_declarations, OpRun(op, (Problem(LARGE_ROWS, 16, 16, "float32", seed=24),),
+                                                             tp))
+
+
+@pytest.mark.parametrize("op, tp", _op_corner(1))
+def test_corner_tp1(coc_ranks: Any, verdicts: Any, coc_declarations: Declarations, op: str, tp: int) -> None:
+    """TP 1: a group of one rank (a CoC op is called at any TP): the op is the plain matmul."""
+    _run_checks(coc_ranks, verdicts, coc_declarations, OpRun(op, (Problem(24, 64, 48, "float32", seed=25),), tp))
+
+
+def _strided_params() -> list[Any]:
+    return [pytest.param(op, strides, 2, marks=_requires(op), id=f"{op}-{strides}-tp2")
+            for op in FUSED_OPS for strides in OPERAND_STRIDES[1:]]
+
+
+#: What a refusal of strided operands may name.
+STRIDE_NAMES = [r"contiguous", r"strides?", r"layout", r"view", r"offset", r"\bw\b|weight", r"\bx\b"]
+
+
+@pytest.mark.parametrize("op, strides, tp", _strided_params())
+def test_corner_strided_operands(coc_ranks: Any, verdicts: Any, coc_declarations: Declarations, op: str,
+                                 strides: str, tp: int) -> None:
+    """A ``.t()`` weight view, column slices of wider buffers, storage offsets (NaN around every view).
+
+    Correct numbers or a clear refusal on every rank (MUST): a kernel that
+    reads storage as if it were contiguous from its start gets wrong numbers.
+    """
+    run = OpRun(op, (Problem(tp * 16, 64, 32, "float32", seed=26),), tp, strides=strides)
+    _numbers_or_clear_refusal(coc_ranks, verdicts, coc_declarations, run, label=f"{strides} operands",
+                              names=STRIDE_NAMES, kind="argument")
+
+
+@pytest.mark.parametrize("op, tp", _op_corner(2))
+def test_corner_same_shape_calls(coc_ranks: Any, verdicts: Any, coc_declarations: Declarations, op: str,
+                                 tp: int) -> None:
+    """Three calls of one shape in a row, every result kept: a double-buffered workspace runs out on the third."""
+    problems = tuple(Problem(tp * 8, 64, 32, "bfloat16", seed=27 + i) for i in range(3))
+    _run_checks(coc_ranks, verdicts, coc_declarations, OpRun(op, problems, tp))
+
+
+#: Two different ops one after the other: Megatron's SP MLP order (gather in, scatter out), and the reverse kinds.
+OP_SEQUENCES = (("all_gather_matmul", "matmul_reduce_scatter"), ("matmul_all_reduce", "all_gather_matmul_v2"))
+
+
+#: The storm breaker's capability of op sequences: several ops' paths at once.
+OP_SEQUENCE = "op:sequence"
+
+
+@pytest.mark.coc_capability(OP_SEQUENCE)
+@pytest.mark.parametrize("tp", [2], ids=lambda tp: f"tp{tp}")
+@pytest.mark.parametrize("ops", [pytest.param(ops, marks=[_requires(op) for op in ops], id="-then-".join(ops))
+                                 for ops in OP_SEQUENCES])
+def test_corner_op_sequence(coc_ranks: Any, verdicts: Any, coc_declarations: Declarations, ops: tuple[str, ...],
+                            tp: int) -> None:
+    """Two different ops back to back, both results kept and judged last: no workspace shared between ops."""
+    runs = tuple(OpRun(op, (Problem(tp * 16, 64, 32, "float32", seed=28 + i),), tp) for i, op in enumerate(ops))
+    outcomes = coc_ranks.run(op_sequence_task, tp, runs=runs)
+    _judge(verdicts, coc_declarations, [(run, [o[i] for o in outcomes]) for i, run in enumerate(runs)])
+
+
+@pytest.mark.coc_requires("matmul_all_reduce")
+@pytest.mark.coc_capability(W8A16)
+@pytest.mark.parametrize("tp", [2], ids=lambda tp: f"tp{tp}")
+@pytest.mark.parametrize("group_size", [128], ids=lambda g: f"g{g}")
+def test_corner_w8a16_group_size(coc_ranks: Any, group_size: int, tp: int) -> None:
+    """Per-group w8A16 at the common real group size, 128 (two groups per rank), with an offset and a bias."""
+    from golden import serial
+
+    problem = QuantProblem(16, 2 * group_size * tp, 48, "bfloat16", group_size, seed=30)
+    run = QuantRun(None, tp, seeded=problem)
+    t = {name: v.double() for name, v in quant_operands(problem).items()}
+    y = serial.quant_matmul_all_reduce(t["x"], t["w"], t["scale"], t["offset"], t["bias"], group_size).numpy()
+    _check_w8a16(coc_ranks.run(quant_task, tp, run=run), run, y)

@@ -15,7 +15,10 @@ Bug classes that escape single-call tests, each a MUST:
 * TP groups that are proper subgroups of the world, set up by Megatron's
   own ``initialize_model_parallel`` with DP > 1, each replica with its data;
 * stragglers: one rank, or random ranks, late at every collective, forward
-  and backward.
+  and backward;
+* corners: ``h_out`` (per rank) = 43, TP 1, and float32 parameters under
+  ``torch.autocast`` to bfloat16 (judged with bfloat16's bound against the
+  float64 truth).
 
 Every output, input gradient, weight and bias gradient of every step,
 micro-batch and replica is compared with the float64 replay of the same
@@ -55,7 +58,8 @@ def _check(coc_ranks: Any, verdicts: Any, job: LayerJob, *, world: int | None = 
     outcomes = coc_ranks.run(layer_task, world or job.tp, job=job)
     judge.check_no_errors(outcomes, f"{job.problem.layer} layer training")
     with verdicts.check("numerics of every step, micro-batch and replica", Level.MUST):
-        judge.check_training(job.problem, outcomes, tp=job.tp, chunks=CHUNKS, fusion=job.main_grad)
+        judge.check_training(job.problem, outcomes, tp=job.tp, chunks=CHUNKS, fusion=job.main_grad,
+                             autocast=job.autocast)
     with verdicts.check("results are values", Level.MUST):
         judge.check_values(outcomes)
     with verdicts.check("replicated results bitwise identical", Level.SHOULD):
@@ -99,4 +103,50 @@ def test_layer_stragglers(coc_ranks: Any, verdicts: Any, layer: str, sp: bool, t
     """A late rank at every collective of the forward and the backward (and at the call itself)."""
     job = LayerJob(_problem(layer, sp, tp, seed=4), tp, tuple(coc_argv(CHUNKS)), straggler_s=0.01,
                    straggler_rank=1 if who == "rank1" else None)
+    _check(coc_ranks, verdicts, job)
+
+
+# --- corners of the case space: where real patches change behaviour (docs/DESIGN.md#training-steps) -----------
+
+#: An output width with a tail no tile of 8 or 16 columns covers (per rank, for the column layer's shard).
+ODD_H_OUT = 43
+
+
+def _corner_params(tp: int) -> list[Any]:
+    return [pytest.param(layer, sp, tp, id=f"{layer}-{'sp' if sp else 'nosp'}-tp{tp}")
+            for layer, sp in (("column", True), ("row", False), ("mlp", True))]
+
+
+@pytest.mark.parametrize("layer, sp, tp", _corner_params(2))
+def test_corner_h_out_not_multiple_of_8(coc_ranks: Any, verdicts: Any, layer: str, sp: bool, tp: int) -> None:
+    """``h_out`` (per rank) = 43: the layers' matmuls write every column of the tail."""
+    h_out = ODD_H_OUT * tp if layer == "column" else ODD_H_OUT
+    tokens = (16 * tp,) if sp else (16,)
+    problem = LayerProblem(layer, sp, 32, h_out, "float32", b=2, tokens=tokens, ffn=64 if layer == "mlp" else None,
+                           seed=5)
+    _check(coc_ranks, verdicts, LayerJob(problem, tp, tuple(coc_argv(CHUNKS))))
+
+
+@pytest.mark.parametrize("layer, sp, tp", [pytest.param(layer, False, 1, id=f"{layer}-nosp-tp1")
+                                           for layer in LAYER_KINDS])  # megatron refuses SP without TP
+def test_corner_tp1_layers(coc_ranks: Any, verdicts: Any, layer: str, sp: bool, tp: int) -> None:
+    """TP 1: the patch is applied at any TP size, a group of one rank included."""
+    _check(coc_ranks, verdicts, LayerJob(_problem(layer, sp, tp, seed=6), tp, tuple(coc_argv(CHUNKS))))
+
+
+#: Layers megatron's own (serial) path runs under CPU autocast: its column SP backward reduce-scatters a
+#: reduced-precision dx into a buffer of the input's dtype, which gloo refuses (megatron-core 0.16).
+AUTOCAST_LAYERS = (("column", False), ("row", True), ("mlp", False))
+
+
+@pytest.mark.parametrize("layer, sp, tp", [pytest.param(layer, sp, 2, id=f"{layer}-{'sp' if sp else 'nosp'}-tp2")
+                                           for layer, sp in AUTOCAST_LAYERS])
+def test_corner_autocast(coc_ranks: Any, verdicts: Any, layer: str, sp: bool, tp: int) -> None:
+    """float32 parameters under ``torch.autocast`` to bfloat16, two steps: the truth stays float64.
+
+    Activations, gradients and parameters then have different dtypes: a
+    buffer sized or typed from the input's dtype instead of the computed
+    tensor's is wrong here only.
+    """
+    job = LayerJob(_problem(layer, sp, tp, seed=7), tp, tuple(coc_argv(CHUNKS)), steps=2, autocast="bfloat16")
     _check(coc_ranks, verdicts, job)

@@ -303,18 +303,10 @@ class GathersChunksInWrongOrder(_PatchedPipeline):
         return pipeline
 
 
-class BiasOnEveryRank(_PatchedPipeline):
-    """The row layer adds its bias on every rank before the reduction (tp times in all)."""
+class _PatchedRowForward(_PatchedPipeline):
+    """Runs the reference patch with the backend's ``row_forward`` (the one the patch calls) wrapped."""
 
-    name = "fault-bias-every-rank"
     target = "row_forward"
-
-    def wrap(self, original: Any) -> Any:
-        def row_forward(x: Any, weight: Any, bias: Any, **kw: Any) -> Any:
-            out = original(x, weight, None, **kw)
-            return out if bias is None else out + kw["group"].size() * bias
-
-        return row_forward
 
     def patch_megatron(self, config: CoCConfig) -> Any:
         from contextlib import ExitStack
@@ -329,6 +321,19 @@ class BiasOnEveryRank(_PatchedPipeline):
             stack.enter_context(mock.patch.object(backend, "row_forward", self.wrap(backend.row_forward)))
         stack.enter_context(ReferenceCoC.patch_megatron(self, config))
         return stack
+
+
+class BiasOnEveryRank(_PatchedRowForward):
+    """The row layer adds its bias on every rank before the reduction (tp times in all)."""
+
+    name = "fault-bias-every-rank"
+
+    def wrap(self, original: Any) -> Any:
+        def row_forward(x: Any, weight: Any, bias: Any, **kw: Any) -> Any:
+            out = original(x, weight, None, **kw)
+            return out if bias is None else out + kw["group"].size() * bias
+
+        return row_forward
 
 
 class IgnoresCustomizedCoC(ReferenceCoC):
@@ -909,6 +914,195 @@ class KillsItsTestProcess(ReferenceCoC):
         if list(argv or ()) == ["--use-ascend-coc", "--coc-fused-kernel"] and kw.get("tp_size") == 8:
             os._exit(3)
         return super().configure(argv, env, **kw)
+
+
+# --- corners of the case space: faults the regular corner of the catalogue never meets ------------------
+
+
+class _EveryOp(ReferenceCoC):
+    """Every fused op goes through :meth:`through` (where a fault goes wrong), which calls the reference's op."""
+
+    def through(self, op: str, x: Any, w: Any, bias: Any, kw: dict[str, Any]) -> Any:
+        return getattr(ReferenceCoC, op)(self, x, w, bias, **kw)
+
+    def matmul_all_reduce(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
+        return self.through("matmul_all_reduce", x, w, bias, kw)
+
+    def matmul_reduce_scatter(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
+        return self.through("matmul_reduce_scatter", x, w, bias, kw)
+
+    def all_gather_matmul(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
+        return self.through("all_gather_matmul", x, w, bias, kw)
+
+    def all_gather_matmul_v2(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
+        return self.through("all_gather_matmul_v2", x, w, bias, kw)
+
+
+class _EveryOpOutput(_EveryOp):
+    """Every op's output (the first of V2's pair) is replaced by ``self.bad(output)``."""
+
+    def bad(self, output: Any) -> Any:
+        raise NotImplementedError
+
+    def through(self, op: str, x: Any, w: Any, bias: Any, kw: dict[str, Any]) -> Any:
+        result = super().through(op, x, w, bias, kw)
+        return (self.bad(result[0]), result[1]) if isinstance(result, tuple) else self.bad(result)
+
+
+class UnwrittenColumnTail(_EveryOpOutput):
+    """The epilogue writes the output in tiles of 16 columns: the last ``n % 16`` columns stay as allocated."""
+
+    name = "fault-unwritten-column-tail"
+
+    def bad(self, output: Any) -> Any:
+        import torch
+
+        covered = output.shape[-1] - output.shape[-1] % 16
+        tiled = torch.empty_like(output)
+        tiled[..., :covered] = output[..., :covered]
+        return tiled
+
+
+class LargeGatherDropsLastBlock(_EveryOpOutput):
+    """Above 2048 output rows the op switches algorithm, and that path never writes its last block of 128 rows."""
+
+    name = "fault-large-gather-drops-block"
+
+    def bad(self, output: Any) -> Any:
+        import torch
+
+        if output.shape[0] <= 2048:
+            return output
+        switched = torch.empty_like(output)
+        switched[:-128] = output[:-128]
+        return switched
+
+
+class TP1RowDropsBias(_PatchedRowForward):
+    """Takes the CoC row path at every TP size; at TP 1 it skips the (trivial) reduction and the bias added after it."""
+
+    name = "fault-tp1-row-drops-bias"
+
+    def wrap(self, original: Any) -> Any:
+        def row_forward(x: Any, weight: Any, bias: Any, **kw: Any) -> Any:
+            return original(x, weight, None if kw["group"].size() == 1 else bias, **kw)
+
+        return row_forward
+
+    def patch_megatron(self, config: CoCConfig) -> Any:
+        from contextlib import ExitStack
+        from unittest import mock
+
+        import coc_impl.megatron_patch as patch
+
+        stack = ExitStack()
+        stack.enter_context(mock.patch.object(patch, "_row_uses_coc", lambda layer: not layer.explicit_expert_comm))
+        stack.enter_context(super().patch_megatron(config))
+        return stack
+
+
+class RawPointerWeight(_EveryOp):
+    """A raw-pointer kernel: reads ``w`` from the start of its storage as if contiguous (``w.contiguous()`` missing)."""
+
+    name = "fault-raw-pointer-weight"
+
+    def through(self, op: str, x: Any, w: Any, bias: Any, kw: dict[str, Any]) -> Any:
+        import torch
+
+        as_if_contiguous = torch.empty(0, dtype=w.dtype).set_(w.untyped_storage(), 0, w.shape)
+        return super().through(op, x, as_if_contiguous, bias, kw)
+
+
+def _alias(storage_of: Any, like: Any) -> Any:
+    """A tensor shaped like ``like`` over the start of ``storage_of``'s memory (as a kernel's output would be)."""
+    import torch
+
+    return torch.empty(0, dtype=like.dtype).set_(storage_of.untyped_storage(), 0, like.shape).copy_(like)
+
+
+class DoubleBufferedWorkspace(_EveryOpOutput):
+    """Outputs live in two workspaces per shape, used in turn: the third call of a shape overwrites the first's."""
+
+    name = "fault-double-buffered"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._buffers: dict[tuple[Any, ...], list[Any]] = {}
+        self._turn: dict[tuple[Any, ...], int] = {}
+
+    def bad(self, output: Any) -> Any:
+        import torch
+        import torch.distributed as dist
+
+        key = (dist.get_rank(), tuple(output.shape), output.dtype)  # per rank: threaded ranks share the instance
+        pair = self._buffers.setdefault(key, [torch.empty(output.shape, dtype=output.dtype) for _ in range(2)])
+        turn = self._turn.get(key, 0)
+        self._turn[key] = turn + 1
+        return _alias(pair[turn % 2], output)
+
+
+class SharedWorkspaceBetweenOps(_EveryOp):
+    """The gathers' output buffer is recycled as the reduce ops' scratch: a reduce after a gather overwrites it."""
+
+    name = "fault-shared-workspace-between-ops"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._scratch: dict[int, Any] = {}  # per rank: threaded ranks share the instance
+
+    def through(self, op: str, x: Any, w: Any, bias: Any, kw: dict[str, Any]) -> Any:
+        import torch.distributed as dist
+
+        result = super().through(op, x, w, bias, kw)
+        output = result[0] if isinstance(result, tuple) else result
+        scratch, rank = self._scratch.get(dist.get_rank()), dist.get_rank()
+        if op.startswith("all_gather"):
+            self._scratch[rank] = output  # handed out, and yet kept as free scratch
+        elif scratch is not None and scratch.numel() >= output.numel():
+            scratch.view(-1)[: output.numel()].copy_(output.reshape(-1))  # partials staged there
+        return result
+
+
+class Group128MisIndexed(ReferenceCoC):
+    """w8A16 with group size 128: each k row takes the next group's scale and offset (an off-by-one group index)."""
+
+    name = "fault-group128-misindexed"
+
+    def matmul_all_reduce(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
+        if kw.get("antiquant_group_size") == 128:
+            for name in ("antiquant_scale", "antiquant_offset"):
+                if kw.get(name) is not None:
+                    kw[name] = kw[name].roll(-1, 0)
+        return super().matmul_all_reduce(x, w, bias, **kw)
+
+
+class AutocastOutputInInputDtype(_PatchedRowForward):
+    """The row layer's output buffer takes the input's dtype: under autocast the bfloat16 result's bytes land in a
+    float32 buffer (sized and typed from the input, not from the product)."""
+
+    name = "fault-autocast-input-dtype"
+
+    def wrap(self, original: Any) -> Any:
+        import torch
+
+        class IntoInputDtype(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx: Any, out: Any, input_dtype: Any) -> Any:
+                ctx.dtype = out.dtype
+                buffer = torch.zeros(out.shape, dtype=input_dtype)
+                raw = out.contiguous().view(-1).view(torch.uint8)
+                buffer.view(-1).view(torch.uint8)[: raw.numel()].copy_(raw)  # the kernel writes its own dtype's bytes
+                return buffer
+
+            @staticmethod
+            def backward(ctx: Any, grad: Any) -> Any:
+                return grad.to(ctx.dtype), None
+
+        def row_forward(x: Any, weight: Any, bias: Any, **kw: Any) -> Any:
+            product = IntoInputDtype.apply(original(x, weight, None, **kw), x.dtype)
+            return product if bias is None else product + bias
+
+        return row_forward
 
 
 # --- correct variants: what the checks must pass (or skip) ----------------------------------------
