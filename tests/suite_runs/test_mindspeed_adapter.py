@@ -29,6 +29,7 @@ from tests.support import ROOT
 
 SPEC = "conformance.adapters.mindspeed:MindSpeedCoC"
 EXPECTATIONS = ROOT / "conformance" / "adapters" / "mindspeed.expectations.toml"
+PROBE_MODULE = "tests.suite_runs.test_mindspeed_adapter"  # this module, imported by a fresh interpreter
 STAND_IN = "stand-in"  # in the __file__ of every module install_cpu_shims creates
 
 
@@ -178,8 +179,8 @@ def probe() -> None:
 
 @pytest.fixture(scope="module")
 def probed() -> dict[str, Any]:
-    result = subprocess.run([sys.executable, "-c", "from tests.test_mindspeed_adapter import probe; probe()"],
-                            cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300)
+    result = subprocess.run([sys.executable, "-c", f"from {PROBE_MODULE} import probe; probe()"], cwd=ROOT,
+                            env=_env(), capture_output=True, text=True, timeout=300)
     lines = [line for line in result.stdout.splitlines() if line.startswith("PROBE ")]
     assert result.returncode == 0 and lines, f"probe failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
     return json.loads(lines[-1].removeprefix("PROBE "))
