@@ -81,8 +81,9 @@ def install_cpu_shims(stand_in_for: tuple[str, ...] = ()) -> None:
     """Stand-ins for what MindSpeed's CoC imports from the NPU stack, each only where the real one is absent.
 
     * ``torch_npu`` (``import torch_npu`` in the CoC files) and ``torch.npu``;
-    * ``megatron.training`` (not in the megatron-core wheel): ``get_args()``,
-      read by the SP backward for ``gradient_accumulation_fusion``;
+    * ``megatron.training`` (not in the megatron-core wheel before 0.18; where
+      it is, its global args, if unset): ``get_args()``, read by the SP
+      backward for ``gradient_accumulation_fusion``;
     * ``mindspeed.op_builder`` (its ``__init__`` imports every native-op
       builder, some needing ``torchair``): builders whose ``load()`` raises
       :class:`NativeKernelsUnavailable`.  Only without torch_npu: with it the
@@ -105,6 +106,11 @@ def install_cpu_shims(stand_in_for: tuple[str, ...] = ()) -> None:
         stub = stub_module("megatron.training", get_args=lambda: GLOBAL_ARGS)
         sys.modules["megatron.training"] = stub
         megatron.training = stub
+    else:  # megatron-core 0.18+ ships megatron.training: its get_args() answers GLOBAL_ARGS until a run sets its own
+        from megatron.training import global_vars
+
+        if global_vars._GLOBAL_ARGS is None:
+            global_vars.set_args(GLOBAL_ARGS)
     for name in stand_in_for:
         if name not in sys.modules and importlib.util.find_spec(name) is None:
             sys.modules[name] = stub_module(name)
