@@ -12,6 +12,7 @@ that refusal run; the rest skip, saying why.  With it:
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -170,8 +171,10 @@ def _patching(impl: Any) -> dict[str, Any]:
 def probe() -> None:
     """Run in a fresh interpreter: prints one JSON object of everything the unit tests check."""
     before = _shims()
+    real_training = importlib.util.find_spec("megatron.training") is not None  # shipped by megatron-core 0.18+
     impl = adapter.MindSpeedCoC()
-    report = {"before": before, "after": _shims(), "root": str(adapter.checkout()),
+    report = {"before": before, "after": _shims(), "root": str(adapter.checkout()), "real_training": real_training,
+              "checkout": [adapter.load_mindspeed().checkout.branch, adapter.load_mindspeed().checkout.commit],
               "configure": {label: _configured(impl, argv, kw) for label, argv, kw in CONFIGURE_CASES},
               "patching": _patching(impl)}
     print("PROBE " + json.dumps(report))
@@ -191,9 +194,18 @@ def test_shims_are_installed_only_when_mindspeed_is_loaded(probed: dict[str, Any
     assert probed["before"] == {"torch_npu": False, "megatron.training": False, "mindspeed.op_builder": False,
                                 "torch.npu": None}
     after = probed["after"]
-    assert after["torch_npu"] and after["megatron.training"] and after["mindspeed.op_builder"]
+    assert after["torch_npu"] and after["mindspeed.op_builder"]
+    assert after["megatron.training"] is not probed["real_training"], "stand-in only where the real one is absent"
     assert after["torch.npu"] == "cpu"
     assert "ATB/LCAL" in after["lcal_load"]
+
+
+@needs_mindspeed
+def test_the_checkout_is_identified(probed: dict[str, Any]) -> None:
+    """Branch and commit come from the checkout's git metadata (they pick the expectations and the notes)."""
+    git = subprocess.run(["git", "-C", probed["root"], "rev-parse", "HEAD"], capture_output=True, text=True)
+    commit = git.stdout.strip()
+    assert probed["checkout"][1] == commit
 
 
 @needs_mindspeed
