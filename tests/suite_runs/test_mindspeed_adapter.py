@@ -269,11 +269,21 @@ class CorruptsColumnOutput(adapter.MindSpeedCoC):
                 ColumnParallelLinear.forward = patched
 
 
+def expectations() -> Path:
+    """The shipped expectations written for the checkout's branch and this megatron-core (core_r0.16.0's if none)."""
+    from conformance.adapters.mindspeed import provenance
+    from conformance.adapters.mindspeed.checkout import identify
+
+    found = identify(adapter.checkout())
+    fitting = [f.path for f in provenance.shipped() if f.fits(found.branch, provenance.installed_megatron_core())]
+    return fitting[0] if fitting else EXPECTATIONS
+
+
 def _suite(tmp_path: Path, impl: str, select: str) -> tuple[int, dict[str, Any], str]:
     summary = tmp_path / "summary.json"
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--pyargs", "conformance.suite.test_layers",
-         "--coc-impl", impl, "--coc-tp", "2", "-k", select, "--coc-expectations", str(EXPECTATIONS),
+         "--coc-impl", impl, "--coc-tp", "2", "-k", select, "--coc-expectations", str(expectations()),
          "--coc-summary", str(summary), "-c", str(ROOT / "pyproject.toml"), "--rootdir", str(ROOT), "-q", "-rf"],
         cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=600)
     output = result.stdout[-4000:] + result.stderr[-2000:]
