@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from conformance.adapters.mindspeed import compat, configuration, layers, loading, provenance, shims
+from conformance.adapters.mindspeed import compat, configuration, layer_patch, loading, provenance, shims
 from conformance.adapters.mindspeed.checkout import Checkout, identify
 
 
@@ -98,30 +98,30 @@ def test_layer_arguments_follow_the_signature(monkeypatch: pytest.MonkeyPatch) -
     from megatron.core import parallel_state
 
     monkeypatch.setattr(parallel_state, "get_tensor_model_parallel_group", lambda *a, **k: "the-default-group")
-    monkeypatch.setattr(layers, "tp_group_resolver", lambda: None)
+    monkeypatch.setattr(layer_patch, "tp_group_resolver", lambda: None)
     offered = {"divide": "divide", "_reduce": "reduce"}
-    assert layers.layer_arguments(takes_tp_group, Layer(), offered) == {"tp_group": "the-tp-group",
+    assert layer_patch.layer_arguments(takes_tp_group, Layer(), offered) == {"tp_group": "the-tp-group",
                                                                         "divide": "divide"}
-    assert layers.layer_arguments(takes_parallel_group, Layer(), offered) == {
+    assert layer_patch.layer_arguments(takes_parallel_group, Layer(), offered) == {
         "parallel_group": "the-default-group", "divide": "divide"}
 
     def resolve(kwargs: dict[str, Any]) -> tuple[Any, ...]:
         assert kwargs == {"tp_group": "the-tp-group", "is_expert": False}
         return "resolved", True, "get-group", "get-world-size", "get-rank"
 
-    monkeypatch.setattr(layers, "tp_group_resolver", lambda: resolve)
-    assert layers.layer_arguments(takes_tp_group, Layer(), offered) == {"tp_group": "resolved", "use_coc": True,
+    monkeypatch.setattr(layer_patch, "tp_group_resolver", lambda: resolve)
+    assert layer_patch.layer_arguments(takes_tp_group, Layer(), offered) == {"tp_group": "resolved", "use_coc": True,
                                                                         "divide": "divide"}
 
 
 def test_hands_back_where_the_branch_forward_would() -> None:
     config = argparse.Namespace(coc_mode=-1, coc_fused_kernel=False)
     layer = argparse.Namespace(config=argparse.Namespace())
-    assert not layers.hands_back_to_megatron(config, layer, row=False)
-    assert layers.hands_back_to_megatron(argparse.Namespace(coc_mode=0, coc_fused_kernel=False), layer, row=False)
-    assert layers.hands_back_to_megatron(config, argparse.Namespace(config=layer.config, use_coc=False), row=False)
-    assert layers.hands_back_to_megatron(config, argparse.Namespace(config=argparse.Namespace(coc_row_nocomm=True)),
-                                         row=True)
+    assert not layer_patch.hands_back_to_megatron(config, layer, row=False)
+    assert layer_patch.hands_back_to_megatron(argparse.Namespace(coc_mode=0, coc_fused_kernel=False), layer, row=False)
+    assert layer_patch.hands_back_to_megatron(config, argparse.Namespace(config=layer.config, use_coc=False), row=False)
+    nocomm = argparse.Namespace(config=argparse.Namespace(coc_row_nocomm=True))
+    assert layer_patch.hands_back_to_megatron(config, nocomm, row=True)
 
 
 def test_compat_adds_group_only_where_it_is_required() -> None:

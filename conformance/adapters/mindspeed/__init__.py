@@ -12,10 +12,10 @@ opts into one fix, for comparison).
 * :mod:`.loading` -- importing what the branch has, naming what it lacks;
 * :mod:`.shims` -- stand-ins for the NPU stack, installed only when MindSpeed is loaded;
 * :mod:`.configuration` -- ``configure``: MindSpeed's parser and the validators that police CoC, discovered;
-* :mod:`.layers` -- ``patch_megatron``: megatron's layers running MindSpeed's forward, with the
+* :mod:`.layer_patch` -- ``patch_megatron``: megatron's layers running MindSpeed's forward, with the
   arguments this branch's layer ``__init__`` takes;
 * :mod:`.provenance` -- which shipped expectations fit, and a note when the commit is not theirs;
-* :mod:`.coc`, :mod:`.compat` -- the two implementations.
+* :mod:`.implementation`, :mod:`.compat` -- the two implementations.
 
 Only the scripted path runs: the fused path is ATB/LCAL kernels
 (``mindspeed/ops/lcal_functional.py``), and the four fused ops have no
@@ -27,8 +27,8 @@ MindSpeed keeps its settings in process globals (``min_comm_config``,
 """
 
 from conformance.adapters.mindspeed.checkout import CHECKOUT_ENV, checkout
-from conformance.adapters.mindspeed.coc import ExpectationsMismatchWarning, MindSpeedCoC
 from conformance.adapters.mindspeed.compat import MindSpeedCoCCompat
+from conformance.adapters.mindspeed.implementation import ExpectationsMismatchWarning, MindSpeedCoC
 from conformance.adapters.mindspeed.loading import STAND_IN_ENV, load_mindspeed
 from conformance.adapters.mindspeed.shims import GLOBAL_ARGS, NativeKernelsUnavailable, install_cpu_shims
 

@@ -6,7 +6,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-from conformance.adapters.mindspeed.coc import MindSpeedCoC
+from conformance.adapters.mindspeed.implementation import MindSpeedCoC
 
 #: The megatron-core mappings MindSpeed's unchunked paths call without ``group``.
 MAPPINGS = ("_reduce", "_reduce_scatter_along_first_dim", "_gather_along_first_dim")

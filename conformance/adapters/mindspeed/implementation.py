@@ -15,7 +15,7 @@ from conformance.adapters.mindspeed.configuration import (
     parse_mindspeed_args,
     validate,
 )
-from conformance.adapters.mindspeed.layers import megatron_functions, patched_layers
+from conformance.adapters.mindspeed.layer_patch import megatron_functions, patched_layers
 from conformance.adapters.mindspeed.loading import load_mindspeed
 
 
