@@ -1,4 +1,4 @@
-"""The MindSpeed adapter (``conformance/adapters/mindspeed.py``) against a real MindSpeed checkout.
+"""The MindSpeed adapter (``conformance/adapters/mindspeed/``) against a real MindSpeed checkout.
 
 Without MindSpeed (``MINDSPEED_SRC`` unset or not a checkout) only the tests of
 that refusal run; the rest skip, saying why.  With it:
