@@ -44,6 +44,11 @@ Optional declarations (attributes of the implementation, all new in version 2;
     (``--coc-fused-kernel``): those cases are skipped.  Default ``True``.
 ``in_place_ops``
     Names of ops whose result may share memory with an input.  Default none.
+``notes``
+    Lines the run's report should carry about this implementation (the JSON
+    summary's ``implementation_notes`` and the terminal summary): e.g. an
+    adapter saying its checkout is not the commit its expectations were
+    written for.  Default none.
 """
 
 from __future__ import annotations

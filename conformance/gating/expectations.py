@@ -256,7 +256,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"cannot read {args.summary}: {exc}", file=sys.stderr)
         return 2
     previous = Expectations.load(args.out) if args.out.exists() else None
-    meta = {"implementation": doc.get("implementation", "?")}
+    meta = {**(previous.meta if previous else {}), "implementation": doc.get("implementation", "?")}
     updated = from_summary(doc.get("cases", []), previous, meta)
     args.out.write_text(updated.dumps(), encoding="utf-8")
     counts = {o: sum(e.outcome == o for e in updated.entries) for o in OUTCOMES}

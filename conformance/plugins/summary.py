@@ -135,6 +135,7 @@ class SummaryWriter:
             "python": platform.python_version(),
             "torch": _version("torch"),
             "megatron_core": _version("megatron-core"),
+            "implementation_notes": implementation_notes(self.config),
             "started": self.started,
             "duration": round(time.time() - self.started, 2),
             "collected": len(self.roster.collected),
@@ -164,7 +165,24 @@ class SummaryWriter:
         if missing or self.roster.crashed:
             terminalreporter.write_line(f"coc-conformance: {len(missing)} collected case(s) have no result "
                                         f"(crashed workers: {self.roster.crashed})", red=True)
+        notes = implementation_notes(self.config)
+        if notes:
+            terminalreporter.section("coc-conformance: notes from the implementation")
+            for note in notes:
+                terminalreporter.write_line(note, yellow=True)
         terminalreporter.write_line(f"coc-conformance: summary written to {self.path}")
+
+
+def implementation_notes(config: pytest.Config) -> list[str]:
+    """What the implementation says about this run (its optional ``notes``: e.g. a checkout its expectations
+    were not written for); nothing when it cannot be loaded (the session stopped on that already)."""
+    from conformance.harness.impl_loader import ImplementationLoadError, load_implementation
+
+    try:
+        impl = load_implementation(impl_spec(config))
+    except ImplementationLoadError:
+        return []
+    return [str(note) for note in getattr(impl, "notes", ()) or ()]
 
 
 def _version(name: str) -> str:

@@ -1,4 +1,4 @@
-"""The MindSpeed adapter (``conformance/adapters/mindspeed.py``) against a real MindSpeed checkout.
+"""The MindSpeed adapter (``conformance/adapters/mindspeed/``) against a real MindSpeed checkout.
 
 Without MindSpeed (``MINDSPEED_SRC`` unset or not a checkout) only the tests of
 that refusal run; the rest skip, saying why.  With it:
@@ -12,6 +12,7 @@ that refusal run; the rest skip, saying why.  With it:
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -29,6 +30,7 @@ from tests.support import ROOT
 
 SPEC = "conformance.adapters.mindspeed:MindSpeedCoC"
 EXPECTATIONS = ROOT / "conformance" / "adapters" / "mindspeed.expectations.toml"
+PROBE_MODULE = "tests.suite_runs.test_mindspeed_adapter"  # this module, imported by a fresh interpreter
 STAND_IN = "stand-in"  # in the __file__ of every module install_cpu_shims creates
 
 
@@ -169,8 +171,10 @@ def _patching(impl: Any) -> dict[str, Any]:
 def probe() -> None:
     """Run in a fresh interpreter: prints one JSON object of everything the unit tests check."""
     before = _shims()
+    real_training = importlib.util.find_spec("megatron.training") is not None  # shipped by megatron-core 0.18+
     impl = adapter.MindSpeedCoC()
-    report = {"before": before, "after": _shims(), "root": str(adapter.checkout()),
+    report = {"before": before, "after": _shims(), "root": str(adapter.checkout()), "real_training": real_training,
+              "checkout": [adapter.load_mindspeed().checkout.branch, adapter.load_mindspeed().checkout.commit],
               "configure": {label: _configured(impl, argv, kw) for label, argv, kw in CONFIGURE_CASES},
               "patching": _patching(impl)}
     print("PROBE " + json.dumps(report))
@@ -178,8 +182,8 @@ def probe() -> None:
 
 @pytest.fixture(scope="module")
 def probed() -> dict[str, Any]:
-    result = subprocess.run([sys.executable, "-c", "from tests.test_mindspeed_adapter import probe; probe()"],
-                            cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300)
+    result = subprocess.run([sys.executable, "-c", f"from {PROBE_MODULE} import probe; probe()"], cwd=ROOT,
+                            env=_env(), capture_output=True, text=True, timeout=300)
     lines = [line for line in result.stdout.splitlines() if line.startswith("PROBE ")]
     assert result.returncode == 0 and lines, f"probe failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
     return json.loads(lines[-1].removeprefix("PROBE "))
@@ -190,9 +194,18 @@ def test_shims_are_installed_only_when_mindspeed_is_loaded(probed: dict[str, Any
     assert probed["before"] == {"torch_npu": False, "megatron.training": False, "mindspeed.op_builder": False,
                                 "torch.npu": None}
     after = probed["after"]
-    assert after["torch_npu"] and after["megatron.training"] and after["mindspeed.op_builder"]
+    assert after["torch_npu"] and after["mindspeed.op_builder"]
+    assert after["megatron.training"] is not probed["real_training"], "stand-in only where the real one is absent"
     assert after["torch.npu"] == "cpu"
     assert "ATB/LCAL" in after["lcal_load"]
+
+
+@needs_mindspeed
+def test_the_checkout_is_identified(probed: dict[str, Any]) -> None:
+    """Branch and commit come from the checkout's git metadata (they pick the expectations and the notes)."""
+    git = subprocess.run(["git", "-C", probed["root"], "rev-parse", "HEAD"], capture_output=True, text=True)
+    commit = git.stdout.strip()
+    assert probed["checkout"][1] == commit
 
 
 @needs_mindspeed
@@ -256,11 +269,21 @@ class CorruptsColumnOutput(adapter.MindSpeedCoC):
                 ColumnParallelLinear.forward = patched
 
 
+def expectations() -> Path:
+    """The shipped expectations written for the checkout's branch and this megatron-core (core_r0.16.0's if none)."""
+    from conformance.adapters.mindspeed import provenance
+    from conformance.adapters.mindspeed.checkout import identify
+
+    found = identify(adapter.checkout())
+    fitting = [f.path for f in provenance.shipped() if f.fits(found.branch, provenance.installed_megatron_core())]
+    return fitting[0] if fitting else EXPECTATIONS
+
+
 def _suite(tmp_path: Path, impl: str, select: str) -> tuple[int, dict[str, Any], str]:
     summary = tmp_path / "summary.json"
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--pyargs", "conformance.suite.test_layers",
-         "--coc-impl", impl, "--coc-tp", "2", "-k", select, "--coc-expectations", str(EXPECTATIONS),
+         "--coc-impl", impl, "--coc-tp", "2", "-k", select, "--coc-expectations", str(expectations()),
          "--coc-summary", str(summary), "-c", str(ROOT / "pyproject.toml"), "--rootdir", str(ROOT), "-q", "-rf"],
         cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=600)
     output = result.stdout[-4000:] + result.stderr[-2000:]
