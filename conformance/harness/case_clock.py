@@ -5,10 +5,13 @@ time and final.  The budget a task declares (:meth:`RankContext.expect_within
 <conformance.harness.case.RankContext.expect_within>`) starts once every rank
 has loaded the implementation (a framework's import is not the first case's
 fault), and when it runs out the case is hung only if none of its running
-ranks progressed over the budget (:mod:`conformance.harness.progress`);
-otherwise it is given the same span again, up to the ceiling.  Without
-evidence (no ``/proc``, or a device backend whose waits spin on the CPU) the
-budget is wall time.
+ranks progressed over the budget -- used CPU time
+(:mod:`conformance.harness.progress`), or saw a collective complete (the
+count :mod:`conformance.harness.probes` keeps, which a rank reports in its
+progress messages: a rank blocked in a slow collective that completes uses
+no CPU) -- otherwise it is given the same span again, up to the ceiling.
+Without either evidence (no ``/proc``, or a device backend whose waits spin
+on the CPU, and no collective completing) the budget is wall time.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ class CaseClock:
         self.loading = set(loading)
         self._span: float | None = None  #: the budget's length, once declared
         self._extended = False  #: whether progress has moved the deadline on
+        self._since = self.started  #: when the current span of evidence began
+        self._completing: set[int] = set()  #: ranks that saw a collective complete in the current span
 
     def left(self) -> float:
         """Seconds until the current deadline."""
@@ -53,10 +58,20 @@ class CaseClock:
         if not self.loading and self._span is not None and self.deadline >= self.ceiling:
             self._start_budget(self._span, keep_later=False)
 
+    def collective_completed(self, rank: int) -> None:
+        """``rank`` saw a collective complete: it progressed in the current span."""
+        self._completing.add(rank)
+
     def _start_budget(self, seconds: float, *, keep_later: bool, ranks: list[int] | None = None) -> None:
         now = time.monotonic()
         earlier = self.deadline if keep_later and self.deadline < self.ceiling else 0.0
         self.deadline = min(self.ceiling, max(earlier, now + seconds))
+        self._mark(ranks)
+
+    def _mark(self, ranks: list[int] | None = None) -> None:
+        """A new span of evidence starts now (for ``ranks``; every rank when None)."""
+        self._since = time.monotonic()
+        self._completing.difference_update(self._completing if ranks is None else ranks)
         if self.watch is not None:
             self.watch.mark(ranks)
 
@@ -69,20 +84,19 @@ class CaseClock:
         elapsed = now - self.started
         if self.deadline >= self.ceiling:
             return self._past_ceiling(ranks)
-        if self.watch is None:
-            return (f"rank(s) {ranks} did not finish within {elapsed:.3g} s "
-                    f"(the case's budget; ceiling {self.ceiling_s:g} s)")
-        if self.watch.progressed(ranks):
-            span = self._span or self.watch.span()
+        span = now - self._since
+        if self._completing.intersection(ranks) or (self.watch is not None and self.watch.progressed(ranks)):
             self._extended = True
-            self.deadline = min(self.ceiling, now + span)
-            self.watch.mark()
+            self.deadline = min(self.ceiling, now + (self._span or span))
+            self._mark()
             return None
-        used = self.watch.used(ranks)
-        most = max(used.values(), default=0.0)
-        return (f"rank(s) {ranks} did not finish within {elapsed:.3g} s: no rank used CPU time for the last "
-                f"{self.watch.span():.3g} s of the case's budget (at most {most * 1e3:.0f} ms each, what a rank "
-                f"blocked in a collective uses; ceiling {self.ceiling_s:g} s)")
+        if self.watch is None:
+            return (f"rank(s) {ranks} did not finish within {elapsed:.3g} s (the case's budget; no collective "
+                    f"completed on them for its last {span:.3g} s; ceiling {self.ceiling_s:g} s)")
+        most = max(self.watch.used(ranks).values(), default=0.0)
+        return (f"rank(s) {ranks} did not finish within {elapsed:.3g} s: no collective completed and no rank used "
+                f"CPU time for the last {span:.3g} s of the case's budget (at most {most * 1e3:.0f} ms each, what "
+                f"a rank blocked in a collective uses; ceiling {self.ceiling_s:g} s)")
 
     def _past_ceiling(self, ranks: list[int]) -> str:
         loading = sorted(self.loading.intersection(ranks))
@@ -91,5 +105,5 @@ class CaseClock:
                     "(the case's ceiling; loading is bounded by the ceiling only, not by the budget)")
         why = f"rank(s) {ranks} did not finish within {self.ceiling_s:g} s (the case's ceiling"
         if self._extended:
-            why += "; its ranks kept using CPU time past their budget"
+            why += "; its ranks kept progressing (using CPU time or completing collectives) past their budget"
         return why + ")"

@@ -144,6 +144,7 @@ class _TrackedWork:
     def wait(self, *args: Any, **kwargs: Any) -> Any:
         result = self._work.wait(*args, **kwargs)
         self._log.waited(self._index)
+        COMPLETED.note()
         return result
 
     def __getattr__(self, name: str) -> Any:
@@ -235,6 +236,8 @@ def _api_wrapper(name: str, original: Any) -> Any:
             result = original(*args, **kwargs)
         finally:
             stack.pop()
+        if outermost and not async_op:
+            COMPLETED.note()
         if log is None or not outermost:
             return result
         if len(log.calls) == seen:  # the dispatcher never saw it (a process group written in Python)
@@ -349,6 +352,7 @@ def _note_lazy_waits(log: CollectiveLog, args: Any, kwargs: Any) -> None:
             index = log._lazy.pop(ptr, None)
             if index is not None:
                 log.waited(index)
+                COMPLETED.note()
 
 
 def _shapes(args: Any) -> list[tuple[int, ...]]:
@@ -363,3 +367,28 @@ def _shapes(args: Any) -> list[tuple[int, ...]]:
             elif isinstance(item, (list, tuple)):
                 found.extend(tuple(t.shape) for t in item if isinstance(t, torch.Tensor))
     return found
+
+
+# --- progress evidence: collectives seen completing (the case clock's second evidence) ------------------------
+
+
+@dataclass
+class CompletionCount:
+    """Collectives this process saw complete while recording; ``listener`` hears each new count.
+
+    A rank reports it in its progress messages
+    (:mod:`conformance.harness.launchers.worker`), so that
+    :class:`~conformance.harness.case_clock.CaseClock` does not take a rank
+    blocked in a slow collective that completes (it uses no CPU) for a hung one.
+    """
+
+    count: int = 0
+    listener: Callable[[int], None] | None = None
+
+    def note(self) -> None:
+        self.count += 1
+        if self.listener is not None:
+            self.listener(self.count)
+
+
+COMPLETED = CompletionCount()

@@ -227,7 +227,9 @@ def test_each_cause_has_its_own_error_type(coc_impl: Any, coc_declarations: Decl
 def test_incompatibilities_only_apply_when_enabled(coc_impl: Any) -> None:
     config, error = _configure(coc_impl, [], {}, use_ascend_mc2=True, num_experts=8, tp_2d=True,
                                transformer_impl="transformer_engine")
-    assert error is None, f"configure refused settings although CoC is off: {error.describe() if error else ''}"
+    if error is not None:
+        raise WrongError(f"configure refused settings although CoC is off (an incompatibility only applies with "
+                         f"CoC enabled): {error.describe()}")
     assert config.enabled is False
 
 

@@ -48,6 +48,7 @@ from conformance.judge import ops as judge
 from conformance.judge.assembly import assemble, copies
 from conformance.judge.failures import DeterminismViolation, WrongError, suite_requires
 from conformance.judge.levels import Level
+from conformance.judge.verdicts import NotJudged
 from conformance.protocol import FUSED_OPS, Declarations
 from golden.catalogue import DTYPES, TP_SIZES
 
@@ -87,12 +88,15 @@ def _judge(verdicts: Any, declared: Declarations, judged: list[tuple[OpRun, list
             judge.check_ran(run, outcomes)
     with verdicts.check("results are values", Level.MUST):
         for run, outcomes in judged:
+            _needs_every_result(outcomes)
             judge.check_contract(run, outcomes, declared.in_place_ops)
     with verdicts.check("numerics" if not exact else "exact layout", Level.MUST):
         for run, outcomes in judged:
+            _needs_every_result(outcomes)
             judge.check_numerics(run, outcomes, exact=exact)
     with verdicts.check("replicated results bitwise identical", Level.SHOULD):
         for run, outcomes in judged:
+            _needs_every_result(outcomes)
             judge.check_identical_copies(run, outcomes)
 
 
@@ -118,6 +122,12 @@ def _numbers_or_clear_refusal(coc_ranks: Any, verdicts: Any, declared: Declarati
         judge.check_contract(run, outcomes, declared.in_place_ops)
     with verdicts.check(f"{label}: numerics", Level.MUST):
         judge.check_numerics(run, outcomes)
+
+
+def _needs_every_result(outcomes: list[Any]) -> None:
+    """Not judged where a call raised on some rank: "the op ran on every rank" has failed, no result to judge."""
+    if any(e is not None for e in judge.call_errors(outcomes)):
+        raise NotJudged("a call raised on some rank (the op ran on every rank failed): its results are missing")
 
 
 def _op_params() -> list[Any]:

@@ -1105,6 +1105,129 @@ class AutocastOutputInInputDtype(_PatchedRowForward):
         return row_forward
 
 
+# --- one check each: settings, refusals and warnings the other faults leave alone -------------------
+
+
+class RefusesMC2WhileOff(ReferenceCoC):
+    """Refuses MC2 before looking whether CoC is enabled at all: a run without CoC cannot use MC2."""
+
+    name = "fault-refuses-mc2-while-off"
+
+    def configure(self, argv: Sequence[str] | None, env: Mapping[str, str] | None, **kw: Any) -> CoCConfig:
+        from coc_impl.errors import CoCWithMC2Error
+
+        if kw.get("use_ascend_mc2"):
+            raise CoCWithMC2Error("CoC cannot be combined with MC2 (use_ascend_mc2)")
+        return super().configure(argv, env, **kw)
+
+
+class IgnoresRecomputeAllGather(ReferenceCoC):
+    """Ignores ``recompute_all_gather=False``: the column backward all-gathers its input again."""
+
+    name = "fault-ignores-recompute-all-gather"
+
+    def patch_megatron(self, config: CoCConfig) -> Any:
+        from dataclasses import replace
+
+        return super().patch_megatron(replace(config, user_cfgs=replace(config.user_cfgs, recompute_all_gather=True)))
+
+
+class _ChunkPolicy(ReferenceCoC):
+    """Runs the reference patch with ``coc_impl.scripted.resolve_chunks`` replaced by ``self.resolve``."""
+
+    def resolve(self, original: Any, config: CoCConfig, **kw: Any) -> int:
+        raise NotImplementedError
+
+    def patch_megatron(self, config: CoCConfig) -> Any:
+        from contextlib import ExitStack
+        from functools import partial
+        from unittest import mock
+
+        import coc_impl.scripted as scripted
+
+        stack = ExitStack()
+        resolve = partial(self.resolve, scripted.resolve_chunks)
+        stack.enter_context(mock.patch.object(scripted, "resolve_chunks", resolve))
+        stack.enter_context(super().patch_megatron(config))
+        return stack
+
+
+class RefusesUnevenTokensVaguely(_ChunkPolicy):
+    """Refuses token counts no chunk count divides, on every rank, without saying which m or p."""
+
+    name = "fault-refuses-uneven-vaguely"
+
+    def resolve(self, original: Any, config: CoCConfig, **kw: Any) -> int:
+        from coc_impl.errors import CoCShapeError
+
+        try:
+            return int(original(config, **kw))
+        except CoCShapeError:
+            raise CoCShapeError("CoC: the token count does not split into the requested chunks") from None
+
+
+class FallsBackSilently(_ChunkPolicy):
+    """With fewer rows than chunks, runs unchunked without the fallback warning."""
+
+    name = "fault-falls-back-silently"
+
+    def resolve(self, original: Any, config: CoCConfig, **kw: Any) -> int:
+        from coc_impl.chunking import FallbackNotice
+
+        return int(original(config, **{**kw, "notice": FallbackNotice(given=True)}))
+
+
+class RaisesOnOneRankAfterReducing(ReferenceCoC):
+    """matmul_all_reduce: rank 1 raises once its all-reduce is done (e.g. releasing a workspace); rank 0 returns."""
+
+    name = "fault-raises-on-one-rank"
+
+    def matmul_all_reduce(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
+        import torch.distributed as dist
+
+        out = super().matmul_all_reduce(x, w, bias, **kw)
+        if dist.get_rank(kw["group"]) == 1:
+            raise RuntimeError("workspace release failed")
+        return out
+
+
+class DropsScatterRemainder(ReferenceCoC):
+    """matmul_reduce_scatter: ``m % tp`` leftover rows are silently dropped instead of refused."""
+
+    name = "fault-drops-scatter-remainder"
+
+    def matmul_reduce_scatter(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
+        extra = x.shape[0] % kw["group"].size()
+        return super().matmul_reduce_scatter(x[: x.shape[0] - extra] if extra else x, w, bias, **kw)
+
+
+class TruncatesLongScale(ReferenceCoC):
+    """w8A16: a per-channel ``antiquant_scale`` longer than n is cut to n instead of refused."""
+
+    name = "fault-truncates-long-scale"
+
+    def matmul_all_reduce(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
+        from coc_impl.quant import weight_kn
+
+        scale = kw.get("antiquant_scale")
+        if scale is not None and scale.dim() == 1 and not kw.get("antiquant_group_size"):
+            kw["antiquant_scale"] = scale[: weight_kn(w, bool(kw.get("transpose_weight")))[1]]
+        return super().matmul_all_reduce(x, w, bias, **kw)
+
+
+class UnfusedWeightGrad(_PatchedPipeline):
+    """Under gradient-accumulation fusion the weight gradient comes back as a full ``.grad``; main_grad untouched."""
+
+    name = "fault-unfused-weight-grad"
+    target = "_weight_grad"
+
+    def wrap(self, original: Any) -> Any:
+        def weight_grad(weight: Any, grad_output: Any, total_input: Any, fusion: bool) -> Any:
+            return original(weight, grad_output, total_input, False)
+
+        return weight_grad
+
+
 # --- correct variants: what the checks must pass (or skip) ----------------------------------------
 
 

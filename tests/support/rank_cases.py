@@ -89,3 +89,19 @@ def impl_name(ctx: RankContext) -> str:
     ctx.budget_from(0.0)
     return str(ctx.impl.name)
 
+
+
+def slow_collectives(ctx: RankContext, rounds: int, pause_s: float) -> int:
+    """Every rank idle, yet progressing: rank 0 sleeps before each all-reduce, the others wait in it."""
+    import torch
+    import torch.distributed as dist
+
+    from conformance.harness.probes import record_collectives
+
+    ctx.budget_from(0.0)
+    with record_collectives():
+        for _ in range(rounds):
+            if ctx.rank == 0:
+                time.sleep(pause_s)
+            dist.all_reduce(torch.ones(1), group=ctx.group)
+    return rounds

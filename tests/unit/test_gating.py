@@ -182,3 +182,16 @@ def test_whole_case_entries_still_cover_a_whole_case_and_skip_is_whole_case_only
     with pytest.raises(expectations.ExpectationsError, match="level must be one of"):
         expectations.Expectations.parse({"expect": [{"pattern": "x", "level": "MAY", "outcome": "fail",
                                                      "reason": "r"}]})
+
+
+SHIPPED_EXPECTATIONS = [ROOT / "conformance" / "adapters" / "mindspeed.expectations.toml",
+                        ROOT / "tests" / "support" / "megatron_style.expectations.toml"]
+
+
+@pytest.mark.parametrize("path", SHIPPED_EXPECTATIONS, ids=lambda p: p.name)
+def test_shipped_expectations_name_the_checks_they_know(path: Path) -> None:
+    """A known failure never hides another check's failure in the same case: no shipped entry covers a whole case."""
+    entries = expectations.Expectations.load(path).entries
+    assert entries, path
+    whole = [e.pattern for e in entries if e.whole_case and e.outcome == "fail"]
+    assert not whole, f"{path.name}: entries naming no check and no level: {whole}"

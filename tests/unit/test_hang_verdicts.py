@@ -40,6 +40,14 @@ def test_a_slowed_correct_case_passes_and_a_deadlock_is_declared_at_its_budget(
     assert "rank(s) [1]" in message, message
 
 
+def test_ranks_waiting_in_slow_collectives_that_complete_are_not_hung(pool: ProcessLauncher) -> None:
+    """No rank uses CPU time (rank 0 sleeps, the others wait for it), but each all-reduce completes: it runs on."""
+    task = RankTask(rank_cases.slow_collectives, 2, {"rounds": 8, "pause_s": 0.3}, timeout=120,
+                    budget=Budget(factor=1, floor=0.5))
+    outcomes = pool.run(task, (), DEFAULT_IMPL)
+    assert [o.value for o in outcomes] == [8, 8], [o.error for o in outcomes]
+
+
 def test_the_budget_starts_once_the_implementation_is_loaded(pool: ProcessLauncher) -> None:
     """Loading takes several budget floors; the case's budget is the floor, and it passes."""
     spec = "tests.support.harness_faults:SlowToLoad"

@@ -22,5 +22,7 @@ def test_no_reason_outlives_its_check() -> None:
 def test_every_row_names_a_fault_and_a_check_of_the_suite() -> None:
     checks = set(suite_checks())
     for proof in FAULT_TABLE:
-        assert hasattr(faulty_impls, proof.fault), proof
+        fault = getattr(faulty_impls, proof.fault, None)
+        assert isinstance(fault, type) and fault.__module__ == faulty_impls.__name__, \
+            f"{proof.id}: no fault {proof.fault!r} defined in tests/support/faulty_impls.py"
         assert any(proof in proofs_of(module, name) for module, name in checks), f"{proof.id}: no such check"

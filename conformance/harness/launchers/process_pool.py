@@ -11,8 +11,9 @@ attached; the pool is then torn down and rebuilt on next use, so the session
 goes on.  Each rank loads the implementation before it runs the task and says
 so; a task may lower its deadline while it runs
 (:meth:`~conformance.harness.case.RankContext.expect_within`): a rank sends
-the new budget, and :class:`~conformance.harness.case_clock.CaseClock` decides
-when the ranks have hung (out of budget and no longer using CPU time).
+the new budget, and how many collectives it saw complete, and
+:class:`~conformance.harness.case_clock.CaseClock` decides when the ranks have
+hung (out of budget, no longer using CPU time and no collective completing).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from conformance.harness.case import RankOutcome, RankTask
 from conformance.harness.case_clock import CaseClock
 from conformance.harness.case_errors import CaseTimeout, RankCrashed
 from conformance.harness.launchers.devices import DeviceKind
-from conformance.harness.launchers.worker import BUDGET, LOADED, READY, STOP
+from conformance.harness.launchers.worker import BUDGET, LOADED, PROGRESS, READY, STOP
 from conformance.harness.launchers.zygote_client import Zygote
 from conformance.harness.progress import ProgressWatch, Rank
 
@@ -214,6 +215,8 @@ class RankPool:
                     clock.loaded(rank)
                 elif data[:1] == BUDGET:
                     clock.budget(float(data[1:]), rank)
+                elif data[:1] == PROGRESS:
+                    clock.collective_completed(rank)
                 else:
                     outcomes[rank] = pickle.loads(data[1:])
                     del pending[rank]

@@ -9,7 +9,8 @@ force.
 Messages to the pool start with one tag byte: :data:`READY` once the process
 group is up, :data:`LOADED` once the implementation is loaded for a task (its
 budget does not count the load), :data:`BUDGET` + seconds when the running
-task sets its budget, :data:`RESULT` + the pickled
+task sets its budget, :data:`PROGRESS` + a count when the task's recorded
+collectives complete (at most every :data:`PROGRESS_EVERY_S`), :data:`RESULT` + the pickled
 :class:`~conformance.harness.case.RankOutcome`.
 """
 
@@ -17,13 +18,17 @@ from __future__ import annotations
 
 import pickle
 import sys
+import time
+from collections.abc import Callable
 from datetime import timedelta
 from multiprocessing.connection import Connection
 from typing import Any
 
 #: Sent to a rank (instead of a task) to make it leave its loop.
 STOP = b"stop"
-READY, LOADED, BUDGET, RESULT = b"Y", b"L", b"B", b"R"
+READY, LOADED, BUDGET, PROGRESS, RESULT = b"Y", b"L", b"B", b"P", b"R"
+#: The shortest interval between two progress messages of a rank (a budget is seconds long).
+PROGRESS_EVERY_S = 0.2
 
 
 def rank_main(
@@ -64,6 +69,10 @@ def rank_main(
     def on_budget(seconds: float) -> None:
         conn.send_bytes(BUDGET + repr(seconds).encode())
 
+    from conformance.harness import probes
+
+    probes.COMPLETED.listener = _Throttled(lambda count: conn.send_bytes(PROGRESS + str(count).encode()))
+
     try:
         while True:
             try:
@@ -88,6 +97,19 @@ def rank_main(
             _send_outcome(conn, outcome)
     finally:
         dist.destroy_process_group()
+
+
+class _Throttled:
+    """Calls ``send`` with the latest count, at most every :data:`PROGRESS_EVERY_S`."""
+
+    def __init__(self, send: Callable[[int], None]) -> None:
+        self.send, self._last = send, 0.0
+
+    def __call__(self, count: int) -> None:
+        now = time.monotonic()
+        if now - self._last >= PROGRESS_EVERY_S:
+            self._last = now
+            self.send(count)
 
 
 def _send_outcome(conn: Connection, outcome: Any) -> None:
