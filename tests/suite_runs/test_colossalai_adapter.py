@@ -21,7 +21,7 @@ import pytest
 
 from conformance.adapters import colossalai as adapter
 from tests.support import ROOT
-from tests.support.adapter_runs import adapter_run, assert_green, failed_checks
+from tests.support.adapter_runs import SMOKE_TP2, adapter_run, assert_green, failed_checks
 from tests.support.suite_run import SuiteRun
 
 IMPL = "conformance.adapters.colossalai:ColossalAIRing"
@@ -76,7 +76,7 @@ def test_without_source_the_adapter_says_how(monkeypatch: pytest.MonkeyPatch, tm
 
 def test_op_smoke_tier_is_green_with_the_shipped_expectations(run_colossalai: Callable[..., SuiteRun],
                                                               tmp_path: Path) -> None:
-    run, summary = adapter_run(run_colossalai, tmp_path, "test_ops", IMPL, "-m", "smoke", "--coc-tp", "2",
+    run, summary = adapter_run(run_colossalai, tmp_path, "test_ops", IMPL, *SMOKE_TP2,
                                "-n", "2", expectations=EXPECTATIONS)
     known = assert_green(run, summary)
     passed = [c["id"] for c in summary["cases"] if c["outcome"] == "passed"]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from conformance.judge.verdicts import FAILED, outcome_of
 from tests.support import ROOT
-from tests.support.adapter_runs import adapter_run, assert_green
+from tests.support.adapter_runs import SMOKE_TP2, adapter_run, assert_green
 from tests.support.suite_run import SuiteRun
 
 IMPL = "conformance.adapters.torch_async_tp:TorchAsyncTP"
@@ -21,7 +21,7 @@ EXPECTATIONS = ROOT / "conformance" / "adapters" / "torch_async_tp.expectations.
 
 
 def test_op_smoke_tier_is_green(run_suite: Callable[..., SuiteRun], tmp_path: Path) -> None:
-    run, summary = adapter_run(run_suite, tmp_path, "test_ops", IMPL, "-m", "smoke", "--coc-tp", "2", "-n", "2",
+    run, summary = adapter_run(run_suite, tmp_path, "test_ops", IMPL, *SMOKE_TP2, "-n", "2",
                                expectations=EXPECTATIONS)
     assert not assert_green(run, summary), "no op case of async-TP is a known failure"
     by_op: dict[str, set[str]] = {}
