@@ -50,6 +50,9 @@ BALANCED = ("balanced-ar", 2)
 MIN_BEST_SCRIPTED_SPEEDUP = 1.10
 #: Target 2: ``auto`` is never slower than serial by more than this, on any shape.
 MAX_AUTO_SLOWDOWN = 0.03
+#: ``--shipped``: the reference and every adapter of ``conformance.adapters`` (those whose implementation loads here).
+SHIPPED = (overhead.IMPL, "conformance.adapters.mindspeed:MindSpeedCoC",
+           "conformance.adapters.colossalai:ColossalAIRing", "conformance.adapters.torch_async_tp:TorchAsyncTP")
 
 
 def _shapes(profile: hardware.Profile, wanted: Sequence[str] | None) -> dict[str, hardware.PerfCase]:
@@ -158,6 +161,21 @@ def _overhead(launcher: ProcessLauncher, world_size: int, cases: int, spawns: in
             "spawn_ms": round(spawn_ms, 1)}
 
 
+def shipped() -> list[str]:
+    """The :data:`SHIPPED` implementations that load here; each one that does not is named, with why."""
+    from conformance.harness.impl_loader import ImplementationLoadError, load_implementation
+
+    found = []
+    for spec in SHIPPED:
+        try:
+            load_implementation(spec)
+        except ImplementationLoadError as exc:
+            print(f"not benchmarked: {exc}")
+        else:
+            found.append(spec)
+    return found
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m conformance.bench coc", description=__doc__.split("\n")[0])
     parser.add_argument("--profile", default="cpu-gloo", help="hardware profile whose shapes to run")
@@ -173,8 +191,11 @@ def main(argv: list[str] | None = None) -> int:
                              f"(default {overhead.IMPL})")
     parser.add_argument("--overhead-cases", type=int, default=30, help="pool cases per TP (0: skip overhead)")
     parser.add_argument("--spawns", type=int, default=1, help="spawned cases per TP for the overhead figures")
+    parser.add_argument("--shipped", action="store_true",
+                        help="add the reference and every shipped adapter whose implementation is available here "
+                             "(MindSpeed with MINDSPEED_SRC, ColossalAI installed or COLOSSALAI_SRC, torch async-TP)")
     args = parser.parse_args(argv)
-    impls = args.impls or [overhead.IMPL]
+    impls = list(dict.fromkeys([*(shipped() if args.shipped else []), *(args.impls or [])])) or [overhead.IMPL]
 
     profile = hardware.by_name(args.profile)
     shapes = _shapes(profile, [s for s in args.shapes.split(",") if s])
