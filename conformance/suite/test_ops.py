@@ -42,6 +42,7 @@ from conformance.judge import ops as judge
 from conformance.judge.assembly import assemble, copies
 from conformance.judge.failures import DeterminismViolation, WrongError, suite_requires
 from conformance.judge.levels import Level
+from conformance.judge.op_verdicts import judge_op_run
 from conformance.protocol import FUSED_OPS, Declarations
 from golden.catalogue import DTYPES, TP_SIZES
 
@@ -69,14 +70,7 @@ def _run_checks(coc_ranks: Any, verdicts: Any, declared: Declarations, run: OpRu
                 exact: bool = False) -> list[Any]:
     outcomes = coc_ranks.run(op_task, world or run.tp, run=run)
     checks.skip_if_not_implemented(judge.call_errors(outcomes))
-    with verdicts.check("the op ran on every rank", Level.MUST):
-        judge.check_ran(run, outcomes)
-    with verdicts.check("results are values", Level.MUST):
-        judge.check_contract(run, outcomes, declared.in_place_ops)
-    with verdicts.check("numerics" if not exact else "exact layout", Level.MUST):
-        judge.check_numerics(run, outcomes, exact=exact)
-    with verdicts.check("replicated results bitwise identical", Level.SHOULD):
-        judge.check_identical_copies(run, outcomes)
+    judge_op_run(verdicts, run, outcomes, declared.in_place_ops, exact=exact)
     return outcomes
 
 

@@ -1,0 +1,30 @@
+"""The judging sequence of one op run: the suite's checks, each at its level, in the order the suite states them.
+
+The fixed suite (``conformance/suite/test_ops.py``) and the explorer
+(``conformance/explore/``) both judge an :class:`~conformance.contract.jobs.OpRun`
+with this one function, so a rule exists once and a case the explorer finds
+fails the same named check as a suite test would.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from conformance.contract.jobs import OpRun
+from conformance.contract.results import OpRunOutcome
+from conformance.judge import ops as judge
+from conformance.judge.levels import Level
+from conformance.judge.verdicts import Verdicts
+
+
+def judge_op_run(verdicts: Verdicts, run: OpRun, outcomes: Sequence[OpRunOutcome],
+                 in_place_ops: frozenset[str] = frozenset(), *, exact: bool = False) -> None:
+    """Record every check of ``outcomes`` of ``run`` into ``verdicts`` (each failure recorded, none raised)."""
+    with verdicts.check("the op ran on every rank", Level.MUST):
+        judge.check_ran(run, outcomes)
+    with verdicts.check("results are values", Level.MUST):
+        judge.check_contract(run, outcomes, in_place_ops)
+    with verdicts.check("numerics" if not exact else "exact layout", Level.MUST):
+        judge.check_numerics(run, outcomes, exact=exact)
+    with verdicts.check("replicated results bitwise identical", Level.SHOULD):
+        judge.check_identical_copies(run, outcomes)
