@@ -95,9 +95,12 @@ def fit(spec: OpSpec, up: bool) -> OpSpec:
     def rounded(value: int) -> int:
         return max(spec.tp, -(-value // spec.tp) * spec.tp if up else value // spec.tp * spec.tp)
 
-    calls = tuple(replace(c, **{name: rounded(getattr(c, name)) for name in spec.split_sizes}) for c in spec.calls)
+    calls = []
+    for call in spec.calls:
+        sizes: dict[str, Any] = {name: rounded(getattr(call, name)) for name in spec.split_sizes}
+        calls.append(replace(call, **sizes))
     layout = spec.layout if spec.replicas > 1 else GROUP_LAYOUTS[0]
-    return replace(spec, calls=calls, layout=layout)
+    return replace(spec, calls=tuple(calls), layout=layout)
 
 
 def draw(rng: random.Random, ops: Sequence[str] = FUSED_OPS) -> OpSpec:
