@@ -12,6 +12,11 @@ from tests.support.suite_run import SuiteRun
 FAULT = "tests.support.faulty_impls:UnalignedKBias"
 
 
+def _own_leases(tmp_path: Path) -> tuple[str, str]:
+    """A lease queue of the run's own: shrinking has a share of a short budget, not to be spent queueing."""
+    return "--coc-lease-dir", str(tmp_path / "leases")
+
+
 def _exploration(summary: Path) -> tuple[dict[str, object], dict[str, object]]:
     case = json.loads(summary.read_text())["cases"][0]
     return case, case["explore"]
@@ -20,8 +25,8 @@ def _exploration(summary: Path) -> tuple[dict[str, object], dict[str, object]]:
 def test_a_fault_is_explored_to_a_minimal_case_that_replays(run_suite: Callable[..., SuiteRun],
                                                             tmp_path: Path) -> None:
     found = tmp_path / "found"
-    run = run_suite("test_explore", FAULT, "--coc-explore", "10", "--coc-seed", "1", "--coc-explore-dir", str(found),
-                    "--coc-summary", str(tmp_path / "explore.json"))
+    run = run_suite("test_explore", FAULT, "--coc-explore", "12", "--coc-seed", "1", "--coc-explore-dir", str(found),
+                    "--coc-summary", str(tmp_path / "explore.json"), *_own_leases(tmp_path))
     assert run.ret == 1, run.output
     case, explored = _exploration(tmp_path / "explore.json")
     failed = [c for c in case["checks"] if c["outcome"] == "failed"]
@@ -33,7 +38,7 @@ def test_a_fault_is_explored_to_a_minimal_case_that_replays(run_suite: Callable[
     assert f"--coc-replay {spec_file}" in finding["command"] and explored["cases"] >= 1  # type: ignore[operator]
 
     replay = run_suite("test_explore", FAULT, "--coc-replay", str(spec_file), "--coc-summary",
-                       str(tmp_path / "replay.json"))
+                       str(tmp_path / "replay.json"), *_own_leases(tmp_path))
     assert replay.ret == 1, replay.output
     replayed = json.loads((tmp_path / "replay.json").read_text())["cases"][0]
     assert replayed["id"].endswith("test_replay")
@@ -42,8 +47,9 @@ def test_a_fault_is_explored_to_a_minimal_case_that_replays(run_suite: Callable[
 
 
 def test_the_reference_passes_an_exploration(run_suite: Callable[..., SuiteRun], tmp_path: Path) -> None:
-    run = run_suite("test_explore", "coc_impl.reference:ReferenceCoC", "--coc-explore", "8", "--coc-seed", "2",
-                    "--coc-explore-dir", str(tmp_path / "found"), "--coc-summary", str(tmp_path / "explore.json"))
+    run = run_suite("test_explore", "coc_impl.reference:ReferenceCoC", "--coc-explore", "5", "--coc-seed", "2",
+                    "--coc-explore-dir", str(tmp_path / "found"), "--coc-summary", str(tmp_path / "explore.json"),
+                    *_own_leases(tmp_path))
     assert run.ret == 0, run.output
     _, explored = _exploration(tmp_path / "explore.json")
     assert explored["findings"] == [] and explored["cases"] > 1, explored  # type: ignore[operator]
