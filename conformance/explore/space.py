@@ -13,6 +13,7 @@ kernels switch algorithm), odd and prime sizes often (tail tiles).
 from __future__ import annotations
 
 import random
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -120,7 +121,8 @@ def draw(rng: random.Random, ops: Sequence[str] = FUSED_OPS) -> OpSpec:
 
 
 def neighbours(spec: OpSpec) -> Iterator[OpSpec]:
-    """Every valid one-step-simpler spec: a call fewer, or one dimension of the spec or of one call simpler."""
+    """Every valid one-step-simpler spec: a call fewer, or one dimension of the spec, of the calls sharing a value,
+    or of one call simpler."""
     seen = {spec}
     for candidate in _steps(spec):
         candidate = fit(candidate, up=False)
@@ -136,6 +138,12 @@ def _steps(spec: OpSpec) -> Iterable[OpSpec]:
     for d in SPEC_DIMENSIONS:
         for value in d.simpler(getattr(spec, d.name)):
             yield replace(spec, **{d.name: value})
+    for d in CALL_DIMENSIONS:  # a value several calls share, simpler in all of them (keeps a repeated shape)
+        shared = Counter(getattr(c, d.name) for c in spec.calls)
+        for value in (v for v, count in shared.items() if count > 1):
+            for simpler in d.simpler(value):
+                yield replace(spec, calls=tuple(replace(c, **{d.name: simpler}) if getattr(c, d.name) == value else c
+                                                for c in spec.calls))
     for i, call in enumerate(spec.calls):
         for d in CALL_DIMENSIONS:
             for value in d.simpler(getattr(call, d.name)):

@@ -107,3 +107,14 @@ def test_smaller_sizes_include_one_and_both_parities() -> None:
     assert space.smaller_ints(1) == []
     found = space.smaller_ints(2377)
     assert found[0] == 1 and max(found) == 2376 and {v % 2 for v in found} == {0, 1}
+
+
+def test_a_repeated_shape_shrinks_as_a_whole() -> None:
+    """Three calls of one shape (a double-buffer fault): the shared sizes shrink together, to 1."""
+    def third_of_a_shape(spec: OpSpec) -> bool:
+        shapes = [(c.m, c.k, c.n) for c in spec.calls]
+        return any(len(set(shapes[i:i + 3])) == 1 for i in range(len(shapes) - 2))
+
+    start = OpSpec("matmul_reduce_scatter", (Call(36, 8, 47, "bfloat16", False, 1),) * 3, tp=4)
+    result = shrink(start, third_of_a_shape, space.neighbours, deadline=float("inf"))
+    assert result.minimal and [(c.m, c.k, c.n) for c in result.case.calls] == [(1, 1, 1)] * 3
