@@ -31,6 +31,10 @@ GATE = "--coc-gate"
 EXPECTATIONS = "--coc-expectations"
 SUMMARY = "--coc-summary"
 FIGURES = "--coc-figures"
+EXPLORE = "--coc-explore"
+SEED = "--coc-seed"
+REPLAY = "--coc-replay"
+EXPLORE_DIR = "--coc-explore-dir"
 
 #: ini settings a project can pin in ``pytest.ini`` / ``pyproject.toml`` (the option wins).
 INI_IMPL, INI_GATE, INI_EXPECTATIONS = "coc_impl", "coc_gate", "coc_expectations"
@@ -68,6 +72,13 @@ def _tp_sizes(text: str) -> frozenset[int]:
     if not sizes or min(sizes) < 1:
         raise argparse.ArgumentTypeError(f"expected comma-separated TP sizes of at least 1, got {text!r}")
     return sizes
+
+
+def _replay_file(text: str) -> Path:
+    path = Path(text)
+    if not path.is_file():
+        raise argparse.ArgumentTypeError(f"no such spec file: {text!r}")
+    return path
 
 
 def add_options(parser: pytest.Parser) -> None:
@@ -144,6 +155,23 @@ def add_options(parser: pytest.Parser) -> None:
         help="Error-distribution figures in the Allure results: for failed comparisons only (default; "
         "each figure costs tens of milliseconds, thousands per run), for every comparison, or none. "
         "Every comparison gets its statistics table either way.",
+    )
+    group.addoption(
+        EXPLORE, type=_positive(float), default=None, metavar="SECONDS",
+        help="Run only the explorer, for this long: it draws cases from the whole space, judges them with the "
+        f"suite's checks, shrinks each failure to a minimal case and writes it to {EXPLORE_DIR}.",
+    )
+    group.addoption(
+        SEED, type=_positive(int, zero=True), default=0, metavar="N",
+        help=f"Seed of {EXPLORE}: the same seed draws the same cases (default 0).",
+    )
+    group.addoption(
+        REPLAY, type=_replay_file, default=None, metavar="FILE",
+        help=f"Run only the case of a spec {EXPLORE} wrote (JSON), judged as an ordinary test.",
+    )
+    group.addoption(
+        EXPLORE_DIR, default="reports/explore", metavar="DIR",
+        help=f"Where {EXPLORE} writes each minimal failing case as a replayable spec (default reports/explore).",
     )
     parser.addini(INI_IMPL, "Default CoC implementation under test (MODULE:ATTR).", default=None)
     parser.addini(INI_GATE, f"Default requirement levels that fail the run ({GATE}).", default=None)

@@ -45,6 +45,7 @@ SUB_PLUGINS = (
     "conformance.plugins.scheduling",
     "conformance.plugins.known_outcomes",
     "conformance.plugins.breaker",
+    "conformance.plugins.exploring",
     "conformance.plugins.time_breakdown",
     "conformance.plugins.summary",
 )

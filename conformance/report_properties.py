@@ -26,6 +26,8 @@ EXPECTATION = "coc_expectation"
 #: A perf case's measured figures (JSON) and whether its gate was enforced here.
 PERF_FIGURES = "perf_figures"
 PERF_GATE = "perf_gate"
+#: What an exploration did: cases per dimension, cases per second, where the time went, minimal failing cases.
+EXPLORE = "coc_explore"
 
 
 def property_of(report: pytest.TestReport, name: str) -> Any:

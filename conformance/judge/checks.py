@@ -86,11 +86,19 @@ def skip_if_not_implemented(errors: Sequence[CapturedError | None]) -> None:
     some raise it and others return, nothing is skipped: the mode is there on
     some ranks only, which the checks that follow judge.
     """
-    if errors and all(e is not None and e.is_a("builtins.NotImplementedError") for e in errors):
+    reason = not_implemented(errors)
+    if reason:
         import pytest
 
+        pytest.skip(reason)
+
+
+def not_implemented(errors: Sequence[CapturedError | None]) -> str:
+    """Why the case has nothing to judge: every entry raised ``NotImplementedError`` ("" otherwise)."""
+    if errors and all(e is not None and e.is_a("builtins.NotImplementedError") for e in errors):
         first = errors[0]
-        pytest.skip(f"not implemented: {first.message if first is not None else ''}")
+        return f"not implemented: {first.message if first is not None else ''}"
+    return ""
 
 
 def check_refused_on_every_rank(errors: Sequence[CapturedError | None], *, what: str,

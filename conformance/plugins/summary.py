@@ -78,7 +78,8 @@ def record_of(report: pytest.TestReport) -> dict[str, Any]:
     if wasxfail is not None:
         record["reason"] = wasxfail
     for key, name in (("checks", report_properties.CHECKS), ("timings", report_properties.TIMINGS),
-                      ("failure", report_properties.FAILURE), ("expectation", report_properties.EXPECTATION)):
+                      ("failure", report_properties.FAILURE), ("expectation", report_properties.EXPECTATION),
+                      ("explore", report_properties.EXPLORE)):
         value = property_of(report, name)
         if value is not None:
             record[key] = value

@@ -330,6 +330,21 @@ def report_lost_case(results_dir: str, nodeid: str, why: str) -> None:
     ))
 
 
+def attach_exploration(explored: Mapping[str, Any] | None) -> None:
+    """What an exploration did: cases per dimension, cases per second, where the time went, minimal failing cases."""
+    if not _active or not explored:
+        return
+    import json
+
+    rows = [("cases", explored["cases"]), ("cases per second", explored["cases_per_s"]),
+            *((f"time: {k} (s)", v) for k, v in explored["time_s"].items()),
+            *((f"explored: {k}", v) for k, v in explored["per_dimension"].items())]
+    allure.attach(_table(rows), name="exploration", attachment_type=allure.attachment_type.CSV)
+    for finding in explored["findings"]:
+        allure.attach(json.dumps(finding, indent=1), name=f"minimal case: {finding['level']} {finding['check']}",
+                      attachment_type=allure.attachment_type.JSON)
+
+
 def attach_timings(timings: Mapping[str, Any] | None) -> None:
     """Where the case's time went (lease wait, pool start, implementation, references, checks), as a table."""
     if not _active or not timings:

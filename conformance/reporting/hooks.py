@@ -95,6 +95,7 @@ class AllureHooks:
                 reporting.attach_case_evidence(found)
             reporting.label_levels(report_properties.property_of(report, report_properties.CHECKS) or [])
             reporting.attach_timings(report_properties.property_of(report, report_properties.TIMINGS))
+            reporting.attach_exploration(report_properties.property_of(report, report_properties.EXPLORE))
         return report
 
     def _observe_device(self) -> None:

@@ -48,7 +48,7 @@ from conformance.judge import ops as judge
 from conformance.judge.assembly import assemble, copies
 from conformance.judge.failures import DeterminismViolation, WrongError, suite_requires
 from conformance.judge.levels import Level
-from conformance.judge.verdicts import NotJudged
+from conformance.judge.op_verdicts import judge_op_runs
 from conformance.protocol import FUSED_OPS, Declarations
 from golden.catalogue import DTYPES, TP_SIZES
 
@@ -81,23 +81,9 @@ def _run_checks(coc_ranks: Any, verdicts: Any, declared: Declarations, run: OpRu
 
 def _judge(verdicts: Any, declared: Declarations, judged: list[tuple[OpRun, list[Any]]], *,
            exact: bool = False) -> None:
-    """The op checks of every ``(run, its outcomes on every rank)``: ran, values, numerics, identical copies."""
+    """The op checks of every ``(run, its outcomes on every rank)``, skipped where the op declines the mode."""
     checks.skip_if_not_implemented([e for run, outcomes in judged for e in judge.call_errors(outcomes)])
-    with verdicts.check("the op ran on every rank", Level.MUST):
-        for run, outcomes in judged:
-            judge.check_ran(run, outcomes)
-    with verdicts.check("results are values", Level.MUST):
-        for run, outcomes in judged:
-            _needs_every_result(outcomes)
-            judge.check_contract(run, outcomes, declared.in_place_ops)
-    with verdicts.check("numerics" if not exact else "exact layout", Level.MUST):
-        for run, outcomes in judged:
-            _needs_every_result(outcomes)
-            judge.check_numerics(run, outcomes, exact=exact)
-    with verdicts.check("replicated results bitwise identical", Level.SHOULD):
-        for run, outcomes in judged:
-            _needs_every_result(outcomes)
-            judge.check_identical_copies(run, outcomes)
+    judge_op_runs(verdicts, judged, declared.in_place_ops, exact=exact)
 
 
 def _numbers_or_clear_refusal(coc_ranks: Any, verdicts: Any, declared: Declarations, run: OpRun, *, label: str,
@@ -122,12 +108,6 @@ def _numbers_or_clear_refusal(coc_ranks: Any, verdicts: Any, declared: Declarati
         judge.check_contract(run, outcomes, declared.in_place_ops)
     with verdicts.check(f"{label}: numerics", Level.MUST):
         judge.check_numerics(run, outcomes)
-
-
-def _needs_every_result(outcomes: list[Any]) -> None:
-    """Not judged where a call raised on some rank: "the op ran on every rank" has failed, no result to judge."""
-    if any(e is not None for e in judge.call_errors(outcomes)):
-        raise NotJudged("a call raised on some rank (the op ran on every rank failed): its results are missing")
 
 
 def _op_params() -> list[Any]:

@@ -1263,3 +1263,80 @@ class OwnSubgroups(ReferenceCoC):
         if ranks not in self._groups:  # created once per group, on the first call (no leak per call)
             self._groups[ranks] = dist.new_group(list(ranks), use_local_synchronization=True)
         return super().matmul_all_reduce(x, w, bias, **{**kw, "group": self._groups[ranks]})
+
+
+# --- explorer-only faults: corners the fixed suite does not reach (issue 23; found by --coc-explore) ------------
+
+
+class _WrongInACorner(ReferenceCoC):
+    """Every fused op returns ``self.wrong(result, x, w, bias, kw)`` when ``self.corner(...)`` holds."""
+
+    def corner(self, op: str, result: Any, x: Any, bias: Any, kw: Mapping[str, Any]) -> bool:
+        raise NotImplementedError
+
+    def _maybe_wrong(self, op: str, result: Any, x: Any, bias: Any, kw: Mapping[str, Any]) -> Any:
+        if not self.corner(op, result, x, bias, kw):
+            return result
+        wrong = result.clone()
+        wrong[-1, -1] = float("nan")  # the last element of the tail tile left unwritten
+        return wrong
+
+    def matmul_all_reduce(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
+        return self._maybe_wrong("matmul_all_reduce", super().matmul_all_reduce(x, w, bias, **kw), x, bias, kw)
+
+    def matmul_reduce_scatter(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
+        return self._maybe_wrong("matmul_reduce_scatter", super().matmul_reduce_scatter(x, w, bias, **kw), x, bias,
+                                 kw)
+
+    def all_gather_matmul(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
+        return self._maybe_wrong("all_gather_matmul", super().all_gather_matmul(x, w, bias, **kw), x, bias, kw)
+
+
+class LongOddRowsTail(_WrongInACorner):
+    """A result of more than 1000 rows, an odd number of them: the last row's tail is off (a large-m kernel path)."""
+
+    name = "fault-long-odd-rows"
+
+    def corner(self, op: str, result: Any, x: Any, bias: Any, kw: Mapping[str, Any]) -> bool:
+        return bool(result.shape[0] > 1000 and result.shape[0] % 2)
+
+
+class UnalignedKBias(_WrongInACorner):
+    """With a bias and a rank's ``k`` no multiple of 4, the tail path adds the bias wrongly (vector loads of 4)."""
+
+    name = "fault-unaligned-k-bias"
+
+    def corner(self, op: str, result: Any, x: Any, bias: Any, kw: Mapping[str, Any]) -> bool:
+        return bias is not None and x.shape[-1] % 4 != 0
+
+
+class ThirdCallOfAShape(_WrongInACorner):
+    """Double-buffered workspace: a call of one op and shape while the results of two earlier calls of that shape
+    are still held (two slots in use) returns a stale slot's last element."""
+
+    name = "fault-third-call-of-a-shape"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._held: dict[tuple[str, tuple[int, ...]], list[Any]] = {}  # (op, shape) -> weak refs to its results
+
+    def corner(self, op: str, result: Any, x: Any, bias: Any, kw: Mapping[str, Any]) -> bool:
+        import weakref
+
+        if "blocks" in kw or kw.get("deterministic"):
+            return False
+        key = (op, tuple(x.shape))
+        alive = [ref for ref in self._held.get(key, []) if ref() is not None]
+        self._held[key] = [*alive, weakref.ref(result)]
+        return len(alive) >= 2
+
+
+class WrongAtTp3(_WrongInACorner):
+    """Wrong on a TP group of 3 ranks (a size no power of two; the suite's TP sizes are 2, 4 and 8)."""
+
+    name = "fault-wrong-at-tp3"
+
+    def corner(self, op: str, result: Any, x: Any, bias: Any, kw: Mapping[str, Any]) -> bool:
+        import torch.distributed as dist
+
+        return bool(dist.get_world_size(kw["group"]) == 3)

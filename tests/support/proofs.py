@@ -209,17 +209,31 @@ def _templates(node: ast.expr) -> list[str]:
     return []
 
 
+def _check_names(fn: ast.AST) -> list[str]:
+    """The name templates of the ``verdicts.check`` / ``verdicts.not_judged`` calls in ``fn``."""
+    return [name for call in ast.walk(fn) if isinstance(call, ast.Call)
+            and isinstance(call.func, ast.Attribute) and call.func.attr in ("check", "not_judged")
+            and isinstance(call.func.value, ast.Name) and call.func.value.id == "verdicts"
+            for name in _templates(call.args[0])]
+
+
+def _shared_judging() -> dict[str, list[str]]:
+    """Judging sequences of ``conformance/judge`` a suite test calls by name -> their checks' names."""
+    path = SUITE.parent / "judge" / "op_verdicts.py"
+    return {fn.name: _check_names(fn) for fn in ast.parse(path.read_text()).body if isinstance(fn, ast.FunctionDef)}
+
+
 def suite_checks(suite: Path = SUITE) -> Iterator[tuple[str, str]]:
-    """``(module, name template)`` of every named check of the suite, in file order."""
+    """``(module, name template)`` of every named check of the suite, in file order (shared sequences included)."""
+    shared = _shared_judging()
     for path in sorted(suite.glob("test_*.py")):
         seen: set[str] = set()
         for fn in ast.parse(path.read_text()).body:
             if not isinstance(fn, ast.FunctionDef):
                 continue
-            names = [name for call in ast.walk(fn) if isinstance(call, ast.Call)
-                     and isinstance(call.func, ast.Attribute) and call.func.attr in ("check", "not_judged")
-                     and isinstance(call.func.value, ast.Name) and call.func.value.id == "verdicts"
-                     for name in _templates(call.args[0])]
+            names = _check_names(fn)
+            names += [name for call in ast.walk(fn) if isinstance(call, ast.Call) and isinstance(call.func, ast.Name)
+                      for name in shared.get(call.func.id, ())]
             if fn.name.startswith("test_") and "verdicts" not in {a.arg for a in fn.args.args}:
                 names.append(fn.name)
             for name in names:

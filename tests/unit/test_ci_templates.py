@@ -187,3 +187,12 @@ def test_pytest_options_are_registered(pytest_help: str) -> None:
             option = arg.partition("=")[0]
             if option.startswith("--"):
                 assert option.replace("-", "") in known, f"{template} {job}: pytest has no option {option}"
+
+
+@pytest.mark.parametrize("path", TEMPLATES, ids=lambda p: p.name)
+def test_template_runs_a_nightly_exploration(path: Path) -> None:
+    """A 10-minute exploration, seeded, its minimal failing cases kept (README: the nightly exploration)."""
+    runs = [args for template, _, args in _pytest_runs() if template == path.name and "--coc-explore" in args]
+    assert runs, "no exploration job"
+    args = runs[0]
+    assert args[args.index("--coc-explore") + 1] == "600" and "--coc-seed" in args and "--coc-explore-dir" in args

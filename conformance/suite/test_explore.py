@@ -1,0 +1,58 @@
+"""The explorer and the replay of what it found (``docs/DESIGN.md#explorer``); collected, run only when asked.
+
+``--coc-explore SECONDS`` runs only :func:`test_explore`: cases drawn from the
+whole space (``conformance/explore/space.py``), judged with the suite's own
+checks, each new way of failing shrunk to a minimal case and saved as a spec
+file with the command that replays it.  ``--coc-replay FILE`` runs only
+:func:`test_replay`: that case, judged the same way.  Without either option
+both are deselected (``conformance/plugins/exploring.py``).
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conformance import options, report_properties
+from conformance.explore.explorer import Explorer, judge_spec, record, write_finding
+from conformance.explore.spec import load_finding
+from conformance.harness.impl_loader import missing_capability
+from conformance.protocol import FUSED_OPS, Declarations
+
+
+def _replay_command(config: pytest.Config, path: Path) -> str:
+    impl = options.impl_spec(config)
+    return shlex.join(["pytest", "--pyargs", "conformance.suite", options.IMPL, impl, options.REPLAY, str(path)])
+
+
+@pytest.mark.coc_capability("explorer")
+def test_explore(coc_ranks: Any, verdicts: Any, coc_impl: Any, coc_declarations: Declarations,
+                 request: pytest.FixtureRequest) -> None:
+    """Explore for ``--coc-explore`` seconds; every minimal failing case fails its check here."""
+    config = request.config
+    ops = [op for op in FUSED_OPS if not missing_capability(coc_impl, op)]
+    if not ops:
+        pytest.skip("the implementation provides none of the fused ops")
+    explorer = Explorer(coc_ranks, seed=config.getoption(options.SEED), budget_s=config.getoption(options.EXPLORE),
+                        ops=ops, in_place_ops=coc_declarations.in_place_ops, storm=config.getoption(options.STORM))
+    report = explorer.explore()
+    directory = Path(config.getoption(options.EXPLORE_DIR))
+    for finding in report.findings:
+        path = write_finding(finding, directory, lambda p: _replay_command(config, p), report)
+        proved = "minimal" if finding.minimal else "shrinking cut short by the time budget, not proved minimal"
+        record(verdicts, finding.key, f"{finding.spec.describe()} ({proved}; found after "
+                                      f"{finding.found_after_s:.1f} s, {finding.cases_before} case(s)): "
+                                      f"{finding.message}\nreplay: {finding.command}  (spec {path})")
+    request.node.user_properties.append((report_properties.EXPLORE, report.as_dict()))
+
+
+@pytest.mark.coc_capability("explorer")
+def test_replay(coc_ranks: Any, verdicts: Any, coc_declarations: Declarations, request: pytest.FixtureRequest) -> None:
+    """The case of a spec file ``--coc-explore`` wrote, judged as the explorer judged it."""
+    spec, _ = load_finding(request.config.getoption(options.REPLAY))
+    judged = judge_spec(coc_ranks, spec, coc_declarations.in_place_ops, verdicts)
+    if judged.skipped:
+        pytest.skip(judged.skipped)

@@ -1,0 +1,65 @@
+"""The explorer end to end (docs/DESIGN.md#explorer): a fault the catalogue misses is found, shrunk and replayed;
+the reference passes an exploration."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+from tests.support.suite_run import SuiteRun
+
+FAULT = "tests.support.faulty_impls:UnalignedKBias"
+
+
+def _own_leases(tmp_path: Path) -> tuple[str, str]:
+    """A lease queue of the run's own: shrinking has a share of a short budget, not to be spent queueing."""
+    return "--coc-lease-dir", str(tmp_path / "leases")
+
+
+def _exploration(summary: Path) -> tuple[dict[str, object], dict[str, object]]:
+    case = json.loads(summary.read_text())["cases"][0]
+    return case, case["explore"]
+
+
+def test_a_fault_is_explored_to_a_minimal_case_that_replays(run_suite: Callable[..., SuiteRun],
+                                                            tmp_path: Path) -> None:
+    found = tmp_path / "found"
+    run = run_suite("test_explore", FAULT, "--coc-explore", "12", "--coc-seed", "1", "--coc-explore-dir", str(found),
+                    "--coc-summary", str(tmp_path / "explore.json"), *_own_leases(tmp_path))
+    assert run.ret == 1, run.output
+    case, explored = _exploration(tmp_path / "explore.json")
+    failed = [c for c in case["checks"] if c["outcome"] == "failed"]
+    assert [(c["name"], c["level"], c["category"]) for c in failed] == [("numerics", "MUST", "numeric mismatch")]
+    (spec_file,) = found.glob("numerics-*.json")
+    finding = json.loads(spec_file.read_text())
+    # Minimal: a bias and a k no multiple of 4 is the corner; every simpler neighbour ran and passed.
+    assert finding["minimal"] and finding["case"] == "matmul_all_reduce tp1 [1x1x1 float32 +bias]", finding
+    assert f"--coc-replay {spec_file}" in finding["command"] and explored["cases"] >= 1  # type: ignore[operator]
+
+    replay = run_suite("test_explore", FAULT, "--coc-replay", str(spec_file), "--coc-summary",
+                       str(tmp_path / "replay.json"), *_own_leases(tmp_path))
+    assert replay.ret == 1, replay.output
+    replayed = json.loads((tmp_path / "replay.json").read_text())["cases"][0]
+    assert replayed["id"].endswith("test_replay")
+    assert [(c["name"], c["category"]) for c in replayed["checks"] if c["outcome"] == "failed"] == \
+        [("numerics", "numeric mismatch")]
+
+
+def test_the_reference_passes_an_exploration(run_suite: Callable[..., SuiteRun], tmp_path: Path) -> None:
+    run = run_suite("test_explore", "coc_impl.reference:ReferenceCoC", "--coc-explore", "5", "--coc-seed", "2",
+                    "--coc-explore-dir", str(tmp_path / "found"), "--coc-summary", str(tmp_path / "explore.json"),
+                    *_own_leases(tmp_path))
+    assert run.ret == 0, run.output
+    _, explored = _exploration(tmp_path / "explore.json")
+    assert explored["findings"] == [] and explored["cases"] > 1, explored  # type: ignore[operator]
+    assert not (tmp_path / "found").exists()
+
+
+def test_explorer_options_refuse_bad_values(run_suite: Callable[..., SuiteRun], tmp_path: Path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    for args in (("--coc-explore", "-1"), ("--coc-replay", str(bad)), ("--coc-replay", str(tmp_path / "none.json")),
+                 ("--coc-explore", "5", "--coc-replay", str(bad))):
+        run = run_suite("test_explore", "coc_impl.reference:ReferenceCoC", *args)
+        assert run.ret == 4, (args, run.output)  # a usage error (its message goes to stderr)

@@ -1,0 +1,120 @@
+"""The explorer's parts without ranks: specs as JSON, seeded draws, the space's lines, the shrinker."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+
+from conformance.explore import space
+from conformance.explore.shrink import shrink
+from conformance.explore.spec import Call, OpSpec, SpecError, load_finding, spec_from_dict
+
+
+def _drawn(seed: int, count: int = 200) -> list[OpSpec]:
+    rng = random.Random(seed)
+    return [space.draw(rng) for _ in range(count)]
+
+
+def test_every_drawn_spec_is_valid_and_round_trips_through_json() -> None:
+    for spec in _drawn(7):
+        assert spec.invalid() == "", spec
+        assert spec_from_dict(json.loads(json.dumps(spec.as_dict()))) == spec
+        assert spec.job().problems[0].m == spec.calls[0].m
+
+
+def test_the_same_seed_draws_the_same_cases_and_another_seed_others() -> None:
+    assert _drawn(1) == _drawn(1)
+    assert _drawn(1) != _drawn(2)
+
+
+def test_every_field_of_a_spec_and_a_call_is_one_line_of_the_space() -> None:
+    assert {d.name for d in space.SPEC_DIMENSIONS} | {"calls"} == {f.name for f in fields(OpSpec)}
+    assert {d.name for d in space.CALL_DIMENSIONS} | {"seed"} == {f.name for f in fields(Call)}
+
+
+def test_the_space_reaches_the_corners_the_fixed_suite_lacks() -> None:
+    specs = _drawn(3, 2000)
+    calls = [c for s in specs for c in s.calls]
+    assert any(c.m > 1000 and c.m % 2 for c in calls), "long odd token counts"
+    assert any(c.n % 8 for c in calls) and any(c.k % 4 for c in calls), "unaligned n and k"
+    assert {s.tp for s in specs} == {1, 2, 3, 4}
+    assert any(s.replicas > 1 and s.layout == "strided" for s in specs)
+    assert any(len(s.calls) >= 3 and len({(c.m, c.k, c.n, c.dtype) for c in s.calls[:3]}) == 1 for s in specs)
+
+
+@pytest.mark.parametrize("data, why", [
+    ({"kind": "layer"}, "unknown spec kind"),
+    ({"kind": "op", "op": "matmul_all_reduce", "tp": 2}, "malformed"),
+    ({"kind": "op", "op": "nope", "tp": 2, "calls": [{"m": 4, "k": 4, "n": 4}]}, "unknown op"),
+    ({"kind": "op", "op": "matmul_reduce_scatter", "tp": 2, "calls": [{"m": 3, "k": 4, "n": 4}]}, r"m=3 over tp=2"),
+])
+def test_a_spec_that_names_no_runnable_case_is_refused_saying_why(data: dict[str, object], why: str) -> None:
+    with pytest.raises(SpecError, match=why):
+        spec_from_dict(data)
+
+
+def test_a_file_that_is_not_a_finding_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "x.json"
+    path.write_text('{"schema": 99}')
+    with pytest.raises(SpecError, match="not a spec of schema"):
+        load_finding(path)
+
+
+def _long_odd(spec: OpSpec) -> bool:
+    """A synthetic fault: wrong when some call has more than 1000 rows, an odd number of them, with a bias."""
+    return any(c.m > 1000 and c.m % 2 and c.bias for c in spec.calls)
+
+
+def test_shrinking_keeps_the_failure_and_ends_where_every_simpler_neighbour_passes() -> None:
+    start = OpSpec("all_gather_matmul", (Call(90, 33, 17, "bfloat16", True, 5), Call(2379, 301, 77, "float16",
+                   True, 6), Call(2379, 301, 77, "float16", True, 9)), tp=3, replicas=1, transpose_weight=True,
+                   runs=2, straggler_s=0.002)
+    assert _long_odd(start)
+    result = shrink(start, _long_odd, space.neighbours, deadline=float("inf"))
+    assert result.minimal and _long_odd(result.case)
+    assert result.case == OpSpec("all_gather_matmul", (Call(1001, 1, 1, "float32", True, 9),), tp=1)
+    neighbours = list(space.neighbours(result.case))
+    assert neighbours and not any(map(_long_odd, neighbours))
+
+
+def test_shrinking_judges_each_case_once_and_stops_at_its_deadline() -> None:
+    judged: list[OpSpec] = []
+    ticks = itertools.count()
+
+    def fails(spec: OpSpec) -> bool:
+        judged.append(spec)
+        return _long_odd(spec)
+
+    start = OpSpec("matmul_all_reduce", (Call(2001, 64, 64),) * 3, tp=2)
+    result = shrink(start, fails, space.neighbours, deadline=5, clock=lambda: float(next(ticks)))
+    assert not result.minimal and result.tried == len(judged) == len(set(judged)) <= 5
+    assert _long_odd(result.case)
+
+
+def test_neighbours_are_valid_simpler_and_never_the_case_itself() -> None:
+    for spec in _drawn(11, 50):
+        for n in space.neighbours(spec):
+            assert n != spec and n.invalid() == ""
+            assert len(n.calls) <= len(spec.calls) and n.tp <= spec.tp and n.replicas <= spec.replicas
+
+
+def test_smaller_sizes_include_one_and_both_parities() -> None:
+    assert space.smaller_ints(1) == []
+    found = space.smaller_ints(2377)
+    assert found[0] == 1 and max(found) == 2376 and {v % 2 for v in found} == {0, 1}
+
+
+def test_a_repeated_shape_shrinks_as_a_whole() -> None:
+    """Three calls of one shape (a double-buffer fault): the shared sizes shrink together, to 1."""
+    def third_of_a_shape(spec: OpSpec) -> bool:
+        shapes = [(c.m, c.k, c.n) for c in spec.calls]
+        return any(len(set(shapes[i:i + 3])) == 1 for i in range(len(shapes) - 2))
+
+    start = OpSpec("matmul_reduce_scatter", (Call(36, 8, 47, "bfloat16", False, 1),) * 3, tp=4)
+    result = shrink(start, third_of_a_shape, space.neighbours, deadline=float("inf"))
+    assert result.minimal and [(c.m, c.k, c.n) for c in result.case.calls] == [(1, 1, 1)] * 3
