@@ -99,8 +99,8 @@ def check_phase(timeline: ObservedCollectives | None, key: str, declared: Overla
                                     f"not have; {seen}")
         if not any(c.overlappable and any(matmuls.named(m, phase) == wanted for m in c.overlapped) for c in calls):
             raise StructureMismatch(f"{key}: declared one {kind} in flight while the {wanted} matmul "
-                                    f"({matmuls.describe(wanted)}) runs; no such matmul ran while a {kind} was "
-                                    f"in flight; {seen}")
+                                    f"({matmuls.describe(wanted)}) runs; no such matmul ran while "
+                                    f"{'an' if kind[0] in 'aeiou' else 'a'} {kind} was in flight; {seen}")
         return True
     if not timeline.fused_ops and not any(c.overlapped for c in calls):
         raise StructureMismatch(f"{key}: no {kind} collective overlaps a matmul (none was in flight while a "
