@@ -41,7 +41,8 @@ def test_a_row_split_tensor_names_each_ranks_own_rows_and_columns_when_not_all_a
     assert wrong_cells(wrong, Split.SEQ, 2) == "rank 0 rows 28-31; rank 1 rows 0-3, columns 0"
     assert wrong_cells(wrong, Split.FULL, 2) == "rows 28-35"
     bias = torch.tensor([0, 1, 1, 0, 0, 0, 1, 0], dtype=torch.bool)
-    assert wrong_cells(bias, Split.LAST, 2) == "rank 0 elements 1-2 of 4 (global 1-2); rank 1 elements 2 of 4 (global 6)"
+    assert wrong_cells(bias, Split.LAST, 2) == (
+        "rank 0 elements 1-2 of 4 (global 1-2); rank 1 elements 2 of 4 (global 6)")
 
 
 def test_a_bitwise_difference_names_rows_and_columns() -> None:
@@ -65,7 +66,8 @@ def test_a_replica_mismatch_says_whether_each_copy_is_within_the_bound() -> None
     with pytest.raises(ReplicaMismatch, match=r"rank 0's copy is within the error bound \(worst \|error\|/bound 0\)"
                        r", rank 1's copy is within the error bound"):
         assembly.check_identical_copies([close, rounded], Split.FULL, "y", worst_ratio)
-    with pytest.raises(ReplicaMismatch, match=r"rank 1's copy is OUTSIDE the error bound \(worst \|error\|/bound 1e\+06\)"):
+    outside = r"rank 1's copy is OUTSIDE the error bound \(worst \|error\|/bound 1e\+06\)"
+    with pytest.raises(ReplicaMismatch, match=outside):
         assembly.check_identical_copies([close, far], Split.FULL, "y", worst_ratio)
     with pytest.raises(ReplicaMismatch, match="judged against the error bound on its own"):
         assembly.check_identical_copies([close, far], Split.FULL, "y")
