@@ -428,14 +428,18 @@ def _fused_name(name: str) -> bool:
 
 
 def _tensors(value: Any) -> Iterator[Any]:
-    import torch
+    from torch import Tensor
 
-    items = value if isinstance(value, (list, tuple)) else [value]
-    for item in items:
-        if isinstance(item, torch.Tensor):
+    if isinstance(value, Tensor):
+        yield value
+        return
+    if not isinstance(value, (list, tuple)):
+        return
+    for item in value:
+        if isinstance(item, Tensor):
             yield item
         elif isinstance(item, (list, tuple)):
-            yield from (t for t in item if isinstance(t, torch.Tensor))
+            yield from (t for t in item if isinstance(t, Tensor))
 
 
 def _storage(tensor: Any) -> Any:
@@ -445,15 +449,25 @@ def _storage(tensor: Any) -> Any:
         return None
 
 
+def _storage_key(tensor: Any) -> int:
+    """The address of ``tensor``'s storage, from its own (no storage object is made: this runs on every op)."""
+    try:
+        return int(tensor.data_ptr() - tensor.storage_offset() * tensor.element_size())
+    except Exception:  # noqa: BLE001 - a tensor subclass without storage
+        return 0
+
+
 def _storages(value: Any) -> list[int]:
-    return [s.data_ptr() for s in map(_storage, _tensors(value)) if s is not None]
+    return [key for key in map(_storage_key, _tensors(value)) if key]
 
 
 def _names_of(log: CollectiveLog, args: Any, kwargs: Any) -> frozenset[str]:
+    """The names an op's tensor arguments carry (this runs on every op while a name is given: kept lean)."""
     names: frozenset[str] = frozenset()
-    for value in [*args, *kwargs.values()]:
-        for ptr in _storages(value):
-            entry = log._names.get(ptr)
+    known = log._names
+    for value in (*args, *kwargs.values()) if kwargs else args:
+        for tensor in _tensors(value):
+            entry = known.get(_storage_key(tensor))
             if entry is not None:
                 names |= entry[1]
     return names
