@@ -46,6 +46,8 @@ SMOKE: tuple[str, ...] = (
     "test_ops.py::test_corner_w8a16_group_size[*]",
     # layers: every kind and SP mode on float32 goldens at TP 2 and TP 8
     "test_layers.py::test_layer_matches_golden[*-float32-*-tp2-p2]",
+    # the column part's output block has its weight's shape at TP 2 (a matmul known by its operands, not shape)
+    "test_layers.py::test_layer_matches_golden[layer-mlp-sp-s64b1-h32x32-ffn64-*-tp2-p2]",
     "test_layers.py::test_layer_matches_golden[layer-row-nosp-*-float32-*-tp2-p4]",
     "test_layers.py::test_layer_matches_golden[*-float32-*-tp8-p4]",
     "test_layers.py::test_saved_all_gather_matches_golden[layer-column-*-float32-*-tp2]",

@@ -195,6 +195,10 @@ def _train(problem: LayerProblem, job: LayerJob, par: Any, batches: list[list[di
 
     tp, rank = par.size, par.rank
     module, params = _build(problem, layer_weights(problem, 0), tp)
+    if log is not None:  # the structure check knows a matmul by the weight it multiplies
+        for name, param in params.items():
+            if param is not None and name.startswith("w"):
+                log.name_operand(name, param)
     if fusion:
         for part in (module.fc1, module.fc2) if isinstance(module, _Mlp) else (module,):
             part.gradient_accumulation_fusion = True

@@ -9,7 +9,6 @@ exactly once, here.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from enum import Enum
 
 import torch
@@ -37,19 +36,6 @@ def shard(tensor: torch.Tensor, split: Split, rank: int, tp: int) -> torch.Tenso
     else:
         raise ValueError(f"cannot shard an input as {split}")
     return piece.detach().clone().contiguous()
-
-
-def row_owner(split: Split, rows: int, tp: int) -> Callable[[int], tuple[int | None, int]]:
-    """Row ``i`` of a global tensor's 2-D view -> ``(rank, row on that rank)`` (rank None: all ranks).
-
-    Only splits along dim 0 give rows an owner; ``rows`` counts the 2-D view's rows.
-    """
-    per_rank = rows // tp if split in (Split.SEQ, Split.ROWS) and rows % tp == 0 else None
-
-    def owner(row: int) -> tuple[int | None, int]:
-        return (row // per_rank, row % per_rank) if per_rank else (None, row)
-
-    return owner
 
 
 #: Per layer and SP mode: how each input and result tensor is split.

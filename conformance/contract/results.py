@@ -16,6 +16,18 @@ from conformance.harness.case import CapturedError
 
 
 @dataclass(frozen=True)
+class ObservedMatmul:
+    """One matmul: its output shape and the names its operands carried (e.g. the layer's weight ``w1``)."""
+
+    shape: tuple[int, ...] | None
+    operands: frozenset[str] = frozenset()
+
+    def describe(self) -> str:
+        shape = "x".join(map(str, self.shape)) if self.shape else "?"
+        return f"mm[{shape}]" + (f" of {'+'.join(sorted(self.operands))}" if self.operands else "")
+
+
+@dataclass(frozen=True)
 class ObservedCollective:
     """One collective as a check needs it (from :class:`~conformance.harness.probes.CollectiveCall`)."""
 
@@ -25,9 +37,11 @@ class ObservedCollective:
     overlappable: bool
     group_ranks: tuple[int, ...] | None
     shapes: tuple[tuple[int, ...], ...]
-    #: Shapes of the matmuls that ran while it was in flight (launched, not yet waited for).
-    overlapped: tuple[tuple[int, ...] | None, ...]
+    #: The matmuls that ran while it was in flight (launched, not yet waited for).
+    overlapped: tuple[ObservedMatmul, ...]
     pending: bool  #: launched asynchronously and never waited for
+    #: Whether its group existed when it ran: "live", "gone" (destroyed; ranks from an earlier recording), "unknown".
+    group_state: str = "live"
 
 
 @dataclass(frozen=True)
@@ -42,7 +56,8 @@ class ObservedCollectives:
 
     def describe(self) -> str:
         parts = [f"{c.kind}{'(async)' if c.overlappable else '(sync)'}"
-                 f"{'+' + str(len(c.overlapped)) + 'mm' if c.overlapped else ''}" for c in self.collectives]
+                 + (f" while {', '.join(m.describe() for m in c.overlapped)}" if c.overlapped else "")
+                 for c in self.collectives]
         return "[" + ", ".join(parts) + "]" + (f" fused ops {list(self.fused_ops)}" if self.fused_ops else "")
 
 
@@ -56,8 +71,8 @@ def observed_collectives(log: Any, start: int = 0, end: int | None = None) -> Ob
         found.append(ObservedCollective(
             kind=call.kind, op=call.op, api=call.api, overlappable=call.overlappable,
             group_ranks=call.group_ranks, shapes=tuple(call.shapes),
-            overlapped=tuple(e.shape for e in log.matmuls_while_in_flight(index)),
-            pending=call.overlappable and call.waited is None and not call.functional,
+            overlapped=tuple(ObservedMatmul(e.shape, e.operands) for e in log.matmuls_while_in_flight(index)),
+            pending=call.overlappable and call.waited is None and not call.functional, group_state=call.group_state,
         ))
     fused = tuple(e.op for e in log.events[start:end] if e.what == "matmul" and e.label == "fused")
     return ObservedCollectives(tuple(found), fused)

@@ -1,19 +1,31 @@
 """Observe (and perturb) the collectives and matmuls an implementation issues on this rank.
 
-Two views are combined into one timeline of :class:`Event`:
+Every call style meets in the dispatcher, so that is where collectives are
+recorded (``docs/DESIGN.md#overlap-structure``):
 
-* a torch dispatch mode sees every c10d and functional collective op, and every
-  matmul, however the implementation called them;
-* wrappers around the ``torch.distributed`` Python entry points (the current
-  names and the legacy ``_all_gather_base`` / ``_reduce_scatter_base``) bind
-  each call's arguments to the function's real signature, so ``async_op`` and
-  ``group`` are read whether they were passed by keyword or by position; they
-  also wrap the returned work handle, so the timeline shows when it was waited
-  for, and record calls that never reach the dispatcher (process groups
-  written in Python, such as torch's threaded one).
+* a torch dispatch mode sees every c10d op (``c10d.allreduce_``,
+  ``c10d._allgather_base_`` ...) and functional collective, however the
+  implementation reached it -- ``torch.distributed.all_reduce``, a name bound
+  at its own import (``from torch.distributed import all_reduce``), a module
+  alias, a wrapper -- and keeps the ``Work`` each returns;
+* ``Work.wait`` (and a ``Work.is_completed`` that answers True) is patched on
+  the class, once per process, so waiting on any handle of a recorded launch
+  is seen, whoever holds it; a functional collective is waited for by
+  ``wait_tensor``, or lazily at the first later op that reads its result;
+* wrappers around the ``torch.distributed`` Python entry points bind each
+  call's arguments to the function's real signature (``async_op`` and
+  ``group`` by keyword or position), and record calls that never reach the
+  dispatcher (process groups written in Python, such as torch's threaded one),
+  whose handles they wrap.
 
-A functional collective (``torch.distributed._functional_collectives``) is
-waited for lazily: its wait is the first later op that reads its result.
+Each collective's group is resolved to global ranks when it is launched; a
+group that no longer exists (destroyed, or left over from an earlier case) is
+resolved from the groups seen alive at earlier recordings and marked so.
+
+A matmul is identified by what it multiplies: tensors named with
+:meth:`CollectiveLog.name_operand` (a layer's weight) carry their name through
+every op that derives a tensor from them (views, copies, casts, gathers), and a
+matmul records the names its operands carry.
 
 The same interception injects delays (:class:`Straggler`): before every
 collective, whichever entry point reached it, so a rank can be made to arrive
@@ -42,17 +54,21 @@ PY_COLLECTIVES = (
 )
 #: Dispatcher namespaces of collective ops.
 COLLECTIVE_NAMESPACES = ("c10d", "_c10d_functional", "c10d_functional")
-#: aten ops counted as matmuls (the output shape identifies which product it was).
+#: aten ops counted as matmuls.
 MATMUL_OPS = frozenset({"mm", "addmm", "addmm_", "bmm", "baddbmm", "addbmm", "_addmm_activation", "matmul",
                         "linear", "mv", "addmv", "dot", "_int_mm", "_scaled_mm", "_weight_int8pack_mm"})
 _KINDS = (("all_reduce", ("allreduce", "all_reduce")),
           ("all_gather", ("allgather", "all_gather")),
           ("reduce_scatter", ("reduce_scatter",)),
           ("all_to_all", ("alltoall", "all_to_all")))
+#: Group states: resolved while it exists, resolved from an earlier recording (it no longer exists), unknown.
+LIVE, GONE, UNKNOWN = "live", "gone", "unknown"
 
 _local = threading.local()
 _install_lock = threading.Lock()
 _installed = False
+#: Process group name -> its global ranks, for every group seen alive at a recording (groups are named once).
+_known_groups: dict[str, tuple[int, ...]] = {}
 
 
 @dataclass
@@ -64,6 +80,7 @@ class CollectiveCall:
     api: str | None = None  #: torch.distributed entry point, when called through it
     async_op: bool | None = None  #: None: unknown (neither the API nor the op schema says)
     group_ranks: tuple[int, ...] | None = None  #: global ranks of the group it ran on
+    group_state: str = LIVE  #: :data:`LIVE`, :data:`GONE` (the group no longer existed) or :data:`UNKNOWN`
     launched: int = -1  #: index of its launch in the timeline
     waited: int | None = None  #: index of its wait (None: never seen waited)
 
@@ -88,13 +105,18 @@ class CollectiveCall:
 
 @dataclass(frozen=True)
 class Event:
-    """One entry of the timeline: ``launch`` / ``wait`` (of ``call``), ``matmul`` (``shape``), ``mark``."""
+    """One entry of the timeline: ``launch`` / ``wait`` (of ``call``), ``matmul``, ``mark``.
+
+    A matmul has its output ``shape`` and the ``operands``: the names its
+    inputs carry (:meth:`CollectiveLog.name_operand`).
+    """
 
     what: str
     call: int | None = None
     shape: tuple[int, ...] | None = None
     label: str = ""
     op: str = ""
+    operands: frozenset[str] = frozenset()
 
 
 @dataclass
@@ -102,6 +124,8 @@ class CollectiveLog:
     calls: list[CollectiveCall] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
     _lazy: dict[int, int] = field(default_factory=dict)  # storage ptr of a functional result -> call
+    _works: dict[int, tuple[Any, int]] = field(default_factory=dict)  # id(Work) -> (the Work, kept alive; call)
+    _names: dict[int, tuple[Any, frozenset[str]]] = field(default_factory=dict)  # storage ptr -> (storage; names)
 
     def of_kind(self, kind: str) -> list[CollectiveCall]:
         return [c for c in self.calls if c.kind == kind]
@@ -109,9 +133,18 @@ class CollectiveLog:
     def __len__(self) -> int:
         return len(self.calls)
 
+    @property
+    def completed(self) -> int:
+        """How many collectives this rank has seen complete (waited for, or blocking and returned)."""
+        return sum(1 for c in self.calls if c.waited is not None)
+
     def mark(self, label: str) -> None:
         """Put a named boundary into the timeline (e.g. between two layers' backward)."""
         self.events.append(Event("mark", label=label))
+
+    def name_operand(self, name: str, tensor: Any) -> None:
+        """Name ``tensor`` (and everything later derived from it) for the matmuls that multiply it."""
+        _name_storages(self, [tensor], frozenset({name}))
 
     def launch(self, call: CollectiveCall) -> int:
         call.launched = len(self.events)
@@ -127,6 +160,7 @@ class CollectiveLog:
         if call.waited is None:
             call.waited = len(self.events)
             self.events.append(Event("wait", call=index))
+            COMPLETED.note()
 
     def matmuls_while_in_flight(self, index: int) -> list[Event]:
         """Matmuls that ran after collective ``index`` was launched and before it was waited for."""
@@ -134,9 +168,15 @@ class CollectiveLog:
         end = call.waited if call.waited is not None else len(self.events)
         return [e for e in self.events[call.launched + 1:end] if e.what == "matmul"]
 
+    def _work_waited(self, work: Any) -> None:
+        entry = self._works.get(id(work))
+        if entry is not None and entry[0] is work:
+            del self._works[id(work)]
+            self.waited(entry[1])
+
 
 class _TrackedWork:
-    """Marks the timeline when the work is waited for; everything else goes to the real handle."""
+    """The handle of a call the dispatcher never saw: marks the timeline when waited for."""
 
     def __init__(self, work: Any, log: CollectiveLog, index: int) -> None:
         self._work, self._log, self._index = work, log, index
@@ -144,7 +184,6 @@ class _TrackedWork:
     def wait(self, *args: Any, **kwargs: Any) -> Any:
         result = self._work.wait(*args, **kwargs)
         self._log.waited(self._index)
-        COMPLETED.note()
         return result
 
     def __getattr__(self, name: str) -> Any:
@@ -172,7 +211,19 @@ class Straggler:
             time.sleep(self._rng.random() * self.seconds)
 
 
-def _group_ranks(group: Any) -> tuple[int, ...] | None:
+def _remember_live_groups() -> None:
+    """Note every group that exists now, so a collective on it after it is destroyed still names its ranks."""
+    try:
+        import torch.distributed.distributed_c10d as c10d
+
+        for group, ranks in c10d._world.pg_group_ranks.items():
+            _known_groups[group.group_name] = tuple(ranks)
+    except Exception:  # noqa: BLE001 - no default group yet, or another torch's internals: nothing to remember
+        pass
+
+
+def _group_ranks(group: Any) -> tuple[tuple[int, ...] | None, str]:
+    """The global ranks of ``group`` (None: WORLD) and whether it still exists (:data:`LIVE` ...)."""
     import torch.distributed as dist
 
     try:
@@ -180,13 +231,17 @@ def _group_ranks(group: Any) -> tuple[int, ...] | None:
             group = dist.group.WORLD
         elif type(group).__name__ == "ScriptObject":
             group = dist.ProcessGroup.unbox(group)
-        return tuple(dist.get_process_group_ranks(group))
     except Exception:  # noqa: BLE001 - a group we cannot resolve is reported as unknown
-        return None
+        return None, UNKNOWN
+    try:
+        return tuple(dist.get_process_group_ranks(group)), LIVE
+    except Exception:  # noqa: BLE001 - destroyed, or never registered: try the groups seen alive before
+        known = _known_groups.get(getattr(group, "group_name", None) or "")
+        return known, (GONE if known is not None else UNKNOWN)
 
 
-def _install_api_wrappers() -> None:
-    """Wrap torch.distributed's Python collectives once per process (idempotent)."""
+def _install() -> None:
+    """Patch ``Work``'s waits and wrap torch.distributed's Python collectives, once per process."""
     global _installed
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
@@ -194,6 +249,24 @@ def _install_api_wrappers() -> None:
     with _install_lock:
         if _installed:
             return
+        work = dist.distributed_c10d.Work
+        original_wait, original_completed = work.wait, work.is_completed
+
+        def wait(self: Any, *args: Any, **kwargs: Any) -> Any:
+            result = original_wait(self, *args, **kwargs)
+            log: CollectiveLog | None = getattr(_local, "log", None)
+            if log is not None:
+                log._work_waited(self)
+            return result
+
+        def is_completed(self: Any) -> bool:
+            done = bool(original_completed(self))
+            log: CollectiveLog | None = getattr(_local, "log", None)
+            if done and log is not None:
+                log._work_waited(self)
+            return done
+
+        work.wait, work.is_completed = wait, is_completed  # type: ignore[method-assign]
         for name in PY_COLLECTIVES:
             original = getattr(c10d, name, None)
             if original is None:
@@ -236,17 +309,12 @@ def _api_wrapper(name: str, original: Any) -> Any:
             result = original(*args, **kwargs)
         finally:
             stack.pop()
-        if outermost and not async_op:
-            COMPLETED.note()
-        if log is None or not outermost:
-            return result
-        if len(log.calls) == seen:  # the dispatcher never saw it (a process group written in Python)
-            log.launch(CollectiveCall(f"api.{name}", _shapes(args), name, async_op, _group_ranks(group)))
-        index = len(log.calls) - 1
-        if async_op and result is not None and index >= seen:
-            return _TrackedWork(result, log, index)
-        return result
+        if log is None or not outermost or len(log.calls) > seen:
+            return result  # the dispatcher saw it: its Work's wait is seen on the class
+        index = log.launch(CollectiveCall(f"api.{name}", _shapes(args), name, async_op, *_group_ranks(group)))
+        return _TrackedWork(result, log, index) if async_op and result is not None else result
 
+    wrapper._coc_probe = True  # type: ignore[attr-defined]  # the original is ``__wrapped__``
     return wrapper
 
 
@@ -258,7 +326,8 @@ def record_collectives(delay: Callable[[], None] | None = None) -> Iterator[Coll
     """
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    _install_api_wrappers()
+    _install()
+    _remember_live_groups()
     log = CollectiveLog()
 
     class _Mode(TorchDispatchMode):
@@ -266,6 +335,7 @@ def record_collectives(delay: Callable[[], None] | None = None) -> Iterator[Coll
             kwargs = kwargs or {}
             if log._lazy:
                 _note_lazy_waits(log, args, kwargs)
+            names = _names_of(log, args, kwargs) if log._names else frozenset()
             if func.namespace in COLLECTIVE_NAMESPACES:
                 if "wait" in func._opname:
                     _note_lazy_waits(log, args, kwargs)
@@ -276,17 +346,24 @@ def record_collectives(delay: Callable[[], None] | None = None) -> Iterator[Coll
                 call = _dispatched_call(func, args, kwargs, stack)
                 out = func(*args, **kwargs)
                 index = log.launch(call)
+                for work in _works(out):
+                    log._works[id(work)] = (work, index)
                 if call.functional:
                     for ptr in _storages(out):
                         log._lazy[ptr] = index
-                return out
-            out = func(*args, **kwargs)
-            if func._opname in MATMUL_OPS:
+            elif func._opname in MATMUL_OPS:
+                out = func(*args, **kwargs)
                 shape = tuple(out.shape) if hasattr(out, "shape") else None
-                log.events.append(Event("matmul", shape=shape, op=f"{func.namespace}.{func._opname}"))
-            elif func.namespace not in ("aten", "prim", "prims") and _fused_name(func._opname):
-                log.events.append(Event("matmul", shape=tuple(getattr(out, "shape", ()) or ()),
-                                        label="fused", op=f"{func.namespace}.{func._opname}"))
+                log.events.append(Event("matmul", shape=shape, op=f"{func.namespace}.{func._opname}",
+                                        operands=names))
+                return out
+            else:
+                out = func(*args, **kwargs)
+                if func.namespace not in ("aten", "prim", "prims") and _fused_name(func._opname):
+                    log.events.append(Event("matmul", shape=tuple(getattr(out, "shape", ()) or ()),
+                                            label="fused", op=f"{func.namespace}.{func._opname}", operands=names))
+            if names:
+                _name_storages(log, [out, *_written(func, args, kwargs)], names)
             return out
 
     previous = (getattr(_local, "log", None), getattr(_local, "api_stack", None), getattr(_local, "delay", None))
@@ -313,16 +390,35 @@ def _dispatched_call(func: Any, args: Any, kwargs: Any, stack: list[tuple[str, b
         async_op = None if flag is None else bool(flag)
         group = values["process_group"] if "process_group" in values else values.get("group_name")
         ranks = _functional_ranks(group) if isinstance(group, str) else _group_ranks(group)
-    return CollectiveCall(f"{func.namespace}.{func._opname}", _shapes(args), api, async_op, ranks)
+    return CollectiveCall(f"{func.namespace}.{func._opname}", _shapes(args), api, async_op, *ranks)
 
 
-def _functional_ranks(group_name: str) -> tuple[int, ...] | None:
+def _functional_ranks(group_name: str) -> tuple[tuple[int, ...] | None, str]:
     try:
         from torch.distributed.distributed_c10d import _resolve_process_group
 
         return _group_ranks(_resolve_process_group(group_name))  # type: ignore[arg-type]
     except Exception:  # noqa: BLE001
-        return None
+        known = _known_groups.get(group_name)
+        return known, (GONE if known is not None else UNKNOWN)
+
+
+def _works(out: Any) -> list[Any]:
+    """The ``Work`` handles an op returned, as the Python objects its callers will hold.
+
+    The probe keeps each one alive, so unboxing gives the very object a
+    caller waits on (one Python object per live handle).
+    """
+    from torch.distributed.distributed_c10d import Work
+
+    found = []
+    for item in out if isinstance(out, (list, tuple)) else [out]:
+        if type(item).__name__ == "ScriptObject":
+            try:
+                found.append(Work.unbox(item))
+            except Exception:  # noqa: BLE001 - another script object (not a Work)
+                pass
+    return found
 
 
 def _fused_name(name: str) -> bool:
@@ -332,18 +428,73 @@ def _fused_name(name: str) -> bool:
         k in lowered for k in ("all_reduce", "allreduce", "all_gather", "allgather", "reduce_scatter"))
 
 
-def _storages(value: Any) -> list[int]:
-    import torch
+def _tensors(value: Any) -> Iterator[Any]:
+    from torch import Tensor
 
-    items = value if isinstance(value, (list, tuple)) else [value]
-    found = []
-    for item in items:
-        if isinstance(item, torch.Tensor):
-            try:
-                found.append(item.untyped_storage().data_ptr())
-            except Exception:  # noqa: BLE001 - a tensor subclass without storage
-                pass
-    return found
+    if isinstance(value, Tensor):
+        yield value
+        return
+    if not isinstance(value, (list, tuple)):
+        return
+    for item in value:
+        if isinstance(item, Tensor):
+            yield item
+        elif isinstance(item, (list, tuple)):
+            yield from (t for t in item if isinstance(t, Tensor))
+
+
+def _storage(tensor: Any) -> Any:
+    try:
+        return tensor.untyped_storage()
+    except Exception:  # noqa: BLE001 - a tensor subclass without storage
+        return None
+
+
+def _storage_key(tensor: Any) -> int:
+    """The address of ``tensor``'s storage, from its own (no storage object is made: this runs on every op)."""
+    try:
+        return int(tensor.data_ptr() - tensor.storage_offset() * tensor.element_size())
+    except Exception:  # noqa: BLE001 - a tensor subclass without storage
+        return 0
+
+
+def _storages(value: Any) -> list[int]:
+    return [key for key in map(_storage_key, _tensors(value)) if key]
+
+
+def _names_of(log: CollectiveLog, args: Any, kwargs: Any) -> frozenset[str]:
+    """The names an op's tensor arguments carry (this runs on every op while a name is given: kept lean)."""
+    names: frozenset[str] = frozenset()
+    known = log._names
+    for value in (*args, *kwargs.values()) if kwargs else args:
+        for tensor in _tensors(value):
+            entry = known.get(_storage_key(tensor))
+            if entry is not None:
+                names |= entry[1]
+    return names
+
+
+def _name_storages(log: CollectiveLog, values: list[Any], names: frozenset[str]) -> None:
+    """Give ``names`` to the storages of ``values`` (kept alive while recording, so no address is reused)."""
+    for value in values:
+        for tensor in _tensors(value):
+            storage = _storage(tensor)
+            if storage is None or storage.nbytes() == 0:
+                continue
+            ptr = storage.data_ptr()
+            entry = log._names.get(ptr)
+            log._names[ptr] = (storage, names | (entry[1] if entry else frozenset()))
+
+
+def _written(func: Any, args: Any, kwargs: Any) -> list[Any]:
+    """The arguments an op writes into (``out=``, in-place, a collective's output buffers)."""
+    written = []
+    for index, argument in enumerate(func._schema.arguments):
+        if argument.alias_info is not None and argument.alias_info.is_write:
+            value = kwargs.get(argument.name, args[index] if index < len(args) else None)
+            if value is not None:
+                written.append(value)
+    return written
 
 
 def _note_lazy_waits(log: CollectiveLog, args: Any, kwargs: Any) -> None:
@@ -352,21 +503,10 @@ def _note_lazy_waits(log: CollectiveLog, args: Any, kwargs: Any) -> None:
             index = log._lazy.pop(ptr, None)
             if index is not None:
                 log.waited(index)
-                COMPLETED.note()
 
 
 def _shapes(args: Any) -> list[tuple[int, ...]]:
-    import torch
-
-    found: list[tuple[int, ...]] = []
-    for arg in args:
-        items = arg if isinstance(arg, (list, tuple)) else [arg]
-        for item in items:
-            if isinstance(item, torch.Tensor):
-                found.append(tuple(item.shape))
-            elif isinstance(item, (list, tuple)):
-                found.extend(tuple(t.shape) for t in item if isinstance(t, torch.Tensor))
-    return found
+    return [tuple(t.shape) for arg in args for t in _tensors(arg)]
 
 
 # --- progress evidence: collectives seen completing (the case clock's second evidence) ------------------------

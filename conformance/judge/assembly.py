@@ -9,7 +9,7 @@ correct numbers, though a training run then drifts apart replica by replica.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol, TypeVar
 
 import torch
@@ -66,13 +66,38 @@ def copies(pieces: Sequence[torch.Tensor], split: Split) -> list[tuple[str, torc
     return [(f"the copy on rank(s) {holders}", piece) for holders, piece in distinct]
 
 
-def check_identical_copies(pieces: Sequence[torch.Tensor], split: Split, name: str = "tensor") -> None:
-    """SHOULD: the ranks' copies of a replicated tensor are bitwise identical (the same NaN counts as equal)."""
+#: A copy of a replicated tensor -> its worst ``|error| / bound`` (at most 1: within the error bound).
+WorstRatio = Callable[[torch.Tensor], float]
+
+
+def check_identical_copies(pieces: Sequence[torch.Tensor], split: Split, name: str = "tensor",
+                           worst_ratio: WorstRatio | None = None) -> None:
+    """SHOULD: the ranks' copies of a replicated tensor are bitwise identical (the same NaN counts as equal).
+
+    With ``worst_ratio`` the message says of both copies whether each lies
+    within the error bound (computed only on a mismatch).
+    """
     if split is not Split.FULL:
         return
     for rank, piece in enumerate(pieces[1:], start=1):
         if not bitwise_equal(piece, pieces[0]):
+            verdicts = _bound_verdicts(pieces, rank, worst_ratio)
             raise ReplicaMismatch(f"{name}: rank {rank}'s copy differs bitwise from rank 0's "
-                                  f"({describe_difference(pieces[0], piece)}); each copy is judged against the "
-                                  "bound on its own, but replicas that differ drift apart over training",
-                                  level=Level.SHOULD)
+                                  f"({describe_difference(pieces[0], piece)}); {verdicts}; replicas that differ "
+                                  "drift apart over training", level=Level.SHOULD)
+
+
+def _bound_verdicts(pieces: Sequence[torch.Tensor], rank: int, worst_ratio: WorstRatio | None) -> str:
+    """``"rank 0's copy is within the error bound (worst/bound 0.2), rank 1's is outside it (3.1)"``."""
+    if worst_ratio is None:
+        return "each copy is judged against the error bound on its own (numerics)"
+    verdicts = []
+    for holder in (0, rank):
+        try:
+            ratio = worst_ratio(pieces[holder])
+        except Exception as error:  # noqa: BLE001 - a copy that cannot be compared (shape, dtype) says so
+            verdicts.append(f"rank {holder}'s copy cannot be judged against the bound ({type(error).__name__})")
+            continue
+        verdicts.append(f"rank {holder}'s copy is {'within' if ratio <= 1 else 'OUTSIDE'} the error bound "
+                        f"(worst |error|/bound {ratio:.3g})")
+    return ", ".join(verdicts)

@@ -9,28 +9,27 @@ expected, what was observed and where (rank, rows), and records its evidence
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from conformance.contract.equality import bitwise_equal, describe_difference, row_ranges
+from conformance.contract.equality import bitwise_equal, describe_difference, wrong_cells
+from conformance.contract.layouts import Split
 from conformance.harness.case import CapturedError
 from conformance.judge import evidence, numerics
 from conformance.judge.failures import DeterminismViolation, NumericMismatch, WrongError
 from conformance.judge.levels import Level
 
-#: Row ``i`` of a result's 2-D view -> (the rank holding it, its row there); rank None: every rank.
-RowOwner = Callable[[int], tuple[int | None, int]]
-
 
 def check_close(name: str, out: Any, truth: Any, serial: Any, envelope: tuple[np.ndarray, int],
-                dtype: Any, *, roundings: int, row_owner: RowOwner | None = None) -> numerics.ErrorStats:
+                dtype: Any, *, roundings: int, split: Split | None = None, tp: int = 1) -> numerics.ErrorStats:
     """``out`` within the bound of float64 ``truth`` (``docs/DESIGN.md#error-bound``).
 
     ``envelope`` is ``(|A| @ |B|, K)``; ``roundings`` the R of the bound.  On a
-    violation the message names the rows that are wrong (and, with
-    ``row_owner``, the ranks holding them).
+    violation the message names the rows that are wrong and, given how the
+    tensor is ``split`` over ``tp`` ranks, which rank holds them and where in
+    its own shard (:func:`~conformance.contract.equality.wrong_cells`).
     """
     magnitude, reduction_len = envelope
     got, want = tuple(numerics.as_float64(out).shape), tuple(numerics.as_float64(truth).shape)
@@ -47,23 +46,13 @@ def check_close(name: str, out: Any, truth: Any, serial: Any, envelope: tuple[np
             detail = (f"; first at {list(where)}: got {_at(out, where):.6g}, expected (float64) "
                       f"{_at(truth, where):.6g}, serial {_at(serial, where):.6g}, bound "
                       f"{comparison.bound[where]:.3g}")
-        if row_owner is not None and stats.bad_rows:
-            detail += f"; on {owners(stats.bad_rows, row_owner)}"
+        if split is not None:
+            detail += f"; on {wrong_cells(comparison.abs_diff > comparison.bound, split, tp)}"
         nonfinite = not np.isfinite(numerics.as_float64(out)).all()
         if nonfinite:
             detail += " (non-finite values: rows never written hold the poisoned fill)"
         raise NumericMismatch(stats.summary() + detail)
     return stats
-
-
-def owners(rows: Sequence[int], row_owner: RowOwner) -> str:
-    """``"rank 1 rows 28-31; rank 3 rows 0-3"`` for global ``rows``."""
-    by_rank: dict[int | None, list[int]] = {}
-    for row in rows:
-        rank, local = row_owner(row)
-        by_rank.setdefault(rank, []).append(local)
-    return "; ".join(("every rank" if rank is None else f"rank {rank}") + f" rows {row_ranges(local)}"
-                     for rank, local in sorted(by_rank.items(), key=lambda kv: -1 if kv[0] is None else kv[0]))
 
 
 def _at(a: Any, index: tuple[int, ...]) -> float:

@@ -18,13 +18,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from conformance.contract.layouts import Split, layout, row_owner
+from conformance.contract.layouts import Split, layout
 from conformance.contract.problems import LayerProblem, layer_batch, layer_weights, main_grad_prefill
 from conformance.contract.results import LayerOutcome
 from conformance.harness.case import CapturedError
 from conformance.judge import assembly, checks, numerics
 from conformance.judge.assembly import assemble, by_replica, copies
 from conformance.judge.failures import ContractViolation, NumericMismatch, WrongError
+from conformance.judge.group_notes import group_note
 from conformance.judge.levels import Level
 
 
@@ -134,13 +135,10 @@ def check_training(problem: LayerProblem, outcomes: Sequence[LayerOutcome], *, t
 
 
 def foreign_groups(outcomes: Sequence[LayerOutcome]) -> str:
-    """``"; collectives ran on ranks ..."`` when some ran on a group other than the rank's TP group."""
-    foreign = sorted({c.group_ranks for o in outcomes for t in o.timelines.values() for c in t.collectives
-                      if c.group_ranks is not None and o.members and set(c.group_ranks) != set(o.members)})
-    if not foreign:
-        return ""
-    return (f"; the patched layers issued collectives on rank group(s) {foreign}, not on their TP group "
-            f"{sorted(outcomes[0].members)} (a collective over the wrong group)")
+    """``"; ... collectives ran on ..."`` when some ran on a group other than the rank's TP group, or a gone one."""
+    return "".join(dict.fromkeys(
+        group_note([c for t in o.timelines.values() for c in t.collectives], o.members, "the patched layers")
+        for o in outcomes))
 
 
 def _check_training(problem: LayerProblem, outcomes: Sequence[LayerOutcome], *, tp: int, chunks: int,
@@ -183,26 +181,57 @@ def _compare(name: str, pieces: list[Any], serial_pieces: list[Any] | None, trut
         serial = assemble(serial_pieces, split) if serial_pieces else out
         expected = np.asarray(truth).reshape(tuple(out.shape))
         magnitude = np.asarray(envelope[0]).reshape(tuple(out.shape))
-        rows = int(np.prod(out.shape[:-1])) if out.dim() > 1 else 1
         label = ", ".join(filter(None, (f"{name} ({where})" if where else name, holders)))
         checks.check_close(label, out, expected, serial, (magnitude, envelope[1]), dtype, roundings=roundings,
-                           row_owner=row_owner(split, rows, tp))
+                           split=split, tp=tp)
 
 
-def check_identical_copies(problem: LayerProblem, outcomes: Sequence[LayerOutcome], run: int = 0) -> None:
-    """SHOULD: every replicated output and gradient is bitwise the same on every rank of a replica."""
+def check_identical_copies(problem: LayerProblem, outcomes: Sequence[LayerOutcome], run: int = 0, *,
+                           chunks: int = 1, fusion: bool = False) -> None:
+    """SHOULD: every replicated output and gradient is bitwise the same on every rank of a replica.
+
+    ``chunks`` and ``fusion`` are the run's: a mismatch's message judges each copy by the error bound.
+    """
     splits = layout(problem.layer, problem.sequence_parallel)
+    micro_count = 1 if problem.case_id is not None else len(problem.tokens)
+    bound = _CopyBound(problem, roundings(len(outcomes[0].members) or 1, chunks, problem.layer, micro_count), fusion)
     for replica, ranks in by_replica(outcomes).items():
         for step, runs in enumerate(zip(*(o.coc[run] for o in ranks))):
             where = f"step {step}, replica {replica}"
+            serial = ranks[0].serial[step] if ranks[0].serial else None
             for micro in range(len(runs[0].outputs)):
                 for name in ("y", "dx"):
-                    assembly.check_identical_copies([r.outputs[micro][name] for r in runs], splits[name],
-                                                    f"{name} ({where}, micro-batch {micro})")
+                    assembly.check_identical_copies(
+                        [r.outputs[micro][name] for r in runs], splits[name], f"{name} ({where}, micro-batch {micro})",
+                        bound.ratio(step, replica, name, micro, serial.outputs[micro][name] if serial else None))
             for name in runs[0].grads:
                 pieces = [r.grads.get(name) for r in runs]
                 if all(p is not None for p in pieces):
-                    assembly.check_identical_copies(pieces, splits[name], f"{name} ({where})")
+                    assembly.check_identical_copies(pieces, splits[name], f"{name} ({where})", bound.ratio(
+                        step, replica, name, None, serial.grads.get(name) if serial else None))
+
+
+@dataclass(frozen=True)
+class _CopyBound:
+    """Judges one copy of a replicated output or gradient by the error bound (only when asked: on a mismatch)."""
+
+    problem: LayerProblem
+    roundings: int
+    fusion: bool
+
+    def ratio(self, step: int, replica: int, name: str, micro: int | None, serial: Any) -> assembly.WorstRatio:
+        def worst(copy: torch.Tensor) -> float:
+            expected = truth(self.problem, step, replica, self.fusion)
+            value, envelope = ((expected.micro[micro][name], expected.envelopes[micro][name]) if micro is not None
+                               else (expected.grads[name], expected.grad_envelopes[name]))
+            shape = tuple(copy.shape)
+            value = np.asarray(value).reshape(shape)
+            dtype = torch.float32 if self.fusion and name.startswith("dw") else getattr(torch, self.problem.dtype)
+            return numerics.compare(name, copy, value, value if serial is None else serial,
+                                    magnitude=np.asarray(envelope[0]).reshape(shape), reduction_len=envelope[1],
+                                    roundings=self.roundings, dtype=dtype).stats.worst_ratio
+
+        return worst
 
 
 def check_values(outcomes: Sequence[LayerOutcome]) -> None:

@@ -21,13 +21,14 @@ import torch
 
 from conformance.contract.equality import bitwise_equal, describe_difference
 from conformance.contract.jobs import OpRun
-from conformance.contract.layouts import GATHERS, OPERAND_SPLITS, row_owner
+from conformance.contract.layouts import GATHERS, OPERAND_SPLITS
 from conformance.contract.problems import Problem, global_operands
 from conformance.contract.results import OpRunOutcome
 from conformance.harness.case import CapturedError
 from conformance.judge import assembly, checks, numerics
 from conformance.judge.assembly import assemble, by_replica, copies
 from conformance.judge.failures import ContractViolation, NumericMismatch, WrongError
+from conformance.judge.group_notes import group_note
 
 
 def roundings(tp: int) -> int:
@@ -155,7 +156,7 @@ def check_numerics(run: OpRun, outcomes: Sequence[OpRunOutcome], *, exact: bool 
                         else:
                             checks.check_close(label, out, y, serial, envelope, getattr(torch, problem.dtype),
                                                roundings=roundings(run.tp),
-                                               row_owner=row_owner(split, y.shape[0], run.tp))
+                                               split=split, tp=run.tp)
                     except NumericMismatch as failure:
                         raise NumericMismatch(f"{failure}{_wrong_group(run, ranks, problem, out, replica, groups)}")\
                             from None
@@ -176,7 +177,21 @@ def check_identical_copies(run: OpRun, outcomes: Sequence[OpRunOutcome]) -> None
             for j in range(len(ranks[0].calls[i].results)):
                 pieces = [_first(o.calls[i].results[j], run.op) for o in ranks]
                 if all(isinstance(p, torch.Tensor) and p.device.type == "cpu" for p in pieces):  # else the contract
-                    assembly.check_identical_copies(pieces, split, _label(run, i, replica, len(groups), j))
+                    assembly.check_identical_copies(pieces, split, _label(run, i, replica, len(groups), j),
+                                                    _worst_ratio(run, ranks, i, replica))
+
+
+def _worst_ratio(run: OpRun, ranks: list[OpRunOutcome], i: int, replica: int) -> assembly.WorstRatio:
+    """A copy of call ``i``'s replicated result -> its worst |error| / bound (for a replica mismatch's message)."""
+    problem = run.problems[i]
+
+    def ratio(copy: torch.Tensor) -> float:
+        y, envelope, _ = truth_of(problem, replica)
+        serial = _first(ranks[0].calls[i].serial, run.op) if ranks[0].calls[i].serial is not None else y
+        return numerics.compare("copy", copy, y, serial, magnitude=envelope[0], reduction_len=envelope[1],
+                                roundings=roundings(run.tp), dtype=getattr(torch, problem.dtype)).stats.worst_ratio
+
+    return ratio
 
 
 def _first(result: Any, op: str) -> Any:
@@ -199,29 +214,16 @@ def _check_exact(label: str, out: Any, truth: np.ndarray, dtype: str, split: Any
     """Bitwise: exact data has exactly one correct answer in every summation order."""
     expected = torch.from_numpy(np.asarray(truth)).to(getattr(torch, dtype))
     if not bitwise_equal(out, expected):
-        rows = int(np.prod(expected.shape[:-1])) if expected.dim() > 1 else 1
-        owner = row_owner(split, rows, tp)
-        wrong = [] if not isinstance(out, torch.Tensor) or out.shape != expected.shape else \
-            torch.nonzero((out.double() != expected.double()).reshape(rows, -1).any(dim=1)).flatten().tolist()
-        where = f"; on {checks.owners(wrong, owner)}" if wrong else ""
         raise NumericMismatch(f"{label}: exact data must give exactly the exact result: "
-                              f"{describe_difference(expected, out)}{where}")
+                              f"{describe_difference(expected, out, split, tp)}")
 
 
 def _wrong_group(run: OpRun, ranks: list[OpRunOutcome], problem: Problem, out: Any, replica: int,
                  groups: dict[int, list[OpRunOutcome]]) -> str:
     """What the mismatch looks like when the TP group is a proper subgroup of the world."""
-    if len(groups) == 1:
-        return ""
-    members = set(ranks[0].members)
-    seen = {c.group_ranks for o in ranks for call in o.calls for t in call.timelines for c in t.collectives
-            if c.group_ranks is not None}
-    foreign = sorted(r for r in seen if set(r) != members)
-    note = ""
-    if foreign:
-        note += (f"; the implementation issued collectives on rank group(s) {foreign}, not on its TP group "
-                 f"{sorted(members)} (a collective over the wrong group)")
-    if run.op == "matmul_all_reduce":
+    note = group_note([c for o in ranks for call in o.calls for t in call.timelines for c in t.collectives],
+                      ranks[0].members, "the implementation")
+    if len(groups) > 1 and run.op == "matmul_all_reduce":
         world = sum(truth_of(problem, d)[0] - _bias(problem, d) for d in groups) + _bias(problem, replica)
         if np.allclose(numerics.as_float64(out), world, rtol=1e-2, atol=1e-2 * float(np.abs(world).max())):
             note += "; the result matches an all-reduce over the whole world (every replica summed)"

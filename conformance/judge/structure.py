@@ -7,7 +7,11 @@ launched and before it was waited for.
 * :class:`~conformance.protocol.Chunked`: the phase issues ``chunks``
   collectives of its kind, each asynchronously;
 * :class:`~conformance.protocol.OverlapsMatmul`: one of its collectives is in
-  flight while the named matmul (identified by its output shape) runs;
+  flight while the named matmul runs -- identified by what it multiplies, not
+  by its shape (shapes coincide: at TP 2 a rank's output block can have the
+  weight's shape): in the forward the output is the product that reads the
+  layer part's weight; in the backward the input gradient reads it and the
+  weight gradient, of the weight's shape, does not;
 * :class:`~conformance.protocol.NotOverlapped`: nothing is required, and
   nothing is judged (a check whose every phase is declared so is *not
   judged*, never passed);
@@ -18,10 +22,11 @@ launched and before it was waited for.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from conformance.contract.problems import LayerProblem
-from conformance.contract.results import LayerOutcome, ObservedCollectives
+from conformance.contract.results import LayerOutcome, ObservedCollectives, ObservedMatmul
 from conformance.judge.failures import StructureMismatch
 from conformance.judge.verdicts import NotJudged
 from conformance.protocol import (
@@ -36,22 +41,37 @@ from conformance.protocol import (
 Shape = tuple[int, ...]
 
 
-def matmul_matches(shape: Shape | None, wanted: Shape) -> bool:
-    """Whether a matmul output of ``shape`` is the product ``wanted`` (either orientation; last-dim only if 1-D)."""
-    if shape is None:
-        return False
-    if len(wanted) == 1:
-        return bool(shape) and shape[-1] == wanted[0]
-    return tuple(shape[-2:]) in (tuple(wanted), tuple(reversed(wanted)))
+@dataclass(frozen=True)
+class PartMatmuls:
+    """What identifies the matmuls of one layer part on this rank: its weight's operand name and shape."""
+
+    weight: str  #: the name the weight carries in the timeline (``w``, ``w1``, ``w2``)
+    weight_shape: Shape  #: this rank's shard of it, ``[out, in]``
+
+    def named(self, matmul: ObservedMatmul, phase: str) -> str | None:
+        """Which of :data:`~conformance.protocol.MATMULS` ``matmul`` is in ``phase``, or None (another product)."""
+        reads_weight = self.weight in matmul.operands
+        if phase == "forward":
+            return "output" if reads_weight else None
+        if reads_weight:
+            return "input_grad"
+        shape = tuple(matmul.shape or ())[-2:]
+        return "weight_grad" if shape in (self.weight_shape, self.weight_shape[::-1]) else None
+
+    def describe(self, name: str) -> str:
+        return {"output": f"the forward product that reads the weight {self.weight}",
+                "input_grad": f"the backward product that reads the weight {self.weight}",
+                "weight_grad": f"the backward product of shape {list(self.weight_shape)} that does not read "
+                               f"{self.weight}"}[name]
 
 
 def check_phase(timeline: ObservedCollectives | None, key: str, declared: OverlapStrategy | None, *, chunks: int,
-                matmuls: Mapping[str, Shape]) -> bool:
+                matmuls: PartMatmuls) -> bool:
     """Raise :class:`StructureMismatch` when phase ``key`` is not overlapped as declared.
 
-    ``chunks`` is the configured chunk count; ``matmuls`` maps a matmul name
-    (:data:`~conformance.protocol.MATMULS`) to its output shape on this rank.
-    Returns whether anything was judged (False for a phase declared ``none``).
+    ``chunks`` is the configured chunk count; ``matmuls`` identifies the
+    layer part's matmuls.  Returns whether anything was judged (False for a
+    phase declared ``none``).
     """
     if isinstance(declared, NotOverlapped):
         return False
@@ -72,18 +92,15 @@ def check_phase(timeline: ObservedCollectives | None, key: str, declared: Overla
                                     f"flight (each was waited for at once); {seen}")
         return True
     if isinstance(declared, OverlapsMatmul):
-        wanted = matmuls.get(declared.matmul)
-        if wanted is None:
-            raise StructureMismatch(f"{key}: declared to overlap the {declared.matmul} matmul, which this "
-                                    f"phase does not have; {seen}")
-        others = [shape for name, shape in matmuls.items() if name != declared.matmul and len(shape) == 2]
-
-        def is_wanted(shape: Shape | None) -> bool:
-            return matmul_matches(shape, wanted) and not any(matmul_matches(shape, o) for o in others)
-
-        if not any(c.overlappable and any(is_wanted(s) for s in c.overlapped) for c in calls):
-            raise StructureMismatch(f"{key}: declared one {kind} overlapped with the {declared.matmul} matmul "
-                                    f"(output {list(wanted)}); no {kind} was in flight while it ran; {seen}")
+        phase = key.rsplit("/", 1)[-1]
+        wanted = declared.matmul
+        if wanted == "output" and phase != "forward" or wanted != "output" and phase == "forward":
+            raise StructureMismatch(f"{key}: declared to overlap the {wanted} matmul, which this phase does "
+                                    f"not have; {seen}")
+        if not any(c.overlappable and any(matmuls.named(m, phase) == wanted for m in c.overlapped) for c in calls):
+            raise StructureMismatch(f"{key}: declared one {kind} in flight while the {wanted} matmul "
+                                    f"({matmuls.describe(wanted)}) runs; no such matmul ran while "
+                                    f"{'an' if kind[0] in 'aeiou' else 'a'} {kind} was in flight; {seen}")
         return True
     if not timeline.fused_ops and not any(c.overlapped for c in calls):
         raise StructureMismatch(f"{key}: no {kind} collective overlaps a matmul (none was in flight while a "
@@ -95,15 +112,16 @@ def layer_parts(layer: str) -> list[str]:
     return ["column", "row"] if layer == "mlp" else [layer]
 
 
-def _matmuls(problem: LayerProblem, kind: str, tp: int) -> dict[str, tuple[int, ...]]:
-    """Output shapes (this rank's) of the matmuls a phase of layer part ``kind`` may overlap."""
+def part_matmuls(problem: LayerProblem, kind: str, tp: int) -> PartMatmuls:
+    """The matmuls of layer part ``kind`` on a rank: its weight's name in the timeline and shard shape."""
     if problem.layer == "mlp":
         assert problem.ffn is not None
         out, inp = (problem.ffn, problem.h_in) if kind == "column" else (problem.h_out, problem.ffn)
+        weight = "w1" if kind == "column" else "w2"
     else:
         out, inp = problem.h_out, problem.h_in
-    w = (out // tp, inp) if kind == "column" else (out, inp // tp)
-    return {"weight_grad": w, "output": (w[0],), "input_grad": (w[1],)}
+        weight = "w"
+    return PartMatmuls(weight, (out // tp, inp) if kind == "column" else (out, inp // tp))
 
 
 def check_layer_structure(problem: LayerProblem, outcomes: Sequence[LayerOutcome], overlap: Mapping[str, Any], *,
@@ -128,7 +146,7 @@ def check_layer_structure(problem: LayerProblem, outcomes: Sequence[LayerOutcome
                 count = chunks if isinstance(chunks, int) else chunks.get(key, 1)
                 try:
                     judged |= check_phase(outcome.timelines.get(f"{kind}/{phase}"), key, declared, chunks=count,
-                                          matmuls=_matmuls(problem, kind, tp))
+                                          matmuls=part_matmuls(problem, kind, tp))
                 except StructureMismatch as failure:
                     raise StructureMismatch(f"rank {rank}: {failure}") from None
     if not judged:

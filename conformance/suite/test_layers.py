@@ -85,7 +85,7 @@ def test_layer_matches_golden(coc_ranks: Any, verdicts: Any, coc_declarations: D
     with verdicts.check("results are values", Level.MUST):
         judge.check_values(outcomes)
     with verdicts.check("replicated results bitwise identical", Level.SHOULD):
-        judge.check_identical_copies(problem, outcomes)
+        judge.check_identical_copies(problem, outcomes, chunks=chunks)
     if chunks > 1:
         with verdicts.check("overlap structure", Level.STRUCTURE):
             structure.check_layer_structure(problem, outcomes, coc_declarations.overlap, chunks=chunks, tp=tp)

@@ -63,7 +63,7 @@ def _check(coc_ranks: Any, verdicts: Any, job: LayerJob, *, world: int | None = 
     with verdicts.check("results are values", Level.MUST):
         judge.check_values(outcomes)
     with verdicts.check("replicated results bitwise identical", Level.SHOULD):
-        judge.check_identical_copies(job.problem, outcomes)
+        judge.check_identical_copies(job.problem, outcomes, chunks=CHUNKS, fusion=job.main_grad)
     if job.main_grad:
         with verdicts.check("gradient lands in main_grad once", Level.MUST):
             judge.check_main_grad(outcomes)

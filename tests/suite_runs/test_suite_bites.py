@@ -36,6 +36,12 @@ OPTIONS = {"test_config": ("--coc-tp", "2", "--coc-budget-floor", "8")}
 CORRECT_VARIANTS = [
     ("test_ops", "NoDeterministicMode", "deterministic and tp4", "skipped"),
     ("test_ops", "OwnSubgroups", "matmul_all_reduce and (tp_subgroup or results_are_values)", "passed"),
+    # collectives issued and waited for through names bound at the implementation's import (issue 26)
+    ("test_ops", "AliasBoundCollectives", "results_are_values and tp2", "passed"),
+    ("test_layers", "AliasBoundCollectives", "layer_matches_golden and float32 and tp2-p2", "passed"),
+    # a genuine overlaps:output where the output block has the weight's shape (issue 26)
+    ("test_layers", "DeclaresOverlapsOutput", "layer_matches_golden and mlp-sp-s64b1-h32x32-ffn64 and tp2-p2",
+     "passed"),
 ]
 
 

@@ -1340,3 +1340,136 @@ class WrongAtTp3(_WrongInACorner):
         import torch.distributed as dist
 
         return bool(dist.get_world_size(kw["group"]) == 3)
+
+
+# --- issue 26: collectives through names bound at the implementation's import; shapes that coincide ------------
+
+
+def _import_time_dist() -> Any:
+    """What ``from torch.distributed import *`` binds in a package's own module: the functions as they are now.
+
+    Any probe wrapper installed before this module's import is peeled off, so
+    the names are the ones a package imported before any recording would hold.
+    """
+    import types
+
+    import torch.distributed as dist
+
+    def unwrapped(value: Any) -> Any:
+        while getattr(value, "_coc_probe", False):
+            value = value.__wrapped__
+        return value
+
+    names = [n for n in dir(dist) if not n.startswith("__")]
+    return types.SimpleNamespace(**{n: unwrapped(getattr(dist, n)) for n in names})
+
+
+#: The package's alias module (``mydist.all_reduce(..., async_op=True)``), bound once at import.
+MYDIST = _import_time_dist()
+
+
+class AliasBoundCollectives(ReferenceCoC):
+    """Correct: the reference, issuing and waiting for every collective through names bound at its import."""
+
+    name = "variant-alias-bound-collectives"
+
+    def _aliased(self) -> Any:
+        from contextlib import ExitStack
+        from unittest import mock
+
+        import coc_impl.deterministic
+        import coc_impl.overlap
+
+        stack = ExitStack()
+        for module in (coc_impl.overlap, coc_impl.deterministic):
+            stack.enter_context(mock.patch.object(module, "dist", MYDIST))
+        return stack
+
+    def patch_megatron(self, config: CoCConfig) -> Any:
+        stack = self._aliased()
+        stack.enter_context(super().patch_megatron(config))
+        return stack
+
+    def matmul_all_reduce(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
+        with self._aliased():
+            return super().matmul_all_reduce(x, w, bias, **kw)
+
+    def matmul_reduce_scatter(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
+        with self._aliased():
+            return super().matmul_reduce_scatter(x, w, bias, **kw)
+
+    def all_gather_matmul(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
+        with self._aliased():
+            return super().all_gather_matmul(x, w, bias, **kw)
+
+    def all_gather_matmul_v2(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
+        with self._aliased():
+            return super().all_gather_matmul_v2(x, w, bias, **kw)
+
+
+class AliasReturnsBeforeWaiting(ReferenceCoC):
+    """matmul_all_reduce launches its all-reduce through the import-time alias and returns without waiting."""
+
+    name = "fault-alias-returns-before-waiting"
+
+    def matmul_all_reduce(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
+        if kw.get("deterministic") or kw.get("antiquant_scale") is not None:
+            return super().matmul_all_reduce(x, w, bias, **kw)
+        out = x @ (w.t() if kw.get("transpose_weight") else w)
+        MYDIST.all_reduce(out, group=kw["group"], async_op=True)  # never waited
+        return out if bias is None else out.add_(bias)
+
+
+class AliasAsyncButBlocking(AliasBoundCollectives):
+    """Through the import-time alias, each all-reduce chunk is launched async and waited for at once (serial)."""
+
+    name = "fault-alias-async-but-blocking"
+
+    def patch_megatron(self, config: CoCConfig) -> Any:
+        from unittest import mock
+
+        import coc_impl.overlap as overlap
+
+        def all_reduce(partial: Any, out: Any, group: Any) -> Any:
+            if out.data_ptr() != partial.data_ptr():
+                out.copy_(partial)
+            work = MYDIST.all_reduce(out, group=group, async_op=True)
+            work.wait()
+            return work
+
+        stack = super().patch_megatron(config)
+        stack.enter_context(mock.patch.object(overlap.SUM_REDUCER, "all_reduce", all_reduce))
+        return stack
+
+
+class DeclaresOverlapsOutput(ReferenceCoC):
+    """Correct: declares that the SP column forward's all-gather overlaps the output matmul (it does, chunked)."""
+
+    name = "variant-declares-overlaps-output"
+    overlap = {**ReferenceCoC.overlap, "column/sp/forward": "overlaps:output"}
+
+
+class SerialGatherDeclaredOverlapsOutput(DeclaresOverlapsOutput):
+    """Declares the SP forward all-gather overlaps the output matmul, but gathers x whole, blocking, first."""
+
+    name = "fault-serial-gather-declared-overlaps-output"
+
+    def patch_megatron(self, config: CoCConfig) -> Any:
+        from contextlib import ExitStack
+        from unittest import mock
+
+        import torch
+        import torch.distributed as dist
+
+        import coc_impl.scripted as scripted
+        from coc_impl.overlap import GatherMatmulResult
+
+        def all_gather_matmul(x: Any, matmul: Any, blocks: Any, group: Any, **kw: Any) -> Any:
+            gathered = torch.empty((x.shape[0] * group.size(), *x.shape[1:]), dtype=x.dtype)
+            dist.all_gather_into_tensor(gathered, x.contiguous(), group=group)  # blocking, whole
+            return GatherMatmulResult(matmul(gathered), gathered)
+
+        stack = ExitStack()
+        stack.enter_context(mock.patch.object(scripted, "all_gather_matmul", all_gather_matmul))
+        stack.enter_context(super().patch_megatron(config))
+        return stack

@@ -105,3 +105,35 @@ def slow_collectives(ctx: RankContext, rounds: int, pause_s: float) -> int:
                 time.sleep(pause_s)
             dist.all_reduce(torch.ones(1), group=ctx.group)
     return rounds
+
+
+def through_an_alias(ctx: RankContext) -> dict[str, object]:
+    """Collectives issued and waited for through names bound before any probe, on live and destroyed groups."""
+    import torch
+
+    from conformance.contract.results import observed_collectives
+    from conformance.harness.probes import record_collectives
+    from tests.support.faulty_impls import MYDIST
+
+    ranks = list(range(ctx.world_size))
+    remembered, forgotten = MYDIST.new_group(ranks), MYDIST.new_group(ranks)
+    MYDIST.destroy_process_group(forgotten)  # destroyed before any recording saw it
+    with record_collectives():
+        pass  # sees `remembered` alive
+    MYDIST.destroy_process_group(remembered)
+    t, w, x = torch.ones(4), torch.ones(4, 4), torch.ones(4, 4)
+    with record_collectives() as log:
+        log.name_operand("w", w)
+        work = MYDIST.all_reduce(t, group=ctx.group, async_op=True)
+        _ = x @ w.t()  # in flight with the all-reduce, and it reads w
+        work.wait()
+        _ = x @ x  # after the wait
+        MYDIST.all_gather_into_tensor(torch.empty(4 * ctx.world_size), t, group=ctx.group)  # blocking
+        MYDIST.all_reduce(t, group=remembered)
+        MYDIST.all_reduce(t, group=forgotten)
+        left = MYDIST.all_reduce(t, group=ctx.group, async_op=True)  # not waited while recording
+    left.wait()
+    seen = observed_collectives(log)
+    return {"calls": [(c.kind, c.overlappable, c.pending, c.group_state) for c in seen.collectives],
+            "overlapped": [[(m.shape, sorted(m.operands)) for m in c.overlapped] for c in seen.collectives[:1]],
+            "gone_ranks": seen.collectives[2].group_ranks, "completed": log.completed}
