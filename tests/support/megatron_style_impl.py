@@ -154,14 +154,17 @@ def _matmul_reduce_scatter(x: torch.Tensor, right: torch.Tensor, chunks: int, gr
     shard = x.shape[0] // tp
     step = shard // chunks
     by_rank = x.reshape(tp, shard, x.shape[1])
-    out = x.new_empty((shard, right.shape[1]))
+    out: torch.Tensor | None = None
     pending = []
     for i in range(chunks):
         part = by_rank[:, i * step:(i + 1) * step].reshape(tp * step, x.shape[1])
         partial = torch.matmul(part, right)
+        if out is None:  # the product's dtype, not the input's (they differ under autocast)
+            out = partial.new_empty((shard, right.shape[1]))
         pending.append((_reduce_scatter(out[i * step:(i + 1) * step], partial, group), partial))
     for handle, _partial in pending:
         handle.wait()
+    assert out is not None
     return out
 
 
