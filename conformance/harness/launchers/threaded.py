@@ -93,9 +93,13 @@ class ThreadedLauncher:
 
 
 def _thread_watch(threads: Sequence[threading.Thread]) -> ProgressWatch | None:
-    """The CPU time of each rank's thread (None where it cannot be read)."""
-    watch = ProgressWatch({r: Rank(os.getpid(), t.native_id) for r, t in enumerate(threads) if t.native_id})
-    return watch if watch.available and len(watch.ranks) == len(threads) else None
+    """The CPU time of each still running rank's thread (None where it cannot be read).
+
+    A rank that already returned has no thread left to read, and needs none: only pending ranks are judged.
+    """
+    watch = ProgressWatch({r: Rank(os.getpid(), t.native_id) for r, t in enumerate(threads)
+                           if t.native_id and t.is_alive()})
+    return watch if watch.available else None
 
 
 def _thread_stacks(threads: Sequence[threading.Thread]) -> dict[int, str]:
