@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 
 from conformance import options, report_properties
-from conformance.explore.explorer import Explorer, judge_spec, record, write_finding
-from conformance.explore.spec import load_finding
-from conformance.harness.impl_loader import missing_capability
-from conformance.protocol import FUSED_OPS, Declarations
+from conformance.explore.explorer import Explorer, write_finding
+from conformance.explore.kind import Scope, record
+from conformance.explore.registry import kind_of, load_finding
+from conformance.protocol import Declarations
 
 
 def _replay_command(config: pytest.Config, path: Path) -> str:
@@ -28,16 +28,20 @@ def _replay_command(config: pytest.Config, path: Path) -> str:
     return shlex.join(["pytest", "--pyargs", "conformance.suite", options.IMPL, impl, options.REPLAY, str(path)])
 
 
+def _scope(impl: Any, declarations: Declarations) -> Scope:
+    """What the implementation offers the explorer."""
+    return Scope.of(impl, declarations)
+
+
 @pytest.mark.coc_capability("explorer")
 def test_explore(coc_ranks: Any, verdicts: Any, coc_impl: Any, coc_declarations: Declarations,
                  request: pytest.FixtureRequest) -> None:
     """Explore for ``--coc-explore`` seconds; every minimal failing case fails its check here."""
     config = request.config
-    ops = [op for op in FUSED_OPS if not missing_capability(coc_impl, op)]
-    if not ops:
-        pytest.skip("the implementation provides none of the fused ops")
     explorer = Explorer(coc_ranks, seed=config.getoption(options.SEED), budget_s=config.getoption(options.EXPLORE),
-                        ops=ops, in_place_ops=coc_declarations.in_place_ops, storm=config.getoption(options.STORM))
+                        scope=_scope(coc_impl, coc_declarations), storm=config.getoption(options.STORM))
+    if not explorer.kinds:
+        pytest.skip(f"the implementation offers no kind of case: {explorer.report.not_offered}")
     report = explorer.explore()
     directory = Path(config.getoption(options.EXPLORE_DIR))
     for finding in report.findings:
@@ -50,9 +54,15 @@ def test_explore(coc_ranks: Any, verdicts: Any, coc_impl: Any, coc_declarations:
 
 
 @pytest.mark.coc_capability("explorer")
-def test_replay(coc_ranks: Any, verdicts: Any, coc_declarations: Declarations, request: pytest.FixtureRequest) -> None:
+def test_replay(coc_ranks: Any, verdicts: Any, coc_impl: Any, coc_declarations: Declarations,
+                request: pytest.FixtureRequest) -> None:
     """The case of a spec file ``--coc-explore`` wrote, judged as the explorer judged it."""
     spec, _ = load_finding(request.config.getoption(options.REPLAY))
-    judged = judge_spec(coc_ranks, spec, coc_declarations.in_place_ops, verdicts)
+    kind = kind_of(spec)
+    scope = _scope(coc_impl, coc_declarations)
+    why = kind.offered(scope)
+    if why:
+        pytest.skip(why)
+    judged = kind.judge(coc_ranks, spec, scope, verdicts)
     if judged.skipped:
         pytest.skip(judged.skipped)

@@ -10,14 +10,17 @@ from pathlib import Path
 
 import pytest
 
-from conformance.explore import space
+from conformance.explore import op_calls as ops
+from conformance.explore import space as dimensions
+from conformance.explore.op_calls import Call, OpSpec
+from conformance.explore.registry import load_finding, spec_from_dict
 from conformance.explore.shrink import shrink
-from conformance.explore.spec import Call, OpSpec, SpecError, load_finding, spec_from_dict
+from conformance.explore.spec import SpecError
 
 
 def _drawn(seed: int, count: int = 200) -> list[OpSpec]:
     rng = random.Random(seed)
-    return [space.draw(rng) for _ in range(count)]
+    return [ops.draw(rng) for _ in range(count)]
 
 
 def test_every_drawn_spec_is_valid_and_round_trips_through_json() -> None:
@@ -33,8 +36,8 @@ def test_the_same_seed_draws_the_same_cases_and_another_seed_others() -> None:
 
 
 def test_every_field_of_a_spec_and_a_call_is_one_line_of_the_space() -> None:
-    assert {d.name for d in space.SPEC_DIMENSIONS} | {"calls"} == {f.name for f in fields(OpSpec)}
-    assert {d.name for d in space.CALL_DIMENSIONS} | {"seed"} == {f.name for f in fields(Call)}
+    assert {d.name for d in ops.SPEC_DIMENSIONS} | {"calls"} == {f.name for f in fields(OpSpec)}
+    assert {d.name for d in ops.CALL_DIMENSIONS} | {"seed"} == {f.name for f in fields(Call)}
 
 
 def test_the_space_reaches_the_corners_the_fixed_suite_lacks() -> None:
@@ -48,7 +51,7 @@ def test_the_space_reaches_the_corners_the_fixed_suite_lacks() -> None:
 
 
 @pytest.mark.parametrize("data, why", [
-    ({"kind": "layer"}, "unknown spec kind"),
+    ({"kind": "nope"}, "unknown spec kind"),
     ({"kind": "op", "op": "matmul_all_reduce", "tp": 2}, "malformed"),
     ({"kind": "op", "op": "nope", "tp": 2, "calls": [{"m": 4, "k": 4, "n": 4}]}, "unknown op"),
     ({"kind": "op", "op": "matmul_reduce_scatter", "tp": 2, "calls": [{"m": 3, "k": 4, "n": 4}]}, r"m=3 over tp=2"),
@@ -75,10 +78,10 @@ def test_shrinking_keeps_the_failure_and_ends_where_every_simpler_neighbour_pass
                    True, 6), Call(2379, 301, 77, "float16", True, 9)), tp=3, replicas=1, transpose_weight=True,
                    runs=2, straggler_s=0.002)
     assert _long_odd(start)
-    result = shrink(start, _long_odd, space.neighbours, deadline=float("inf"))
+    result = shrink(start, _long_odd, ops.neighbours, deadline=float("inf"))
     assert result.minimal and _long_odd(result.case)
     assert result.case == OpSpec("all_gather_matmul", (Call(1001, 1, 1, "float32", True, 9),), tp=1)
-    neighbours = list(space.neighbours(result.case))
+    neighbours = list(ops.neighbours(result.case))
     assert neighbours and not any(map(_long_odd, neighbours))
 
 
@@ -91,21 +94,21 @@ def test_shrinking_judges_each_case_once_and_stops_at_its_deadline() -> None:
         return _long_odd(spec)
 
     start = OpSpec("matmul_all_reduce", (Call(2001, 64, 64),) * 3, tp=2)
-    result = shrink(start, fails, space.neighbours, deadline=5, clock=lambda: float(next(ticks)))
+    result = shrink(start, fails, ops.neighbours, deadline=5, clock=lambda: float(next(ticks)))
     assert not result.minimal and result.tried == len(judged) == len(set(judged)) <= 5
     assert _long_odd(result.case)
 
 
 def test_neighbours_are_valid_simpler_and_never_the_case_itself() -> None:
     for spec in _drawn(11, 50):
-        for n in space.neighbours(spec):
+        for n in ops.neighbours(spec):
             assert n != spec and n.invalid() == ""
             assert len(n.calls) <= len(spec.calls) and n.tp <= spec.tp and n.replicas <= spec.replicas
 
 
 def test_smaller_sizes_include_one_and_both_parities() -> None:
-    assert space.smaller_ints(1) == []
-    found = space.smaller_ints(2377)
+    assert dimensions.smaller_ints(1) == []
+    found = dimensions.smaller_ints(2377)
     assert found[0] == 1 and max(found) == 2376 and {v % 2 for v in found} == {0, 1}
 
 
@@ -116,5 +119,5 @@ def test_a_repeated_shape_shrinks_as_a_whole() -> None:
         return any(len(set(shapes[i:i + 3])) == 1 for i in range(len(shapes) - 2))
 
     start = OpSpec("matmul_reduce_scatter", (Call(36, 8, 47, "bfloat16", False, 1),) * 3, tp=4)
-    result = shrink(start, third_of_a_shape, space.neighbours, deadline=float("inf"))
+    result = shrink(start, third_of_a_shape, ops.neighbours, deadline=float("inf"))
     assert result.minimal and [(c.m, c.k, c.n) for c in result.case.calls] == [(1, 1, 1)] * 3

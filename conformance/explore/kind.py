@@ -1,0 +1,134 @@
+"""What a kind of case gives the explorer (draw, simplify, judge), what the implementation offers it, verdicts.
+
+Each kind of case -- calls of the fused ops, layers in training, the
+configuration -- is one module of ``conformance/explore/`` that builds one
+:class:`Kind` from its own spec class and space; the explorer, the shrinker
+and the finding files know nothing else of it.  A kind judges its case with
+the suite's own judging sequence for that kind (``conformance/judge/``), so a
+case the explorer finds fails the same named check a suite test would.
+
+A failure is identified by what failed -- the check's name, its level and the
+failure's category (:class:`FailureKey`) -- never by its message, whose sizes
+differ from case to case.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from conformance.explore.spec import Spec
+from conformance.harness.case_errors import HANGS, CaseError
+from conformance.harness.impl_loader import accepts_keyword, missing_capability
+from conformance.harness.runner import CaseTimings
+from conformance.judge.failures import CheckFailure
+from conformance.judge.levels import Level
+from conformance.judge.verdicts import Verdicts
+from conformance.protocol import FUSED_OPS, Declarations
+
+#: The check a case fails when it does not finish on every rank (hang, crash, unexpected rank error).
+FINISHED = "the case finished on every rank"
+
+
+class Ranks(Protocol):
+    """What the explorer needs of :class:`~conformance.harness.runner.CaseRanks`."""
+
+    timings: CaseTimings
+
+    def run(self, fn: Any, world_size: int, **params: Any) -> list[Any]: ...
+
+
+@dataclass(frozen=True)
+class Scope:
+    """What the implementation under test offers the explorer: its ops, its modes, whether it patches layers."""
+
+    impl: Any
+    declarations: Declarations = field(default_factory=Declarations)
+    ops: tuple[str, ...] = FUSED_OPS  #: the fused ops it provides
+    blocks: frozenset[str] = frozenset()  #: the ops that take an explicit tiling (``blocks=``)
+    w8a16: bool = False  #: ``matmul_all_reduce`` takes int8 weights with scales (its keywords)
+    layers: str = ""  #: why no layer case can run ("" when they can: it patches Megatron and megatron-core is here)
+    configure: bool = False  #: it has ``configure`` (configuration cases)
+
+    @classmethod
+    def of(cls, impl: Any, declarations: Declarations, *, megatron: str = "") -> Scope:
+        """The scope of ``impl``; ``megatron`` says why megatron-core cannot build layers here ("" when it can)."""
+        ops = tuple(op for op in FUSED_OPS if not missing_capability(impl, op))
+        return cls(impl, declarations, ops,
+                   blocks=frozenset(op for op in ops if accepts_keyword(getattr(impl, op), "blocks")),
+                   w8a16="matmul_all_reduce" in ops and accepts_keyword(impl.matmul_all_reduce, "antiquant_scale"),
+                   layers=missing_capability(impl, "patch_megatron") or megatron,
+                   configure=not missing_capability(impl, "configure"))
+
+
+@dataclass(frozen=True)
+class FailureKey:
+    """What failed: the check, its level, the failure's category."""
+
+    check: str
+    level: Level
+    category: str
+
+    def slug(self) -> str:
+        return "".join(c if c.isalnum() else "-" for c in self.check.lower()).strip("-")
+
+
+@dataclass(frozen=True)
+class Judged:
+    """One case's verdict: each failed check's key and message ("skipped" says why nothing was judged)."""
+
+    failures: tuple[tuple[FailureKey, str], ...] = ()
+    skipped: str = ""
+
+    @classmethod
+    def of(cls, verdicts: Verdicts) -> Judged:
+        """The failures ``verdicts`` recorded."""
+        return cls(tuple((FailureKey(r.name, r.level, r.category), r.message) for r in verdicts.results if r.failed))
+
+
+def record(verdicts: Verdicts, key: FailureKey, message: str) -> None:
+    """Record into ``verdicts`` that check ``key`` failed with ``message`` (its category kept)."""
+    failure = CheckFailure(message, level=key.level)
+    failure.category = key.category
+    with verdicts.check(key.check, key.level):
+        raise failure
+
+
+def run_to_the_end(ranks: Ranks, spec: Spec, verdicts: Verdicts, task: Any, **params: Any) -> list[Any] | Judged:
+    """``task`` run on ``spec.world`` ranks: every rank's result, or the verdict of a case that did not finish.
+
+    A case that does not finish on every rank fails check :data:`FINISHED`
+    (category ``hang`` for hangs and crashes, ``error`` for an unexpected rank error).
+    """
+    try:
+        return ranks.run(task, spec.world, **params)
+    except CaseError as exc:
+        key = FailureKey(FINISHED, Level.MUST, "hang" if isinstance(exc, HANGS) else "error")
+        message = f"{spec.describe()}: {type(exc).__name__}: {exc}"
+        record(verdicts, key, message)
+        return Judged(((key, message),))
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One kind of case: its name in a spec's JSON, its share of the draws, and how it is drawn, simplified, judged.
+
+    ``offered(scope)`` says why the implementation offers no case of this kind
+    ("" when it does); ``draw`` returns a valid spec; ``neighbours`` every valid
+    one-step-simpler spec, simplest first; ``tags`` the ``dimension=bucket``
+    counts of a spec; ``judge`` runs it and records the suite's checks into the
+    verdicts; ``from_dict`` reads :meth:`Spec.as_dict` back (raising
+    :class:`~conformance.explore.spec.SpecError`).
+    """
+
+    name: str
+    weight: float
+    offered: Callable[[Scope], str]
+    draw: Callable[[random.Random, Scope], Spec]
+    neighbours: Callable[[Any], Iterator[Spec]]
+    tags: Callable[[Any], list[str]]
+    judge: Callable[[Ranks, Any, Scope, Verdicts], Judged]
+    from_dict: Callable[[dict[str, Any]], Spec]
+    spec_type: type = object
