@@ -15,9 +15,9 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from conformance.cases.groups import GROUP_LAYOUTS
-from conformance.cases.op_cases import op_task
-from conformance.contract.jobs import OpRun
-from conformance.contract.problems import Problem
+from conformance.cases.op_cases import op_sequence_task
+from conformance.contract.jobs import OPERAND_STRIDES, OpRun
+from conformance.contract.problems import Problem, exact_limit_ok
 from conformance.explore.kind import Judged, Kind, Ranks, Scope, run_to_the_end
 from conformance.explore.space import (
     Dimension,
@@ -33,18 +33,48 @@ from conformance.explore.space import (
 from conformance.explore.spec import SpecError
 from conformance.judge import ops as judge
 from conformance.judge.checks import not_implemented
-from conformance.judge.op_verdicts import judge_op_runs
+from conformance.judge.levels import Level
+from conformance.judge.op_verdicts import (
+    STRIDE_NAMES,
+    check_bitwise_reproducible,
+    judge_op_runs,
+    judge_refusal,
+    refusal_names,
+)
 from conformance.judge.verdicts import Verdicts
 from conformance.protocol import FUSED_OPS
 from golden.catalogue import DTYPES
 
 #: The ops whose weight (``k``) is split over the TP ranks; the reduce-scatter also splits its rows.
 K_SPLIT = ("matmul_all_reduce", "matmul_reduce_scatter")
+#: The ops with a deterministic mode.
+DETERMINISTIC_OPS = ("matmul_all_reduce", "matmul_reduce_scatter")
+#: Explicit tilings of a deterministic case (``blocks=``), by recipe over a rank's result rows: the
+#: implementation's own, one block, equal halves, ragged blocks (1 row, the rest, 2 rows).
+TILINGS = ("own", "one", "halves", "ragged")
+
+
+def split_sizes(op: str) -> tuple[str, ...]:
+    """The sizes of a call ``op`` splits over the TP ranks (each must be a multiple of ``tp``)."""
+    return (("k",) if op in K_SPLIT else ()) + (("m",) if op != "matmul_all_reduce" else ())
+
+
+def tiling_blocks(recipe: str, rows: int) -> tuple[int, ...] | None:
+    """The blocks of ``recipe`` over ``rows`` (None: the implementation's own; raises SpecError if none fit)."""
+    if recipe == "own":
+        return None
+    if recipe == "one":
+        return (rows,)
+    if recipe == "halves" and rows % 2 == 0:
+        return (rows // 2,) * 2
+    if recipe == "ragged" and rows > 3:
+        return (1, rows - 3, 2)
+    raise SpecError(f"tiling {recipe!r} does not fit {rows} rows")
 
 
 @dataclass(frozen=True)
 class Call:
-    """One call of the op: global ``X [m, k] @ W [k, n] (+ bias)``, seeded data."""
+    """One call: ``op`` on global ``X [m, k] @ W [k, n] (+ bias)``, seeded data."""
 
     m: int
     k: int
@@ -52,18 +82,23 @@ class Call:
     dtype: str = "float32"
     bias: bool = True
     seed: int = 0
+    op: str = "matmul_all_reduce"
 
 
 @dataclass(frozen=True)
 class OpSpec:
-    """Calls of one op back to back on a TP group of ``tp`` ranks in a world of ``tp * replicas``."""
+    """Calls back to back (of one op, or several: a sequence) on a TP group of ``tp`` ranks in a world of
+    ``tp * replicas``; every result kept and judged once the last call returned."""
 
-    op: str
     calls: tuple[Call, ...]
     tp: int
     replicas: int = 1
     layout: str = "contiguous"
     transpose_weight: bool = False
+    strides: str = "contiguous"  #: how the operands lie in memory (:data:`OPERAND_STRIDES`)
+    deterministic: bool = False
+    exact: bool = False  #: small-integer data, every result judged bitwise (any summation order is exact)
+    tiling: str = "own"  #: deterministic with exact data: one of :data:`TILINGS`, besides the implementation's own
     runs: int = 1
     straggler_s: float = 0.0
 
@@ -72,87 +107,143 @@ class OpSpec:
         return self.tp * self.replicas
 
     @property
-    def capability(self) -> str:
-        return f"op:{self.op}"
+    def ops(self) -> tuple[str, ...]:
+        """The ops called, in order, each once."""
+        return tuple(dict.fromkeys(c.op for c in self.calls))
 
     @property
-    def split_sizes(self) -> tuple[str, ...]:
-        """The sizes of a call the op splits over the TP ranks (each must be a multiple of ``tp``)."""
-        return (("k",) if self.op in K_SPLIT else ()) + (("m",) if self.op != "matmul_all_reduce" else ())
+    def capability(self) -> str:
+        return f"op:{self.ops[0]}" if len(self.ops) == 1 else "op:sequence"
 
     def problem(self, call: Call) -> str:
         """Why ``call`` cannot run in this spec ("" when it can)."""
+        if call.op not in FUSED_OPS:
+            return f"unknown op {call.op!r}; known: {FUSED_OPS}"
         if min(call.m, call.k, call.n) < 1:
             return f"sizes must be positive: m={call.m} k={call.k} n={call.n}"
-        odd = [f"{name}={getattr(call, name)}" for name in self.split_sizes if getattr(call, name) % self.tp]
-        return f"{self.op} splits {' and '.join(odd)} over tp={self.tp}" if odd else ""
+        odd = [f"{name}={getattr(call, name)}" for name in split_sizes(call.op) if getattr(call, name) % self.tp]
+        if odd:
+            return f"{call.op} splits {' and '.join(odd)} over tp={self.tp}"
+        if self.exact and not exact_limit_ok(self._problem(call)):
+            return f"exact data of {call.dtype} is not exact over k={call.k}"
+        return ""
 
     def invalid(self) -> str:
-        if self.op not in FUSED_OPS:
-            return f"unknown op {self.op!r}; known: {FUSED_OPS}"
         if not self.calls or self.tp < 1 or self.replicas < 1 or self.runs < 1:
             return "a spec needs a call, tp, replicas and runs of at least 1"
+        if self.strides not in OPERAND_STRIDES or self.layout not in GROUP_LAYOUTS or self.tiling not in TILINGS:
+            return (f"strides, layout and tiling must be among {OPERAND_STRIDES}, {GROUP_LAYOUTS} and {TILINGS}: "
+                    f"{self.strides!r}, {self.layout!r}, {self.tiling!r}")
+        if self.deterministic and not set(self.ops) <= set(DETERMINISTIC_OPS):
+            return f"deterministic=True is a mode of {DETERMINISTIC_OPS} only, not of {self.ops}"
+        if self.tiling != "own":
+            if not (self.deterministic and self.exact):
+                return "an explicit tiling is drawn for deterministic calls of exact data only"
+            if len({self._rows(c) for c in self.calls}) > 1:
+                return "an explicit tiling needs every call to have the same rows per rank"
+            try:
+                tiling_blocks(self.tiling, self._rows(self.calls[0]))
+            except SpecError as exc:
+                return str(exc)
         return next(filter(None, map(self.problem, self.calls)), "")
 
-    def job(self) -> OpRun:
-        """The suite's job for this spec (what ``op_task`` runs on every rank)."""
+    def _rows(self, call: Call) -> int:
+        return call.m // self.tp if call.op == "matmul_reduce_scatter" else call.m
+
+    def _problem(self, call: Call) -> Problem:
+        return Problem(call.m, call.k, call.n, call.dtype, call.bias, seed=call.seed, exact=self.exact)
+
+    def jobs(self) -> tuple[OpRun, ...]:
+        """The suite's jobs for this spec: one run per stretch of calls of one op (what ``op_sequence_task`` runs)."""
         why = self.invalid()
         if why:
             raise SpecError(why)
-        problems = tuple(Problem(c.m, c.k, c.n, c.dtype, c.bias, seed=c.seed) for c in self.calls)
-        return OpRun(self.op, problems, self.tp, layout=self.layout, transpose_weight=self.transpose_weight,
-                     runs=self.runs, straggler_s=self.straggler_s)
+        runs: list[list[Call]] = []
+        for call in self.calls:
+            if runs and runs[-1][0].op == call.op:
+                runs[-1].append(call)
+            else:
+                runs.append([call])
+        tilings: tuple[tuple[int, ...] | None, ...] = (None,)
+        if self.tiling != "own":
+            tilings = (None, tiling_blocks(self.tiling, self._rows(self.calls[0])))
+        return tuple(OpRun(calls[0].op, tuple(map(self._problem, calls)), self.tp, layout=self.layout,
+                           strides=self.strides, transpose_weight=self.transpose_weight,
+                           deterministic=self.deterministic, tilings=tilings,
+                           runs=self.runs, straggler_s=self.straggler_s,
+                           reference=self.deterministic and self.exact)
+                     for calls in runs)
 
     def as_dict(self) -> dict[str, Any]:
         return {"kind": KIND_NAME, **asdict(self)}
 
     def describe(self) -> str:
-        calls = ", ".join(f"{c.m}x{c.k}x{c.n} {c.dtype}{' +bias' if c.bias else ''}" for c in self.calls)
+        calls = ", ".join(f"{c.op if len(self.ops) > 1 else ''}{' ' if len(self.ops) > 1 else ''}"
+                          f"{c.m}x{c.k}x{c.n} {c.dtype}{' +bias' if c.bias else ''}" for c in self.calls)
         modes = [f"world {self.world} {self.layout}" if self.replicas > 1 else "",
-                 "weight [n, k]" if self.transpose_weight else "", f"runs {self.runs}" if self.runs > 1 else "",
+                 "weight [n, k]" if self.transpose_weight else "",
+                 f"{self.strides} operands" if self.strides != "contiguous" else "",
+                 "deterministic" if self.deterministic else "", "exact data" if self.exact else "",
+                 f"tiling {self.tiling}" if self.tiling != "own" else "",
+                 f"runs {self.runs}" if self.runs > 1 else "",
                  f"stragglers {self.straggler_s}s" if self.straggler_s else ""]
-        return f"{self.op} tp{self.tp} [{calls}]" + "".join(f", {m}" for m in modes if m)
+        head = self.ops[0] if len(self.ops) == 1 else "sequence"
+        return f"{head} tp{self.tp} [{calls}]" + "".join(f", {m}" for m in modes if m)
 
 
 KIND_NAME = "op"
 
 #: Fields of the spec.  ``tp`` weights favour 2 and 4, with 1 and 3 drawn too (sizes the fixed suite lacks).
 SPEC_DIMENSIONS: tuple[Dimension, ...] = (
-    Dimension("op", weighted(FUSED_OPS, (1,) * len(FUSED_OPS)), nothing_simpler),
     Dimension("tp", weighted((1, 2, 3, 4), (1, 5, 2, 4)), lambda tp: [t for t in (1, 2, 3, 4) if t < tp]),
     Dimension("replicas", weighted((1, 2), (4, 1)), lambda r: [1] if r > 1 else []),
     Dimension("layout", weighted(GROUP_LAYOUTS, (1, 1)), towards(*GROUP_LAYOUTS)),
     Dimension("transpose_weight", weighted((False, True), (1, 1)), towards(False, True)),
-    Dimension("runs", weighted((1, 2), (5, 1)), lambda r: [1] if r > 1 else []),
+    Dimension("strides", weighted(OPERAND_STRIDES, (9,) + (1,) * (len(OPERAND_STRIDES) - 1)),
+              towards(*OPERAND_STRIDES)),
+    Dimension("deterministic", weighted((False, True), (3, 1)), towards(False, True)),
+    Dimension("exact", weighted((False, True), (3, 1)), towards(False, True)),
+    Dimension("tiling", weighted(TILINGS, (1, 1, 1, 1)), towards(*TILINGS)),
+    Dimension("runs", weighted((1, 2, 3), (8, 2, 1)), lambda r: list(range(1, r))),
     Dimension("straggler_s", weighted((0.0, 0.002), (6, 1)), lambda s: [0.0] if s else []),
 )
-#: Fields of each call.
+#: Fields of each call.  A call's op is the previous call's, or (a sequence) another one now and then.
 CALL_DIMENSIONS: tuple[Dimension, ...] = (
     Dimension("m", size(48, 400, 2400), smaller_ints, size_bucket),
     Dimension("k", size(80, 320, 1024), smaller_ints, size_bucket),
     Dimension("n", size(80, 320, 1024), smaller_ints, size_bucket),
     Dimension("dtype", weighted(DTYPES, (1,) * len(DTYPES)), towards(*DTYPES)),
     Dimension("bias", weighted((False, True), (1, 1)), towards(False, True)),
+    Dimension("op", weighted(FUSED_OPS, (1,) * len(FUSED_OPS)), nothing_simpler),
 )
-#: How many calls a case makes back to back, and how often a call repeats the last one's shape (new data).
+#: How many calls a case makes back to back, how often a call repeats the last one's shape (new data), and how
+#: often a call is of another op than the last one.
 CALLS = weighted((1, 2, 3, 4, 5), (4, 2, 2, 1, 1))
 REPEAT_SHAPE = 0.5
+ANOTHER_OP = 0.15
 #: The largest world a drawn case uses: pools of 1 to 4 ranks stay warm together (10 ranks); TP 8 is the fixed
 #: suite's, where a pool of 8 would evict the others at every draw.
 MAX_WORLD = 4
 
 
 def fit(spec: OpSpec, up: bool) -> OpSpec:
-    """``spec`` with every size the op splits over the TP ranks rounded to a multiple of ``tp`` (up or down)."""
+    """``spec`` made runnable: every size its ops split over the TP ranks rounded to a multiple of ``tp`` (up or
+    down), modes only where they apply (a layout with replicas, determinism on its ops, a tiling where it fits)."""
     def rounded(value: int) -> int:
         return max(spec.tp, -(-value // spec.tp) * spec.tp if up else value // spec.tp * spec.tp)
 
     calls = []
     for call in spec.calls:
-        sizes: dict[str, Any] = {name: rounded(getattr(call, name)) for name in spec.split_sizes}
+        sizes: dict[str, Any] = {name: rounded(getattr(call, name)) for name in split_sizes(call.op)}
         calls.append(replace(call, **sizes))
-    layout = spec.layout if spec.replicas > 1 else GROUP_LAYOUTS[0]
-    return replace(spec, calls=tuple(calls), layout=layout)
+    fitted = replace(spec, calls=tuple(calls), layout=spec.layout if spec.replicas > 1 else GROUP_LAYOUTS[0])
+    if fitted.deterministic and not set(fitted.ops) <= set(DETERMINISTIC_OPS):
+        fitted = replace(fitted, deterministic=False)
+    if fitted.exact and any(fitted.problem(c) for c in fitted.calls):
+        fitted = replace(fitted, exact=False)
+    if fitted.tiling != "own" and fitted.invalid():
+        fitted = replace(fitted, tiling="own")
+    return fitted
 
 
 def offered(scope: Scope) -> str:
@@ -161,9 +252,8 @@ def offered(scope: Scope) -> str:
 
 def draw(rng: random.Random, scope: Scope | None = None, ops: Sequence[str] | None = None) -> OpSpec:
     """One case from the space (only the ops of ``scope``, or ``ops``), valid by construction."""
-    ops = ops or (scope.ops if scope is not None else FUSED_OPS)
+    ops = tuple(ops or (scope.ops if scope is not None else FUSED_OPS))
     values = draw_fields(rng, SPEC_DIMENSIONS)
-    values["op"] = values["op"] if values["op"] in ops else rng.choice(tuple(ops))
     while values["tp"] * values["replicas"] > MAX_WORLD:
         values["replicas"] = 1
     calls: list[Call] = []
@@ -171,9 +261,20 @@ def draw(rng: random.Random, scope: Scope | None = None, ops: Sequence[str] | No
         seed = rng.randrange(1 << 16)
         if calls and rng.random() < REPEAT_SHAPE:
             calls.append(replace(calls[-1], seed=seed))
-        else:
-            calls.append(Call(**draw_fields(rng, CALL_DIMENSIONS), seed=seed))
-    return fit(OpSpec(calls=tuple(calls), **values), up=True)
+            continue
+        call = Call(**draw_fields(rng, CALL_DIMENSIONS), seed=seed)
+        if call.op not in ops or (calls and rng.random() >= ANOTHER_OP):
+            call = replace(call, op=calls[-1].op if calls else rng.choice(ops))
+        calls.append(call)
+    spec = fit(OpSpec(calls=tuple(calls), **values), up=True)
+    if spec.tiling != "own" and not set(spec.ops) <= scope_blocks(scope):
+        spec = replace(spec, tiling="own")
+    return spec
+
+
+def scope_blocks(scope: Scope | None) -> set[str]:
+    """The ops an explicit tiling may be drawn for."""
+    return set(scope.blocks) if scope is not None else set(DETERMINISTIC_OPS)
 
 
 def neighbours(spec: OpSpec) -> Iterator[OpSpec]:
@@ -191,6 +292,10 @@ def _steps(spec: OpSpec) -> Iterable[OpSpec]:
     for i in range(len(spec.calls)):
         if len(spec.calls) > 1:
             yield replace(spec, calls=spec.calls[:i] + spec.calls[i + 1:])
+    first = spec.calls[0].op
+    for i, call in enumerate(spec.calls):  # a sequence: a call of the first call's op instead
+        if call.op != first:
+            yield replace(spec, calls=spec.calls[:i] + (replace(call, op=first),) + spec.calls[i + 1:])
     for d in SPEC_DIMENSIONS:
         for value in d.simpler(getattr(spec, d.name)):
             yield replace(spec, **{d.name: value})
@@ -215,15 +320,35 @@ def tags(spec: OpSpec) -> list[str]:
 
 
 def judge_spec(ranks: Ranks, spec: OpSpec, scope: Scope, verdicts: Verdicts) -> Judged:
-    """Run ``spec`` on ``ranks`` and record the suite's checks of an op run into ``verdicts``."""
-    run = spec.job()
-    outcomes = run_to_the_end(ranks, spec, verdicts, op_task, run=run)
+    """Run ``spec`` on ``ranks`` and record the suite's checks of op runs into ``verdicts``.
+
+    A call that raised is judged as a refusal (``judge_refusal``: strided
+    operands, a token count: correct numbers or a clear refusal); a
+    deterministic case must also be bitwise reproducible.
+    """
+    if spec.tiling != "own" and not set(spec.ops) <= scope.blocks:
+        return Judged(skipped=f"{spec.ops} take no explicit tiling (blocks=)")
+    runs = spec.jobs()
+    outcomes = run_to_the_end(ranks, spec, verdicts, op_sequence_task, runs=runs)
     if isinstance(outcomes, Judged):
         return outcomes
-    skipped = not_implemented(judge.call_errors(outcomes))
+    judged = [(run, [o[i] for o in outcomes]) for i, run in enumerate(runs)]
+    skipped = not_implemented([e for _, run_outcomes in judged for e in judge.call_errors(run_outcomes)])
     if skipped:
         return Judged(skipped=skipped)
-    judge_op_runs(verdicts, [(run, outcomes)], scope.declarations.in_place_ops)
+    declared = scope.declarations
+    for run, run_outcomes in judged:
+        strided = spec.strides != "contiguous"
+        names = STRIDE_NAMES + refusal_names(run.problems[0].m, spec.tp) if strided else \
+            [n for p in run.problems for n in refusal_names(p.m, spec.tp)]
+        if judge_refusal(verdicts, run, run_outcomes, declared, label=f"{spec.strides} operands" if strided
+                         else "token counts", names=names, kind="argument" if strided else "shape"):
+            return Judged.of(verdicts)
+    judge_op_runs(verdicts, judged, declared.in_place_ops, exact=spec.exact)
+    if spec.deterministic:
+        with verdicts.check("deterministic: bitwise reproducible", Level.MUST):
+            for run, run_outcomes in judged:
+                check_bitwise_reproducible(run, run_outcomes)
     return Judged.of(verdicts)
 
 
@@ -233,6 +358,8 @@ def from_dict(data: dict[str, Any]) -> OpSpec:
         fields = dict(data)
         fields.pop("kind", None)
         calls = tuple(Call(**c) for c in fields.pop("calls"))
+        if not calls:
+            raise SpecError("a spec needs a call")
         spec = OpSpec(calls=calls, **fields)
     except (KeyError, TypeError) as exc:
         raise SpecError(f"malformed spec: {exc}") from None

@@ -39,16 +39,22 @@ import golden
 from conformance.cases.groups import GROUP_LAYOUTS, SUBGROUP_SIZES
 from conformance.cases.op_cases import op_sequence_task, op_task
 from conformance.cases.quant_cases import BAD_QUANT, quant_inputs, quant_task
-from conformance.contract.equality import bitwise_equal, describe_difference
 from conformance.contract.jobs import OPERAND_STRIDES, OpRun, QuantRun
 from conformance.contract.layouts import OPERAND_SPLITS
 from conformance.contract.problems import Problem, QuantProblem, exact_limit_ok, quant_operands
 from conformance.judge import checks, numerics
 from conformance.judge import ops as judge
 from conformance.judge.assembly import assemble, copies
-from conformance.judge.failures import DeterminismViolation, WrongError, suite_requires
+from conformance.judge.failures import WrongError, suite_requires
 from conformance.judge.levels import Level
-from conformance.judge.op_verdicts import judge_op_runs
+from conformance.judge.op_verdicts import (
+    STRIDE_NAMES,
+    check_bitwise_reproducible,
+    issued,
+    judge_op_runs,
+    judge_refusal,
+    refusal_names,
+)
 from conformance.protocol import FUSED_OPS, Declarations
 from golden.catalogue import DTYPES, TP_SIZES
 
@@ -95,14 +101,7 @@ def _numbers_or_clear_refusal(coc_ranks: Any, verdicts: Any, declared: Declarati
     """
     outcomes = coc_ranks.run(op_task, run.tp, run=run)
     checks.skip_if_not_implemented(judge.call_errors(outcomes))
-    errors = [o.calls[0].error for o in outcomes]
-    what = f"{run.op} {label}"
-    if any(e is not None for e in errors):
-        with verdicts.check(f"{label}: refused clearly", Level.MUST):
-            checks.check_clear_refusal(errors, _issued(outcomes), what=what, names=names)
-        with verdicts.check(f"{label}: declared {kind} error", Level.SHOULD):
-            first = next(e for e in errors if e is not None)
-            checks.check_declared_error(first, declared.error_type(kind), kind=kind, what=what)
+    if judge_refusal(verdicts, run, outcomes, declared, label=label, names=names, kind=kind):
         return
     with verdicts.check(f"{label}: results are values", Level.MUST):
         judge.check_contract(run, outcomes, declared.in_place_ops)
@@ -155,24 +154,13 @@ def test_uneven_token_counts(coc_ranks: Any, verdicts: Any, coc_declarations: De
             "all_gather_matmul": tuple(r * tp for r in UNEVEN_ROWS)}.get(op, tuple(r * tp for r in UNEVEN_ROWS))
     for problem in (Problem(m, 64, 48, "float32", seed=m) for m in rows):
         _numbers_or_clear_refusal(coc_ranks, verdicts, coc_declarations, OpRun(op, (problem,), tp),
-                                  label=f"m={problem.m}", names=_refusal_names(problem.m, tp), kind="shape")
+                                  label=f"m={problem.m}", names=refusal_names(problem.m, tp), kind="shape")
     if op == "matmul_reduce_scatter":
         bad = Problem(tp * 7 + 1, 64, 48, "float32")
         outcomes = coc_ranks.run(op_task, tp, run=OpRun(op, (bad,), tp))
         with verdicts.check(f"m={bad.m} (not a multiple of tp): refused", Level.MUST):
-            checks.check_clear_refusal([o.calls[0].error for o in outcomes], _issued(outcomes), what=f"{op} m={bad.m}",
-                                       names=_refusal_names(bad.m, tp))
-
-
-def _issued(outcomes: list[Any]) -> list[list[str]]:
-    """Per rank, the collectives its first call issued (before it raised, when it did)."""
-    return [[c.kind for t in o.calls[0].timelines for c in t.collectives] for o in outcomes]
-
-
-def _refusal_names(m: int, tp: int) -> list[str]:
-    """What a refusal of ``m`` rows may name: the token count, tp, rows, the setting."""
-    return [rf"\b{m}\b", rf"\b{m // tp}\b" if m >= tp else rf"\b{m}\b", r"\bm\b", r"\btp\b", r"\brows?\b",
-            r"tokens?", r"chunk", r"tile|tiling|block"]
+            checks.check_clear_refusal([o.calls[0].error for o in outcomes], issued(outcomes), what=f"{op} m={bad.m}",
+                                       names=refusal_names(bad.m, tp))
 
 
 def _exact_params() -> list[Any]:
@@ -271,14 +259,7 @@ def test_deterministic_is_bitwise_reproducible(coc_ranks: Any, impl_accepts_bloc
     outcomes = coc_ranks.run(op_task, tp, run=run)
     checks.skip_if_not_implemented(judge.call_errors(outcomes))
     judge.check_ran(run, outcomes)
-    for rank, o in enumerate(outcomes):
-        name = f"{op} {dtype} rank {rank}"
-        call = o.calls[0]
-        checks.check_bitwise_equal(name, call.results, what="run/tiling")
-        if not bitwise_equal(call.results[0], call.reference):
-            raise DeterminismViolation(
-                f"{name}: differs bitwise from the serial deterministic reference "
-                f"({describe_difference(call.reference, call.results[0])})")
+    check_bitwise_reproducible(run, outcomes)
 
 
 #: The storm breaker's capability of the w8A16 cases: its own path, apart from the plain op.
@@ -392,10 +373,6 @@ def test_corner_tp1(coc_ranks: Any, verdicts: Any, coc_declarations: Declaration
 def _strided_params() -> list[Any]:
     return [pytest.param(op, strides, 2, marks=_requires(op), id=f"{op}-{strides}-tp2")
             for op in FUSED_OPS for strides in OPERAND_STRIDES[1:]]
-
-
-#: What a refusal of strided operands may name.
-STRIDE_NAMES = [r"contiguous", r"strides?", r"layout", r"view", r"offset", r"\bw\b|weight", r"\bx\b"]
 
 
 @pytest.mark.parametrize("op, strides, tp", _strided_params())

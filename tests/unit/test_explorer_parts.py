@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from conformance.contract.jobs import OPERAND_STRIDES
 from conformance.explore import op_calls as ops
 from conformance.explore import space as dimensions
 from conformance.explore.op_calls import Call, OpSpec
@@ -27,7 +28,7 @@ def test_every_drawn_spec_is_valid_and_round_trips_through_json() -> None:
     for spec in _drawn(7):
         assert spec.invalid() == "", spec
         assert spec_from_dict(json.loads(json.dumps(spec.as_dict()))) == spec
-        assert spec.job().problems[0].m == spec.calls[0].m
+        assert spec.jobs()[0].problems[0].m == spec.calls[0].m
 
 
 def test_the_same_seed_draws_the_same_cases_and_another_seed_others() -> None:
@@ -48,13 +49,21 @@ def test_the_space_reaches_the_corners_the_fixed_suite_lacks() -> None:
     assert {s.tp for s in specs} == {1, 2, 3, 4}
     assert any(s.replicas > 1 and s.layout == "strided" for s in specs)
     assert any(len(s.calls) >= 3 and len({(c.m, c.k, c.n, c.dtype) for c in s.calls[:3]}) == 1 for s in specs)
+    assert {s.strides for s in specs} == set(OPERAND_STRIDES), "strided operands"
+    assert any(len(s.ops) > 1 for s in specs), "sequences mixing ops"
+    assert any(s.deterministic and s.tiling != "own" and s.exact for s in specs), "explicit tilings"
+    assert any(s.deterministic and not s.exact and s.runs > 1 for s in specs), "repeated deterministic runs"
 
 
 @pytest.mark.parametrize("data, why", [
     ({"kind": "nope"}, "unknown spec kind"),
-    ({"kind": "op", "op": "matmul_all_reduce", "tp": 2}, "malformed"),
-    ({"kind": "op", "op": "nope", "tp": 2, "calls": [{"m": 4, "k": 4, "n": 4}]}, "unknown op"),
-    ({"kind": "op", "op": "matmul_reduce_scatter", "tp": 2, "calls": [{"m": 3, "k": 4, "n": 4}]}, r"m=3 over tp=2"),
+    ({"kind": "op", "tp": 2}, "malformed"),
+    ({"kind": "op", "tp": 2, "calls": [{"m": 4, "k": 4, "n": 4, "op": "nope"}]}, "unknown op"),
+    ({"kind": "op", "tp": 2, "calls": [{"m": 3, "k": 4, "n": 4, "op": "matmul_reduce_scatter"}]}, r"m=3 over tp=2"),
+    ({"kind": "op", "tp": 2, "deterministic": True, "calls": [{"m": 4, "k": 4, "n": 4, "op": "all_gather_matmul"}]},
+     "deterministic=True is a mode of"),
+    ({"kind": "op", "tp": 1, "tiling": "halves", "calls": [{"m": 4, "k": 4, "n": 4}]}, "explicit tiling"),
+    ({"kind": "op", "tp": 1, "strides": "diagonal", "calls": [{"m": 4, "k": 4, "n": 4}]}, "strides"),
 ])
 def test_a_spec_that_names_no_runnable_case_is_refused_saying_why(data: dict[str, object], why: str) -> None:
     with pytest.raises(SpecError, match=why):
@@ -74,13 +83,14 @@ def _long_odd(spec: OpSpec) -> bool:
 
 
 def test_shrinking_keeps_the_failure_and_ends_where_every_simpler_neighbour_passes() -> None:
-    start = OpSpec("all_gather_matmul", (Call(90, 33, 17, "bfloat16", True, 5), Call(2379, 301, 77, "float16",
-                   True, 6), Call(2379, 301, 77, "float16", True, 9)), tp=3, replicas=1, transpose_weight=True,
-                   runs=2, straggler_s=0.002)
+    agm = "all_gather_matmul"
+    start = OpSpec((Call(90, 33, 17, "bfloat16", True, 5, agm), Call(2379, 301, 77, "float16", True, 6, agm),
+                    Call(2379, 301, 77, "float16", True, 9, "matmul_all_reduce")), tp=3, replicas=1,
+                   transpose_weight=True, strides="sliced", deterministic=False, runs=2, straggler_s=0.002)
     assert _long_odd(start)
     result = shrink(start, _long_odd, ops.neighbours, deadline=float("inf"))
     assert result.minimal and _long_odd(result.case)
-    assert result.case == OpSpec("all_gather_matmul", (Call(1001, 1, 1, "float32", True, 9),), tp=1)
+    assert result.case == OpSpec((Call(1001, 1, 1, "float32", True, 9, "matmul_all_reduce"),), tp=1)
     neighbours = list(ops.neighbours(result.case))
     assert neighbours and not any(map(_long_odd, neighbours))
 
@@ -93,7 +103,7 @@ def test_shrinking_judges_each_case_once_and_stops_at_its_deadline() -> None:
         judged.append(spec)
         return _long_odd(spec)
 
-    start = OpSpec("matmul_all_reduce", (Call(2001, 64, 64),) * 3, tp=2)
+    start = OpSpec((Call(2001, 64, 64),) * 3, tp=2)
     result = shrink(start, fails, ops.neighbours, deadline=5, clock=lambda: float(next(ticks)))
     assert not result.minimal and result.tried == len(judged) == len(set(judged)) <= 5
     assert _long_odd(result.case)
@@ -118,6 +128,6 @@ def test_a_repeated_shape_shrinks_as_a_whole() -> None:
         shapes = [(c.m, c.k, c.n) for c in spec.calls]
         return any(len(set(shapes[i:i + 3])) == 1 for i in range(len(shapes) - 2))
 
-    start = OpSpec("matmul_reduce_scatter", (Call(36, 8, 47, "bfloat16", False, 1),) * 3, tp=4)
+    start = OpSpec((Call(36, 8, 47, "bfloat16", False, 1, "matmul_reduce_scatter"),) * 3, tp=4)
     result = shrink(start, third_of_a_shape, ops.neighbours, deadline=float("inf"))
     assert result.minimal and [(c.m, c.k, c.n) for c in result.case.calls] == [(1, 1, 1)] * 3
