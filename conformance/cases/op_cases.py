@@ -119,7 +119,7 @@ def op_sequence_task(ctx: RankContext, *, runs: tuple[OpRun, ...]) -> list[OpRun
     for state in states:
         _call(ctx, state)
     everything = [(state.run.op, state.returned) for state in states]
-    return [_collect(state, everything) for state in states]
+    return [_collect(state, index, everything) for index, state in enumerate(states)]
 
 
 def _prepare(ctx: RankContext, run: OpRun) -> _Calls:
@@ -172,7 +172,7 @@ def _call(ctx: RankContext, state: _Calls) -> None:
         state.groups_created = len(dist.distributed_c10d._world.pg_map) - groups_after_first
 
 
-def _collect(state: _Calls, everything: list[tuple[str, list[list[tuple[Any, Any]]]]]) -> OpRunOutcome:
+def _collect(state: _Calls, run_index: int, everything: list[tuple[str, list[list[tuple[Any, Any]]]]]) -> OpRunOutcome:
     """What the rank compares once every call of every run was made."""
     operands = state.operands
     for i, call in enumerate(state.calls):
@@ -191,23 +191,23 @@ def _collect(state: _Calls, everything: list[tuple[str, list[list[tuple[Any, Any
                 continue
             call.changed_after_return.append(
                 "" if bitwise_equal(snapshot, result) else describe_difference(snapshot, result))
-            call.shared_memory.append(", ".join(_sharing(result, (state.run.op, i, j), everything, operands)))
+            call.shared_memory.append(", ".join(_sharing(result, (run_index, i, j), everything, operands)))
         call.results = [to_cpu(r) for r in call.results]
         call.serial, call.reference = to_cpu(call.serial), to_cpu(call.reference)
     return OpRunOutcome(state.calls, state.place.replica, state.place.tp_rank, state.place.members,
                         groups_created=state.groups_created)
 
 
-def _sharing(result: Any, me: tuple[str, int, int], everything: list[tuple[str, list[list[tuple[Any, Any]]]]],
+def _sharing(result: Any, me: tuple[int, int, int], everything: list[tuple[str, list[list[tuple[Any, Any]]]]],
              operands: list[dict[str, Any]]) -> list[str]:
     """What else ``result`` shares memory with: other calls' results (of any op run), its run's inputs."""
     mine = tensors_of(result)
     found = []
-    for op, returned in everything:
+    for run, (op, returned) in enumerate(everything):
         for i, pairs in enumerate(returned):
             for j, (other, _) in enumerate(pairs):
-                if (op, i, j) != me and any(overlaps(a, b) for a in mine for b in tensors_of(other)):
-                    found.append((f"the result of call {i}" if op == me[0] else f"the result of {op} call {i}")
+                if (run, i, j) != me and any(overlaps(a, b) for a in mine for b in tensors_of(other)):
+                    found.append((f"the result of call {i}" if run == me[0] else f"the result of {op} call {i}")
                                  + (f" (repeat {j})" if j else ""))
     for i, args in enumerate(operands):
         for name, tensor in args.items():

@@ -1,9 +1,12 @@
-"""The op kind: calls of the fused ops back to back, drawn over sizes, dtypes, TP layouts and modes.
+"""The op kind: calls of the fused ops back to back, drawn over sizes, dtypes, TP layouts, strides and modes.
 
 A spec (:class:`OpSpec`) names global ``X [m, k] @ W [k, n] (+ bias)`` calls
-by recipe (seeded data), so the same spec is the same case anywhere; it maps
-to the suite's own job (:class:`~conformance.contract.jobs.OpRun`) and is
-judged by the suite's own sequence (:func:`~conformance.judge.op_verdicts.judge_op_runs`).
+by recipe (seeded data), so the same spec is the same case anywhere; a
+sequence may mix ops, every result kept until the last call returned.  It
+maps to the suite's own jobs (:class:`~conformance.contract.jobs.OpRun`, one
+per stretch of one op) and is judged by the suite's own rules
+(:mod:`conformance.judge.op_verdicts`): a call that raised as a refusal, the
+rest by the op checks, deterministic cases also bitwise.
 """
 
 from __future__ import annotations

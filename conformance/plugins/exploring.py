@@ -69,6 +69,11 @@ class ExplorationSummary:
                 f"{e['shrink_cases']} more while shrinking ({t['shrinking']} s); time: ranks {t['ranks']} s "
                 f"(implementation {t['implementation']}, references {t['references']}), judging {t['judging']} s, "
                 f"overhead {t['overhead']} s")
+            for kind, figures in e.get("per_kind", {}).items():
+                terminalreporter.write_line(f"  {kind}: {figures['cases']} cases in {figures['seconds']} s "
+                                            f"({figures['cases_per_s']} cases/s)")
+            for kind, why in e.get("not_offered", {}).items():
+                terminalreporter.write_line(f"  {kind}: not explored ({why})")
             for f in e["findings"]:
                 terminalreporter.write_line(f"{f['level']} {f['check']!r} ({f['category']}): {f['case']}"
                                             f"{'' if f['minimal'] else ' (not proved minimal)'}", red=True)

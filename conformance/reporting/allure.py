@@ -338,6 +338,9 @@ def attach_exploration(explored: Mapping[str, Any] | None) -> None:
 
     rows = [("cases", explored["cases"]), ("cases per second", explored["cases_per_s"]),
             *((f"time: {k} (s)", v) for k, v in explored["time_s"].items()),
+            *((f"kind {k}: {what}", v) for k, figures in explored.get("per_kind", {}).items()
+              for what, v in figures.items()),
+            *((f"not offered: {k}", why) for k, why in explored.get("not_offered", {}).items()),
             *((f"explored: {k}", v) for k, v in explored["per_dimension"].items())]
     allure.attach(_table(rows), name="exploration", attachment_type=allure.attachment_type.CSV)
     for finding in explored["findings"]:

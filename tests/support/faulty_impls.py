@@ -1342,6 +1342,40 @@ class WrongAtTp3(_WrongInACorner):
         return bool(dist.get_world_size(kw["group"]) == 3)
 
 
+class SlicedOddKReadsContiguous(_WrongInACorner):
+    """An ``x`` that is a column slice of a wider buffer, with an odd ``k``: the unaligned path reads the storage as
+    if it were contiguous (the fixed strided corner has an even ``k``)."""
+
+    name = "fault-sliced-odd-k"
+
+    def corner(self, op: str, result: Any, x: Any, bias: Any, kw: Mapping[str, Any]) -> bool:
+        return bool(not x.is_contiguous() and x.shape[-1] % 2)
+
+
+class ScatterOutputReusedByAllReduce(_EveryOp):
+    """The reduce-scatter's output stays in the pool the all-reduce stages its partials in: an all-reduce after a
+    reduce-scatter overwrites the scatter's result (the fixed sequences run other orders)."""
+
+    name = "fault-scatter-output-reused-by-all-reduce"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._pool: dict[int, Any] = {}  # per rank: threaded ranks share the instance
+
+    def through(self, op: str, x: Any, w: Any, bias: Any, kw: dict[str, Any]) -> Any:
+        import torch.distributed as dist
+
+        result = super().through(op, x, w, bias, kw)
+        rank = dist.get_rank()
+        if op == "matmul_reduce_scatter":
+            self._pool[rank] = result  # handed out, and yet kept in the pool
+        elif op == "matmul_all_reduce" and rank in self._pool:
+            staged, size = self._pool.pop(rank), result.numel()
+            count = min(staged.numel(), size)
+            staged.view(-1)[:count].copy_(result.reshape(-1)[:count] * 2)  # partials staged there
+        return result
+
+
 # --- issue 26: collectives through names bound at the implementation's import; shapes that coincide ------------
 
 
