@@ -131,3 +131,12 @@ def test_a_repeated_shape_shrinks_as_a_whole() -> None:
     start = OpSpec((Call(36, 8, 47, "bfloat16", False, 1, "matmul_reduce_scatter"),) * 3, tp=4)
     result = shrink(start, third_of_a_shape, ops.neighbours, deadline=float("inf"))
     assert result.minimal and [(c.m, c.k, c.n) for c in result.case.calls] == [(1, 1, 1)] * 3
+
+
+def test_every_explorer_only_fault_is_a_faulty_implementation() -> None:
+    from tests.support import faulty_impls
+    from tests.support.explorer_faults import EXPLORER_FAULTS
+
+    for row in EXPLORER_FAULTS:
+        assert callable(getattr(faulty_impls, row.fault, None)), row.fault
+        assert row.check, row
