@@ -62,6 +62,8 @@ def pytest_configure(config: pytest.Config) -> None:
                             "STRUCTURE) of a test's checks that do not name one")
     config.addinivalue_line("markers", "coc_capability(name): the op or layer kind a case exercises "
                             "(hang storms are counted per capability)")
+    config.addinivalue_line("markers", "coc_builds_megatron: the case may build Megatron layers on its ranks "
+                            "(the rank processes preload megatron-core), as the explorer does")
     config.addinivalue_line("markers", "perf: performance gate (exclusive device lease)")
     config.addinivalue_line("markers", "large: large shapes, not in the default CPU run")
     config.addinivalue_line("markers", "smoke: the per-change tier (every capability, mode, level and "

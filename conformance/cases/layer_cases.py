@@ -34,6 +34,10 @@ from conformance.contract.results import LayerOutcome, ObservedCollectives, Step
 from conformance.harness.case import IMPL, REFERENCE, RankContext, call_capturing_errors, observed_warnings
 from conformance.harness.probes import CollectiveLog, Straggler, record_collectives
 
+#: Layers megatron's own (serial) path runs under CPU autocast: its column SP backward reduce-scatters a
+#: reduced-precision dx into a buffer of the input's dtype, which gloo refuses (megatron-core 0.16).
+AUTOCAST_LAYERS = (("column", False), ("row", True), ("mlp", False))
+
 
 class _Mlp:
     """Column (fc1) -> exact gelu -> row (fc2), marking each layer's phases in the timeline."""

@@ -10,13 +10,14 @@ import json
 from pathlib import Path
 from typing import Any
 
-from conformance.explore import op_calls
+from conformance.explore import layer_training, op_calls
 from conformance.explore.kind import Kind
 from conformance.explore.spec import SPEC_SCHEMA, Spec, SpecError
 
 #: The kinds of case, in the order a report lists them.
 KINDS: tuple[Kind, ...] = (
     op_calls.KIND,
+    layer_training.KIND,
 )
 
 

@@ -35,8 +35,10 @@ def sizes(item: pytest.Item) -> list[int]:
 
 
 def builds_megatron_state(item: pytest.Item) -> bool:
-    """Whether the case runs real Megatron layers (and so initialises Megatron's parallel state)."""
-    return any("patch_megatron" in mark.args for mark in item.iter_markers("coc_requires"))
+    """Whether the case runs (or, as the explorer, may run) real Megatron layers, which initialise Megatron's
+    parallel state."""
+    return any("patch_megatron" in mark.args for mark in item.iter_markers("coc_requires")) or \
+        item.get_closest_marker("coc_builds_megatron") is not None
 
 
 def world_size(item: pytest.Item) -> int:

@@ -29,11 +29,16 @@ def _replay_command(config: pytest.Config, path: Path) -> str:
 
 
 def _scope(impl: Any, declarations: Declarations) -> Scope:
-    """What the implementation offers the explorer."""
-    return Scope.of(impl, declarations)
+    """What the implementation offers the explorer (layers only where megatron-core is importable)."""
+    import importlib.util
+
+    megatron = "" if importlib.util.find_spec("megatron") and importlib.util.find_spec("megatron.core") else \
+        "megatron-core is not installed"
+    return Scope.of(impl, declarations, megatron=megatron)
 
 
 @pytest.mark.coc_capability("explorer")
+@pytest.mark.coc_builds_megatron
 def test_explore(coc_ranks: Any, verdicts: Any, coc_impl: Any, coc_declarations: Declarations,
                  request: pytest.FixtureRequest) -> None:
     """Explore for ``--coc-explore`` seconds; every minimal failing case fails its check here."""
@@ -54,6 +59,7 @@ def test_explore(coc_ranks: Any, verdicts: Any, coc_impl: Any, coc_declarations:
 
 
 @pytest.mark.coc_capability("explorer")
+@pytest.mark.coc_builds_megatron
 def test_replay(coc_ranks: Any, verdicts: Any, coc_impl: Any, coc_declarations: Declarations,
                 request: pytest.FixtureRequest) -> None:
     """The case of a spec file ``--coc-explore`` wrote, judged as the explorer judged it."""

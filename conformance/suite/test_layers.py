@@ -32,6 +32,7 @@ from conformance.harness.impl_loader import accepts_keyword
 from conformance.judge import checks, structure
 from conformance.judge import layers as judge
 from conformance.judge.failures import WrongError
+from conformance.judge.layer_verdicts import judge_layer_refusal, layer_refusal_names
 from conformance.judge.levels import Level
 from conformance.judge.verdicts import NotJudged
 from conformance.protocol import (
@@ -198,15 +199,8 @@ def test_uneven_token_counts(coc_ranks: Any, verdicts: Any, coc_declarations: De
         errors = [o.error for o in outcomes]
         checks.skip_if_not_implemented(errors)
         if any(e is not None for e in errors):
-            with verdicts.check(f"{label}: refused clearly on every rank", Level.MUST):
-                checks.check_clear_refusal(errors, [o.collectives_before_error for o in outcomes],
-                                           what=f"{layer} layer {label}",
-                                           names=[rf"\b({m}|{rows}|{chunks}|{tp})\b", r"\b(m|p|tp)\b", r"rows?",
-                                                  r"tokens?", r"chunk", r"parallel[-_ ]num"])
-            with verdicts.check(f"{label}: declared shape error", Level.SHOULD):
-                first = next(e for e in errors if e is not None)
-                checks.check_declared_error(first, coc_declarations.error_type("shape"), kind="shape",
-                                            what=f"{layer} layer {label}")
+            judge_layer_refusal(verdicts, outcomes, coc_declarations, label=label, what=f"{layer} layer {label}",
+                                names=layer_refusal_names(m, rows, chunks, tp))
             with verdicts.check(f"{label}: the refusal names m and p", Level.SHOULD):
                 checks.check_refused_on_every_rank(errors, what=f"{layer} layer {label}",
                                                    patterns=[rf"\b({m}|{rows})\b", rf"\b{chunks}\b"],

@@ -1,0 +1,52 @@
+"""The judging sequence of a layer training job, and of a layer case an implementation may refuse.
+
+The fixed suite (``conformance/suite/test_training.py``, ``test_layers.py``)
+and the explorer (``conformance/explore/layer_training.py``) both judge with
+these functions, so a rule exists once and a case the explorer finds fails
+the same named check as a suite test would.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from conformance.contract.jobs import LayerJob
+from conformance.contract.results import LayerOutcome
+from conformance.judge import checks
+from conformance.judge import layers as judge
+from conformance.judge.levels import Level
+from conformance.judge.verdicts import Verdicts
+from conformance.protocol import Declarations
+
+
+def judge_training(verdicts: Verdicts, job: LayerJob, outcomes: Sequence[LayerOutcome], *, chunks: int) -> None:
+    """Every check of a training job that ran on every rank, each at its level (failures recorded, none raised)."""
+    with verdicts.check("numerics of every step, micro-batch and replica", Level.MUST):
+        judge.check_training(job.problem, outcomes, tp=job.tp, chunks=chunks, fusion=job.main_grad,
+                             autocast=job.autocast)
+    with verdicts.check("results are values", Level.MUST):
+        judge.check_values(outcomes)
+    with verdicts.check("replicated results bitwise identical", Level.SHOULD):
+        judge.check_identical_copies(job.problem, outcomes, chunks=chunks, fusion=job.main_grad)
+    if job.main_grad:
+        with verdicts.check("gradient lands in main_grad once", Level.MUST):
+            judge.check_main_grad(outcomes)
+        with verdicts.check("fusion honoured: gradient accumulated into main_grad", Level.SHOULD):
+            judge.check_fusion_honoured(outcomes)
+
+
+def layer_refusal_names(m: int, rows: int, chunks: int, tp: int) -> list[str]:
+    """What a refusal of a layer's token count may name: the count, the rows per rank, the chunks, tp, the setting."""
+    return [rf"\b({m}|{rows}|{chunks}|{tp})\b", r"\b(m|p|tp)\b", r"rows?", r"tokens?", r"chunk", r"parallel[-_ ]num"]
+
+
+def judge_layer_refusal(verdicts: Verdicts, outcomes: Sequence[LayerOutcome], declared: Declarations, *,
+                        label: str, what: str, names: list[str]) -> None:
+    """A layer case some rank raised on, where a refusal is conforming: refused clearly on every rank, before any
+    collective, naming what it refuses (MUST); the declared shape error (SHOULD)."""
+    errors = [o.error for o in outcomes]
+    with verdicts.check(f"{label}: refused clearly on every rank", Level.MUST):
+        checks.check_clear_refusal(errors, [o.collectives_before_error for o in outcomes], what=what, names=names)
+    with verdicts.check(f"{label}: declared shape error", Level.SHOULD):
+        first = next(e for e in errors if e is not None)
+        checks.check_declared_error(first, declared.error_type("shape"), kind="shape", what=what)
