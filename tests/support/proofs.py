@@ -224,9 +224,9 @@ def _check_names(fn: ast.AST) -> list[str]:
 
 
 def _shared_judging() -> dict[str, list[str]]:
-    """Judging sequences of ``conformance/judge`` a suite test calls by name -> their checks' names."""
-    path = SUITE.parent / "judge" / "op_verdicts.py"
-    return {fn.name: _check_names(fn) for fn in ast.parse(path.read_text()).body if isinstance(fn, ast.FunctionDef)}
+    """Judging sequences of ``conformance/judge/*_verdicts.py`` a suite test calls by name -> their checks' names."""
+    return {fn.name: _check_names(fn) for path in sorted((SUITE.parent / "judge").glob("*_verdicts.py"))
+            for fn in ast.parse(path.read_text()).body if isinstance(fn, ast.FunctionDef)}
 
 
 def suite_checks(suite: Path = SUITE) -> Iterator[tuple[str, str]]:
