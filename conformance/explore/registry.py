@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from conformance.explore import layer_training, op_calls
+from conformance.explore import config_settings, layer_training, op_calls
 from conformance.explore.kind import Kind
 from conformance.explore.spec import SPEC_SCHEMA, Spec, SpecError
 
@@ -18,6 +18,7 @@ from conformance.explore.spec import SPEC_SCHEMA, Spec, SpecError
 KINDS: tuple[Kind, ...] = (
     op_calls.KIND,
     layer_training.KIND,
+    config_settings.KIND,
 )
 
 

@@ -29,6 +29,7 @@ from conformance.cases.config_cases import configure_on_rank
 from conformance.harness.case import CapturedError, call_capturing_errors, observed_warnings
 from conformance.harness.impl_loader import accepts_keyword
 from conformance.judge import checks
+from conformance.judge.config_verdicts import judge_effective, judge_refused
 from conformance.judge.failures import WrongError
 from conformance.judge.levels import Level
 from conformance.judge.verdicts import NotJudged
@@ -155,13 +156,8 @@ def test_effective_config_and_warnings(coc_impl: Any, coc_declarations: Declarat
     _needs_fused(coc_declarations, setting.fused, coc_impl)
     with observed_warnings() as seen:
         config, error = _configure(coc_impl, setting.argv, setting.env, tp_size=setting.tp)
-    with verdicts.check("effective settings", setting.level):
-        if error is not None:
-            raise WrongError(f"argv={setting.argv} env={setting.env}: configure refused a valid setting: "
-                             f"{error.describe()}")
-        actual = {key: getattr(config, key, "<missing>") for key in setting.expect}
-        assert actual == setting.expect, f"argv={setting.argv} env={setting.env}: expected {setting.expect}, " \
-                                         f"got {actual}"
+    judge_effective(verdicts, config, error, setting.expect, setting.level,
+                    what=f"argv={setting.argv} env={setting.env}")
     with verdicts.check("one warning per overridden or ineffective setting", Level.SHOULD):
         assert len(seen) == setting.warnings, f"expected {setting.warnings} warning(s), got {seen}"
         for name in setting.warning_names:
@@ -187,21 +183,8 @@ def test_refused_naming_the_setting(coc_impl: Any, coc_declarations: Declaration
                                     bad: BadSetting) -> None:
     _needs_fused(coc_declarations, bad.fused, coc_impl)
     _, error = _configure(coc_impl, bad.argv, bad.env, **bad.kwargs)
-    what = f"argv={bad.argv} env={bad.env} {bad.kwargs}"
-    if bad.or_correct:
-        with verdicts.check("a clear refusal, or correct results", Level.MUST):
-            if error is None:
-                raise NotJudged(f"{what} accepted: its results with this setting are not run by this suite")
-            checks.check_refused_on_every_rank([error], what=what, patterns=[bad.names])
-        with verdicts.check("refused, naming the setting", Level.SHOULD):
-            if error is None:
-                raise WrongError(f"{what}: accepted; the feature documents a refusal", level=Level.SHOULD)
-    else:
-        with verdicts.check("refused, naming the setting", bad.level):
-            checks.check_refused_on_every_rank([error], what=what, patterns=[bad.names])
-    if error is not None:
-        with verdicts.check("declared error type", Level.SHOULD):
-            checks.check_declared_error(error, coc_declarations.error_type(bad.kind), kind=bad.kind, what=what)
+    judge_refused(verdicts, error, coc_declarations, names=bad.names, kind=bad.kind, level=bad.level,
+                  what=f"argv={bad.argv} env={bad.env} {bad.kwargs}", or_correct=bad.or_correct)
 
 
 @pytest.mark.coc_level("SHOULD")
@@ -239,12 +222,8 @@ def test_user_cfgs_validated(coc_impl: Any, coc_declarations: Declarations, verd
     if not accepts_keyword(coc_impl.configure, "coc_cfgs"):
         pytest.skip(f"{coc_impl.name}.configure takes no coc_cfgs (protocol v1)")
     _, error = _configure(coc_impl, SCRIPTED, {}, coc_cfgs=cfgs)
-    with verdicts.check("refused, naming the setting", Level.MUST):
-        checks.check_refused_on_every_rank([error], what=f"coc_cfgs={cfgs}", patterns=[names])
-    if error is not None:
-        with verdicts.check("declared error type", Level.SHOULD):
-            checks.check_declared_error(error, coc_declarations.error_type("config"), kind="config",
-                                        what=f"coc_cfgs={cfgs}")
+    judge_refused(verdicts, error, coc_declarations, names=names, kind="config", level=Level.MUST,
+                  what=f"coc_cfgs={cfgs}")
 
 
 @pytest.mark.coc_capability("configure")

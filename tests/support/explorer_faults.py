@@ -38,6 +38,8 @@ EXPLORER_FAULTS: tuple[ExplorerFault, ...] = (
     ExplorerFault("WrongAtTp3", "numerics"),
     ExplorerFault("SlicedOddKReadsContiguous", "numerics"),
     ExplorerFault("ScatterOutputReusedByAllReduce", "results are values"),
+    ExplorerFault("ClampsChunkCountBelowOne", "refused, naming the setting"),
+    ExplorerFault("RowOutputSizedByFirstCall", "numerics of every step, micro-batch and replica"),
 )
 
 

@@ -1376,6 +1376,40 @@ class ScatterOutputReusedByAllReduce(_EveryOp):
         return result
 
 
+class ClampsChunkCountBelowOne(ReferenceCoC):
+    """``--coc-parallel-num`` 0 or negative is clamped to 1 (CoC on, unchunked) instead of refused: a setting the
+    user typed is silently replaced (the fixed tables try 3, 16 and words, never a count below one)."""
+
+    name = "fault-clamps-chunk-count"
+
+    def configure(self, argv: Any, env: Any, **kwargs: Any) -> Any:
+        argv = list(argv or [])
+        for i, arg in enumerate(argv[:-1]):
+            if arg == "--coc-parallel-num" and argv[i + 1].lstrip("-").isdigit() and int(argv[i + 1]) < 1:
+                argv[i + 1] = "1"
+        return super().configure(argv, env, **kwargs)
+
+
+class RowOutputSizedByFirstCall(_PatchedRowForward):
+    """The row layer's output workspace is sized by its first call: the rows of a later, longer micro-batch beyond
+    that size stay zero (the fixed training runs its longer micro-batch first)."""
+
+    name = "fault-row-output-sized-by-first-call"
+
+    def wrap(self, original: Any) -> Any:
+        sized: dict[str, int] = {}
+
+        def row_forward(x: Any, weight: Any, bias: Any, **kw: Any) -> Any:
+            out = original(x, weight, bias, **kw)
+            rows = sized.setdefault("rows", out.shape[0])
+            if out.shape[0] > rows:
+                out = out.clone()
+                out[rows:] = 0
+            return out
+
+        return row_forward
+
+
 # --- issue 26: collectives through names bound at the implementation's import; shapes that coincide ------------
 
 

@@ -1,0 +1,49 @@
+"""The judging of one ``configure`` call: the settings in force, or the refusal, each at its level.
+
+The fixed suite (``conformance/suite/test_config.py``) and the explorer
+(``conformance/explore/config_settings.py``) both judge with these functions,
+so a rule exists once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from conformance.harness.case import CapturedError
+from conformance.judge import checks
+from conformance.judge.failures import WrongError
+from conformance.judge.levels import Level
+from conformance.judge.verdicts import NotJudged, Verdicts
+from conformance.protocol import Declarations
+
+
+def judge_effective(verdicts: Verdicts, config: Any, error: CapturedError | None, expect: Mapping[str, Any],
+                    level: Level, what: str) -> None:
+    """``configure`` accepted a valid setting and reports the ``expect``ed values in force."""
+    with verdicts.check("effective settings", level):
+        if error is not None:
+            raise WrongError(f"{what}: configure refused a valid setting: {error.describe()}")
+        actual = {key: getattr(config, key, "<missing>") for key in expect}
+        assert actual == dict(expect), f"{what}: expected {dict(expect)}, got {actual}"
+
+
+def judge_refused(verdicts: Verdicts, error: CapturedError | None, declared: Declarations, *, names: str,
+                  kind: str | None, level: Level, what: str, or_correct: bool = False) -> None:
+    """``configure`` refused the setting naming it (``names``, a regex); the declared ``kind`` of error (SHOULD;
+    ``kind`` None: several kinds apply, none judged).  ``or_correct``: accepting it is conforming when the
+    results are right (results not run here), the refusal a SHOULD."""
+    if or_correct:
+        with verdicts.check("a clear refusal, or correct results", Level.MUST):
+            if error is None:
+                raise NotJudged(f"{what} accepted: its results with this setting are not run by this suite")
+            checks.check_refused_on_every_rank([error], what=what, patterns=[names])
+        with verdicts.check("refused, naming the setting", Level.SHOULD):
+            if error is None:
+                raise WrongError(f"{what}: accepted; the feature documents a refusal", level=Level.SHOULD)
+    else:
+        with verdicts.check("refused, naming the setting", level):
+            checks.check_refused_on_every_rank([error], what=what, patterns=[names])
+    if error is not None and kind is not None:
+        with verdicts.check("declared error type", Level.SHOULD):
+            checks.check_declared_error(error, declared.error_type(kind), kind=kind, what=what)

@@ -1,0 +1,138 @@
+"""Every kind of case the explorer draws, without ranks: valid draws, JSON round trips, seeds, the space's lines,
+the corners each reaches, shrinking steps; the configuration model against the fixed tables."""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import fields
+from typing import Any
+
+import pytest
+
+from conformance.contract.config_rules import expected_outcome
+from conformance.explore import config_settings, layer_training
+from conformance.explore.kind import Kind, Scope
+from conformance.explore.registry import KINDS, kind_of, spec_from_dict
+from conformance.explore.shrink import shrink
+from conformance.explore.spec import SpecError
+from conformance.protocol import declarations
+
+
+@pytest.fixture(scope="module")
+def scope() -> Scope:
+    from coc_impl.reference import ReferenceCoC
+
+    impl = ReferenceCoC()
+    return Scope.of(impl, declarations(impl))
+
+
+def _drawn(kind: Kind, scope: Scope, seed: int, count: int = 300) -> list[Any]:
+    rng = random.Random(seed)
+    return [kind.draw(rng, scope) for _ in range(count)]
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.name)
+def test_every_drawn_spec_is_valid_of_its_kind_and_round_trips_through_json(kind: Kind, scope: Scope) -> None:
+    assert kind.offered(scope) == ""
+    for spec in _drawn(kind, scope, 7):
+        assert spec.invalid() == "", spec
+        assert kind_of(spec) is kind and isinstance(spec, kind.spec_type)
+        assert spec_from_dict(json.loads(json.dumps(spec.as_dict()))) == spec
+        assert spec.describe() and all("=" in tag for tag in kind.tags(spec))
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.name)
+def test_the_same_seed_draws_the_same_cases(kind: Kind, scope: Scope) -> None:
+    assert _drawn(kind, scope, 1) == _drawn(kind, scope, 1) != _drawn(kind, scope, 2)
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.name)
+def test_neighbours_are_valid_and_never_the_case_itself(kind: Kind, scope: Scope) -> None:
+    for spec in _drawn(kind, scope, 11, 40):
+        for n in kind.neighbours(spec):
+            assert n != spec and n.invalid() == ""
+
+
+@pytest.mark.parametrize("module", [layer_training, config_settings], ids=lambda m: m.KIND_NAME)
+def test_every_field_of_a_spec_is_one_line_of_its_space(module: Any) -> None:
+    spec_fields = {f.name for f in fields(module.KIND.spec_type)} - {"seed"}
+    assert {d.name for d in module.DIMENSIONS} == spec_fields
+
+
+def test_the_layer_space_reaches_the_corners_the_fixed_suite_lacks(scope: Scope) -> None:
+    specs = _drawn(layer_training.KIND, scope, 3, 2000)
+    assert {s.tp for s in specs} == {1, 2, 3, 4} and any(s.replicas > 1 for s in specs)
+    assert any(s.h_out % 8 and s.layer == "column" for s in specs), "unaligned widths"
+    assert any(len(s.tokens) > 1 and s.tokens[-1] > s.tokens[0] for s in specs), "a longer micro-batch later"
+    assert any(s.uneven() for s in specs), "rows the chunks do not divide"
+    assert any(s.autocast for s in specs) and any(s.main_grad for s in specs) and any(s.steps == 3 for s in specs)
+    assert {s.chunks for s in specs} == set(layer_training.CHUNKS)
+
+
+def test_the_configuration_space_reaches_every_value_and_both_outcomes(scope: Scope) -> None:
+    specs = _drawn(config_settings.KIND, scope, 3, 3000)
+    assert {s.chunks for s in specs} == set(config_settings.CHUNK_VALUES)
+    assert {s.customized for s in specs} == set(config_settings.CUSTOMIZED)
+    assert any(s.fused and s.tp_size == 8 for s in specs) and any(s.tp_size == 0 for s in specs)
+    outcomes = [config_settings.expected_outcome(s.chunks, fused=s.fused, tp_size=s.tp_size) for s in specs]
+    assert any(o.must_refuse for o in outcomes) and any(not o.refusals for o in outcomes)
+
+
+def test_a_layer_case_shrinks_to_its_smallest_failing_neighbourhood(scope: Scope) -> None:
+    def longer_later(spec: Any) -> bool:  # a synthetic fault: a later micro-batch longer than the first, row layer
+        return spec.layer == "row" and len(spec.tokens) > 1 and spec.tokens[1] > spec.tokens[0]
+
+    start = layer_training.LayerSpec("row", True, 4, 96, 40, (8, 64, 4), replicas=1, dtype="bfloat16", b=2,
+                                     chunks=2, steps=3, main_grad=True, straggler_s=0.002, seed=3)
+    assert start.invalid() == "" and longer_later(start)
+    result = shrink(start, longer_later, layer_training.neighbours, deadline=float("inf"))
+    assert result.minimal and longer_later(result.case)
+    assert result.case == layer_training.LayerSpec("row", False, 1, 1, 1, (1, 2), chunks=1, seed=3)
+
+
+@pytest.mark.parametrize("data, why", [
+    ({"kind": "layer", "layer": "conv"}, "malformed"),
+    ({"kind": "layer", "layer": "conv", "sequence_parallel": False, "tp": 2, "h_in": 4, "h_out": 4,
+      "tokens": [4]}, "unknown layer"),
+    ({"kind": "layer", "layer": "column", "sequence_parallel": True, "tp": 1, "h_in": 4, "h_out": 4,
+      "tokens": [4]}, "sequence parallelism needs tp > 1"),
+    ({"kind": "layer", "layer": "column", "sequence_parallel": False, "tp": 2, "h_in": 4, "h_out": 3,
+      "tokens": [4]}, "splits h_out=3 over tp=2"),
+    ({"kind": "config", "chunks": "12"}, "chunks, customized and incompatible must be among"),
+    ({"kind": "config", "tp_size": 9}, "outside 0..8"),
+    ({"kind": "config", "colour": "red"}, "malformed"),
+])
+def test_a_spec_of_another_kind_that_names_no_runnable_case_is_refused(data: dict[str, Any], why: str) -> None:
+    with pytest.raises(SpecError, match=why):
+        spec_from_dict(data)
+
+
+def test_the_configuration_model_predicts_the_fixed_tables() -> None:
+    """Every row of ``test_config``'s tables with CoC enabled on the command line, as the model sees it."""
+    from conformance.suite.test_config import ERRORS, PRECEDENCE, USER_CFG_ERRORS
+
+    def chunks_of(argv: list[str]) -> str | None:
+        return argv[argv.index("--coc-parallel-num") + 1] if "--coc-parallel-num" in argv else None
+
+    modelled = 0
+    for setting in PRECEDENCE:
+        argv = setting.argv
+        if "--use-ascend-coc" in argv and not setting.env and chunks_of(argv) is not None:
+            outcome = expected_outcome(chunks_of(argv), fused="--coc-fused-kernel" in argv, tp_size=setting.tp)
+            assert not outcome.refusals and dict(outcome.effective, **setting.expect) == outcome.effective, setting
+            modelled += 1
+    keywords = {"use_ascend_mc2": "mc2", "tp_2d": "tp-2d", "transformer_impl": "transformer-engine",
+                "num_experts": "moe"}
+    for bad in ERRORS:
+        if "--use-ascend-coc" in bad.argv and not bad.env:
+            incompatible = next((keywords[k] for k in bad.kwargs if k in keywords), None)
+            outcome = expected_outcome(chunks_of(bad.argv), fused="--coc-fused-kernel" in bad.argv,
+                                       tp_size=bad.kwargs.get("tp_size", 2), incompatible=incompatible)
+            assert outcome.must_refuse != bad.or_correct and bad.names in [r.names for r in outcome.refusals], bad
+            modelled += 1
+    for _, cfgs, _ in USER_CFG_ERRORS:
+        if "customized_coc" in cfgs:
+            assert expected_outcome("2", fused=False, tp_size=2, customized=cfgs["customized_coc"]).must_refuse
+            modelled += 1
+    assert modelled >= 12
