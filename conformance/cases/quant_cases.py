@@ -55,7 +55,8 @@ def quant_inputs(run: QuantRun) -> tuple[dict[str, Any], int, Any]:
     import torch
 
     if run.seeded is not None:
-        return quant_operands(run.seeded), run.seeded.group_size, getattr(torch, run.seeded.dtype)
+        group_size = run.seeded.group_size if run.seeded.granularity == "per_group" else 0
+        return quant_operands(run.seeded), group_size, getattr(torch, run.seeded.dtype)
     import golden
 
     assert run.case_id is not None

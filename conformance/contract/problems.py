@@ -80,34 +80,45 @@ def exact_limit_ok(problem: Problem) -> bool:
     return largest <= {"float32": 2**24, "float16": 2**11, "bfloat16": 2**8}[problem.dtype]
 
 
+#: How w8A16 scales (and offsets) are laid out: one for the whole weight ``[1]``, one per column ``[n]``, one per
+#: group of ``g`` rows and column ``[ceil(k/g), n]``.
+GRANULARITIES = ("per_tensor", "per_channel", "per_group")
+
+
 @dataclass(frozen=True)
 class QuantProblem:
-    """Seeded inputs of a per-group w8A16 ``matmul_all_reduce``: ``x [m, k] @ ((w + offset) * scale) + bias``.
+    """Seeded inputs of a w8A16 ``matmul_all_reduce``: ``x [m, k] @ ((w + offset) * scale) + bias``.
 
-    ``w`` is int8 ``[k, n]``; ``scale`` and ``offset`` are ``[ceil(k/g), n]``,
-    row ``i`` of ``w`` using group ``i // g`` (the golden w8A16 cases' recipe,
-    without a stored golden).
+    ``w`` is int8 ``[k, n]``; ``scale`` and ``offset`` are laid out by
+    ``granularity`` (per group: ``[ceil(k/g), n]``, row ``i`` of ``w`` using
+    group ``i // g``; the golden w8A16 cases' recipe, without a stored golden).
     """
 
     m: int
     k: int
     n: int
     dtype: str
-    group_size: int
+    group_size: int  #: per group only (0 otherwise)
     seed: int = 0
+    granularity: str = "per_group"
+    offset: bool = True
+    bias: bool = True
 
 
 def quant_operands(problem: QuantProblem) -> dict[str, Any]:
-    """``x``, int8 ``w``, ``scale``, ``offset`` and ``bias`` of ``problem`` (the same on every rank)."""
+    """``x``, int8 ``w``, ``scale`` and, where the problem has them, ``offset`` and ``bias`` (the same on every
+    rank)."""
     gen = torch.Generator().manual_seed(problem.seed * 4099 + problem.group_size)
     dtype = getattr(torch, problem.dtype)
-    groups = -(-problem.k // problem.group_size)
-    return {"x": torch.randn(problem.m, problem.k, generator=gen).to(dtype),
-            "w": torch.randint(-128, 128, (problem.k, problem.n), generator=gen, dtype=torch.int8),
-            # uniform in [0.5, 1.5) over int8's spread: dequantised weights ~ N(0, 1/k), as the goldens'
-            "scale": ((torch.rand(groups, problem.n, generator=gen) + 0.5) / (74.0 * problem.k ** 0.5)).to(dtype),
-            "offset": torch.randint(-64, 65, (groups, problem.n), generator=gen).to(dtype),
-            "bias": torch.randn(problem.n, generator=gen).to(dtype)}
+    rows = {"per_tensor": (1,), "per_channel": (problem.n,),
+            "per_group": (-(-problem.k // max(problem.group_size, 1)), problem.n)}[problem.granularity]
+    operands = {"x": torch.randn(problem.m, problem.k, generator=gen).to(dtype),
+                "w": torch.randint(-128, 128, (problem.k, problem.n), generator=gen, dtype=torch.int8),
+                # uniform in [0.5, 1.5) over int8's spread: dequantised weights ~ N(0, 1/k), as the goldens'
+                "scale": ((torch.rand(*rows, generator=gen) + 0.5) / (74.0 * problem.k ** 0.5)).to(dtype),
+                "offset": torch.randint(-64, 65, rows, generator=gen).to(dtype),
+                "bias": torch.randn(problem.n, generator=gen).to(dtype)}
+    return {name: t for name, t in operands.items() if getattr(problem, name, True)}
 
 
 #: The layer kinds a layer problem builds (``mlp``: column -> gelu -> row).

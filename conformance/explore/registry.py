@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from conformance.explore import config_settings, layer_training, op_calls
+from conformance.explore import config_settings, layer_training, op_calls, quant_calls
 from conformance.explore.kind import Kind
 from conformance.explore.spec import SPEC_SCHEMA, Spec, SpecError
 
@@ -19,6 +19,7 @@ KINDS: tuple[Kind, ...] = (
     op_calls.KIND,
     layer_training.KIND,
     config_settings.KIND,
+    quant_calls.KIND,
 )
 
 

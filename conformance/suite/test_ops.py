@@ -38,14 +38,12 @@ import pytest
 import golden
 from conformance.cases.groups import GROUP_LAYOUTS, SUBGROUP_SIZES
 from conformance.cases.op_cases import op_sequence_task, op_task
-from conformance.cases.quant_cases import BAD_QUANT, quant_inputs, quant_task
+from conformance.cases.quant_cases import BAD_QUANT, quant_task
 from conformance.contract.jobs import OPERAND_STRIDES, OpRun, QuantRun
-from conformance.contract.layouts import OPERAND_SPLITS
-from conformance.contract.problems import Problem, QuantProblem, exact_limit_ok, quant_operands
-from conformance.judge import checks, numerics
+from conformance.contract.problems import Problem, QuantProblem, exact_limit_ok
+from conformance.judge import checks
 from conformance.judge import ops as judge
-from conformance.judge.assembly import assemble, copies
-from conformance.judge.failures import WrongError, suite_requires
+from conformance.judge.failures import suite_requires
 from conformance.judge.levels import Level
 from conformance.judge.op_verdicts import (
     STRIDE_NAMES,
@@ -55,6 +53,7 @@ from conformance.judge.op_verdicts import (
     judge_refusal,
     refusal_names,
 )
+from conformance.judge.quant_verdicts import check_w8a16, judge_bad_argument, quant_truth
 from conformance.protocol import FUSED_OPS, Declarations
 from golden.catalogue import DTYPES, TP_SIZES
 
@@ -283,39 +282,7 @@ def _quant_params() -> list[Any]:
 def test_w8a16_matches_dequantised_golden(coc_ranks: Any, case_id: str, tp: int) -> None:
     g = golden.load(case_id)
     run = QuantRun(case_id, tp)
-    _check_w8a16(coc_ranks.run(quant_task, tp, run=run), run, g.outputs["y"])
-
-
-def _check_w8a16(outcomes: list[Any], run: QuantRun, y: Any) -> None:
-    """MUST: every rank's w8A16 result within the bound of the float64 ``y`` of the dequantised weight."""
-    import numpy as np
-
-    from golden import serial
-
-    errors = [o.error for o in outcomes]
-    checks.skip_if_not_implemented(errors)
-    raised = [(r, e) for r, e in enumerate(errors) if e is not None]
-    if raised:
-        raise WrongError(f"rank(s) {[r for r, _ in raised]} raised {raised[0][1].describe()}")
-    inputs, group_size, dtype = quant_inputs(run)
-    f64 = {name: t.double() for name, t in inputs.items()}
-    wf = serial.dequantize(f64["w"], f64["scale"], f64.get("offset"), group_size or None).numpy()
-    bias = f64.get("bias")
-    envelope = (numerics.magnitude(f64["x"].numpy(), wf) + (0 if bias is None else np.abs(bias.numpy())),
-                wf.shape[0])
-    split = OPERAND_SPLITS["matmul_all_reduce"]["y"]
-    serial_y = assemble([o.serial for o in outcomes], split)
-    for holders, out in copies([o.results[0] for o in outcomes], split):
-        # The dequantised weight is rounded to the activation dtype once more.
-        checks.check_close(", ".join(filter(None, ("y", holders))), out, y, serial_y, envelope, dtype,
-                           roundings=judge.roundings(run.tp) + 1)
-
-
-#: What each refusal's message must name.
-BAD_QUANT_NAMES = {"scale-shape": "scale", "offset-shape": "offset", "offset-without-scale": "offset",
-                   "group-not-multiple-of-32": "group", "group-rows-wrong": "scale|group",
-                   "group-not-below-k": "group", "float32-activations": "float32|dtype|x",
-                   "int8-without-scale": "scale|int8"}
+    check_w8a16(coc_ranks.run(quant_task, tp, run=run), run, g.outputs["y"])
 
 
 @pytest.mark.coc_requires("matmul_all_reduce")
@@ -326,14 +293,8 @@ def test_w8a16_bad_arguments_refused_on_every_rank(coc_ranks: Any, verdicts: Any
                                                    change: str, tp: int) -> None:
     case_id = next(c.id for c in QUANT_CASES if c.params["dtype"] == "float16" and c.params["k"] == 512)
     outcomes = coc_ranks.run(quant_task, tp, run=QuantRun(case_id, tp, change))
-    errors = [o.error for o in outcomes]
-    checks.skip_if_not_implemented(errors)
-    with verdicts.check("refused, naming the argument", Level.MUST):
-        checks.check_refused_on_every_rank(errors, what=f"w8A16 {change}", patterns=[BAD_QUANT_NAMES[change]])
-    if errors[0] is not None:
-        with verdicts.check("declared error type", Level.SHOULD):
-            checks.check_declared_error(errors[0], coc_declarations.error_type("argument"), kind="argument",
-                                        what=f"w8A16 {change}")
+    checks.skip_if_not_implemented([o.error for o in outcomes])
+    judge_bad_argument(verdicts, outcomes, change, coc_declarations)
 
 
 # --- corners of the case space: where real kernels change behaviour (docs/DESIGN.md#fused-ops) ---------------
@@ -422,10 +383,6 @@ def test_corner_op_sequence(coc_ranks: Any, verdicts: Any, coc_declarations: Dec
 @pytest.mark.parametrize("group_size", [128], ids=lambda g: f"g{g}")
 def test_corner_w8a16_group_size(coc_ranks: Any, group_size: int, tp: int) -> None:
     """Per-group w8A16 at the common real group size, 128 (two groups per rank), with an offset and a bias."""
-    from golden import serial
-
     problem = QuantProblem(16, 2 * group_size * tp, 48, "bfloat16", group_size, seed=30)
     run = QuantRun(None, tp, seeded=problem)
-    t = {name: v.double() for name, v in quant_operands(problem).items()}
-    y = serial.quant_matmul_all_reduce(t["x"], t["w"], t["scale"], t["offset"], t["bias"], group_size).numpy()
-    _check_w8a16(coc_ranks.run(quant_task, tp, run=run), run, y)
+    check_w8a16(coc_ranks.run(quant_task, tp, run=run), run, quant_truth(run))

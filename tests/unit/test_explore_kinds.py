@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from conformance.contract.config_rules import expected_outcome
-from conformance.explore import config_settings, layer_training
+from conformance.explore import config_settings, layer_training, quant_calls
 from conformance.explore.kind import Kind, Scope
 from conformance.explore.registry import KINDS, kind_of, spec_from_dict
 from conformance.explore.shrink import shrink
@@ -54,7 +54,7 @@ def test_neighbours_are_valid_and_never_the_case_itself(kind: Kind, scope: Scope
             assert n != spec and n.invalid() == ""
 
 
-@pytest.mark.parametrize("module", [layer_training, config_settings], ids=lambda m: m.KIND_NAME)
+@pytest.mark.parametrize("module", [layer_training, config_settings, quant_calls], ids=lambda m: m.KIND_NAME)
 def test_every_field_of_a_spec_is_one_line_of_its_space(module: Any) -> None:
     spec_fields = {f.name for f in fields(module.KIND.spec_type)} - {"seed"}
     assert {d.name for d in module.DIMENSIONS} == spec_fields

@@ -1,0 +1,195 @@
+"""The w8A16 kind: ``matmul_all_reduce`` with an int8 weight, every scale layout, or an argument made invalid.
+
+A spec (:class:`QuantSpec`) names seeded inputs
+(:class:`~conformance.contract.problems.QuantProblem`): sizes, the activation
+dtype, per-tensor, per-channel or per-group scales (group sizes 32 to 256,
+128 among them), with or without offset and bias, TP 1 to 4 -- or one of the
+invalid arguments every implementation must refuse.  Judged by the fixed
+suite's rules (:mod:`conformance.judge.quant_verdicts`).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+from conformance.cases.quant_cases import BAD_QUANT, quant_task
+from conformance.contract.jobs import QuantRun
+from conformance.contract.problems import GRANULARITIES, QuantProblem
+from conformance.explore.kind import Judged, Kind, Ranks, Scope, run_to_the_end
+from conformance.explore.space import (
+    Dimension,
+    draw_fields,
+    field_tags,
+    simpler_fields,
+    size,
+    size_bucket,
+    smaller_ints,
+    towards,
+    weighted,
+)
+from conformance.explore.spec import SpecError
+from conformance.judge.checks import not_implemented
+from conformance.judge.levels import Level
+from conformance.judge.quant_verdicts import check_w8a16, judge_bad_argument, quant_truth
+from conformance.judge.verdicts import Verdicts
+
+KIND_NAME = "w8a16"
+#: Activation dtypes of w8A16 (float32 activations are one of the invalid arguments).
+ACTIVATIONS = ("float16", "bfloat16")
+#: Group sizes: multiples of 32, the common 128 among them.
+GROUP_SIZES = (32, 64, 96, 128, 160, 256)
+#: The largest TP size a drawn case uses.
+MAX_TP = 4
+#: Invalid arguments that are invalid only where a rank's ``k`` is a multiple of 32 (one scale row too many).
+WHOLE_GROUPS = ("group-rows-wrong",)
+#: The check of a w8A16 call's numbers (the fixed suite's test-level check of the same rule).
+NUMBERS = "w8A16 result matches the dequantised truth"
+
+
+@dataclass(frozen=True)
+class QuantSpec:
+    """One w8A16 ``matmul_all_reduce`` on a TP group of ``tp`` ranks (``change``: an invalid argument instead)."""
+
+    m: int
+    k: int
+    n: int
+    tp: int
+    dtype: str = "float16"
+    granularity: str = "per_group"
+    group_size: int = 32
+    offset: bool = True
+    bias: bool = True
+    change: str = "none"
+    seed: int = 0
+
+    @property
+    def world(self) -> int:
+        return self.tp
+
+    @property
+    def capability(self) -> str:
+        return "op:matmul_all_reduce/w8a16"
+
+    def invalid(self) -> str:
+        if min(self.m, self.k, self.n, self.tp) < 1 or self.k % self.tp:
+            return f"sizes and tp must be positive, k={self.k} a multiple of tp={self.tp}"
+        if self.dtype not in ACTIVATIONS or self.granularity not in GRANULARITIES or \
+                self.change not in ("none", *BAD_QUANT):
+            return f"dtype, granularity and change must be among {ACTIVATIONS}, {GRANULARITIES}, {BAD_QUANT}"
+        if self.granularity == "per_group":
+            k_local = self.k // self.tp
+            if self.group_size % 32 or not 32 <= self.group_size < k_local or k_local % self.group_size:
+                return (f"a group size is a multiple of 32, at least 32 and below a rank's k ({k_local}), which it "
+                        f"divides: {self.group_size}")
+        elif self.group_size:
+            return "group_size is for per-group scales only"
+        if self.change in WHOLE_GROUPS and (self.k // self.tp) % 32:
+            return f"{self.change} is invalid only where a rank's k is a multiple of 32 (its groups of 32 are whole)"
+        return ""
+
+    def run(self) -> QuantRun:
+        why = self.invalid()
+        if why:
+            raise SpecError(why)
+        problem = QuantProblem(self.m, self.k, self.n, self.dtype, self.group_size, seed=self.seed,
+                               granularity=self.granularity, offset=self.offset, bias=self.bias)
+        return QuantRun(None, self.tp, change=None if self.change == "none" else self.change, seeded=problem)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"kind": KIND_NAME, **asdict(self)}
+
+    def describe(self) -> str:
+        layout = f"per_group g{self.group_size}" if self.granularity == "per_group" else self.granularity
+        extras = "".join(f" +{name}" for name in ("offset", "bias") if getattr(self, name))
+        change = f", invalid: {self.change}" if self.change != "none" else ""
+        return f"w8A16 matmul_all_reduce tp{self.tp} {self.m}x{self.k}x{self.n} {self.dtype} {layout}{extras}{change}"
+
+
+#: Fields of the spec, simplest value first.
+DIMENSIONS: tuple[Dimension, ...] = (
+    Dimension("change", weighted(("none", *BAD_QUANT), (24,) + (1,) * len(BAD_QUANT)), towards("none", *BAD_QUANT)),
+    Dimension("tp", weighted((1, 2, 3, 4), (1, 4, 2, 3)), lambda tp: [t for t in (1, 2, 3, 4) if t < tp]),
+    Dimension("granularity", weighted(GRANULARITIES, (1, 1, 2)), towards(*GRANULARITIES)),
+    Dimension("group_size", weighted(GROUP_SIZES, (2, 2, 1, 2, 1, 1)), towards(0, *GROUP_SIZES)),
+    Dimension("m", size(32, 256, 1024), smaller_ints, size_bucket),
+    Dimension("k", size(96, 512, 1536), smaller_ints, size_bucket),
+    Dimension("n", size(64, 256, 768), smaller_ints, size_bucket),
+    Dimension("dtype", weighted(ACTIVATIONS, (1, 1)), towards(*ACTIVATIONS)),
+    Dimension("offset", weighted((False, True), (1, 1)), towards(False, True)),
+    Dimension("bias", weighted((False, True), (1, 1)), towards(False, True)),
+)
+
+
+def fit(spec: QuantSpec, up: bool) -> QuantSpec:
+    """``spec`` made runnable: ``k`` a multiple of ``tp`` (and, per group, of the group size on each rank, with at
+    least two groups per rank), ``group_size`` 0 unless per group."""
+    if spec.granularity != "per_group":
+        step = spec.tp
+        spec = replace(spec, group_size=0)
+    else:
+        spec = replace(spec, group_size=spec.group_size or GROUP_SIZES[0])
+        step = spec.tp * spec.group_size
+    if spec.change in WHOLE_GROUPS:
+        step = math.lcm(step, spec.tp * 32)
+    k = max(-(-spec.k // step) * step if up else spec.k // step * step, step)
+    if spec.granularity == "per_group" and k // spec.tp <= spec.group_size:
+        k = 2 * step if up else k
+    return replace(spec, k=k)
+
+
+def offered(scope: Scope) -> str:
+    return "" if scope.w8a16 else "matmul_all_reduce takes no w8A16 arguments"
+
+
+def draw(rng: random.Random, scope: Scope | None = None) -> QuantSpec:
+    return fit(QuantSpec(**draw_fields(rng, DIMENSIONS), seed=rng.randrange(1 << 16)), up=True)
+
+
+def neighbours(spec: QuantSpec) -> Iterator[QuantSpec]:
+    seen = {spec}
+    for candidate in simpler_fields(spec, DIMENSIONS):
+        candidate = fit(candidate, up=False)
+        if candidate not in seen and not candidate.invalid():
+            seen.add(candidate)
+            yield candidate
+
+
+def tags(spec: QuantSpec) -> list[str]:
+    return field_tags(spec, DIMENSIONS) + [f"groups_per_rank={spec.k // spec.tp // spec.group_size}"
+                                           if spec.group_size else "groups_per_rank=0"]
+
+
+def judge_spec(ranks: Ranks, spec: QuantSpec, scope: Scope, verdicts: Verdicts) -> Judged:
+    """Run ``spec`` on ``ranks``: the numbers against the dequantised truth, or the refusal of its invalid argument."""
+    run = spec.run()
+    outcomes = run_to_the_end(ranks, spec, verdicts, quant_task, run=run)
+    if isinstance(outcomes, Judged):
+        return outcomes
+    skipped = not_implemented([o.error for o in outcomes])
+    if skipped:
+        return Judged(skipped=skipped)
+    if run.change is not None:
+        judge_bad_argument(verdicts, outcomes, run.change, scope.declarations)
+    else:
+        with verdicts.check(NUMBERS, Level.MUST):
+            check_w8a16(outcomes, run, quant_truth(run))
+    return Judged.of(verdicts)
+
+
+def from_dict(data: dict[str, Any]) -> QuantSpec:
+    try:
+        spec = QuantSpec(**{k: v for k, v in data.items() if k != "kind"})
+    except TypeError as exc:
+        raise SpecError(f"malformed spec: {exc}") from None
+    why = spec.invalid()
+    if why:
+        raise SpecError(why)
+    return spec
+
+
+KIND = Kind(KIND_NAME, weight=1.5, offered=offered, draw=draw, neighbours=neighbours, tags=tags, judge=judge_spec,
+            from_dict=from_dict, spec_type=QuantSpec)
