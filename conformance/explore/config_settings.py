@@ -17,9 +17,16 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from conformance.contract.config_rules import INCOMPATIBLE, expected_outcome
-from conformance.explore.kind import Judged, Kind, Ranks, Scope
-from conformance.explore.space import Dimension, draw_fields, field_tags, simpler_fields, towards, weighted
-from conformance.explore.spec import SpecError
+from conformance.explore.kind import Judged, Kind, Ranks, Scope, read_spec
+from conformance.explore.space import (
+    Dimension,
+    draw_fields,
+    field_tags,
+    simpler_fields,
+    towards,
+    valid_neighbours,
+    weighted,
+)
 from conformance.harness.case import call_capturing_errors, observed_warnings
 from conformance.harness.impl_loader import accepts_keyword
 from conformance.judge.config_verdicts import judge_effective, judge_refused
@@ -118,11 +125,7 @@ def draw(rng: random.Random, scope: Scope | None = None) -> ConfigSpec:
 
 
 def neighbours(spec: ConfigSpec) -> Iterator[ConfigSpec]:
-    seen = {spec}
-    for candidate in simpler_fields(spec, DIMENSIONS):
-        if candidate not in seen and not candidate.invalid():
-            seen.add(candidate)
-            yield candidate
+    return valid_neighbours(spec, simpler_fields(spec, DIMENSIONS))
 
 
 def tags(spec: ConfigSpec) -> list[str]:
@@ -156,14 +159,8 @@ def judge_spec(ranks: Ranks, spec: ConfigSpec, scope: Scope, verdicts: Verdicts)
 
 
 def from_dict(data: dict[str, Any]) -> ConfigSpec:
-    try:
-        spec = ConfigSpec(**{k: v for k, v in data.items() if k != "kind"})
-    except TypeError as exc:
-        raise SpecError(f"malformed spec: {exc}") from None
-    why = spec.invalid()
-    if why:
-        raise SpecError(why)
-    return spec
+    """The spec of :meth:`ConfigSpec.as_dict`."""
+    return read_spec(ConfigSpec, data)  # type: ignore[return-value]
 
 
 KIND = Kind(KIND_NAME, weight=3.0, offered=offered, draw=draw, neighbours=neighbours, tags=tags, judge=judge_spec,

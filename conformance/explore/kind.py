@@ -15,11 +15,11 @@ differ from case to case.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from conformance.explore.spec import Spec
+from conformance.explore.spec import Spec, SpecError
 from conformance.harness.case_errors import HANGS, CaseError
 from conformance.harness.impl_loader import accepts_keyword, missing_capability
 from conformance.harness.runner import CaseTimings
@@ -109,6 +109,19 @@ def run_to_the_end(ranks: Ranks, spec: Spec, verdicts: Verdicts, task: Any, **pa
         message = f"{spec.describe()}: {type(exc).__name__}: {exc}"
         record(verdicts, key, message)
         return Judged(((key, message),))
+
+
+def read_spec(spec_type: Callable[..., Spec], data: Mapping[str, Any],
+              convert: Callable[[dict[str, Any]], dict[str, Any]] = dict) -> Spec:
+    """The spec of ``spec_type`` a ``Spec.as_dict`` describes (its fields ``convert``ed from JSON), checked runnable."""
+    try:
+        spec = spec_type(**convert({k: v for k, v in data.items() if k != "kind"}))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise SpecError(f"malformed spec: {exc}") from None
+    why = spec.invalid()
+    if why:
+        raise SpecError(why)
+    return spec
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from typing import Any
 from conformance.cases.layer_cases import AUTOCAST_LAYERS, layer_task
 from conformance.contract.jobs import LayerJob, coc_argv
 from conformance.contract.problems import LAYER_KINDS, LayerProblem
-from conformance.explore.kind import Judged, Kind, Ranks, Scope, run_to_the_end
+from conformance.explore.kind import Judged, Kind, Ranks, Scope, read_spec, run_to_the_end
 from conformance.explore.space import (
     Dimension,
     draw_fields,
@@ -29,6 +29,7 @@ from conformance.explore.space import (
     size_bucket,
     smaller_ints,
     towards,
+    valid_neighbours,
     weighted,
 )
 from conformance.explore.spec import SpecError
@@ -205,12 +206,7 @@ def draw(rng: random.Random, scope: Scope | None = None) -> LayerSpec:
 
 def neighbours(spec: LayerSpec) -> Iterator[LayerSpec]:
     """Every valid one-step-simpler spec, simplest first."""
-    seen = {spec}
-    for candidate in _steps(spec):
-        candidate = fit(candidate, up=False)
-        if candidate not in seen and not candidate.invalid():
-            seen.add(candidate)
-            yield candidate
+    return valid_neighbours(spec, _steps(spec), lambda c: fit(c, up=False))
 
 
 def _steps(spec: LayerSpec) -> Iterable[LayerSpec]:
@@ -253,15 +249,7 @@ def judge_spec(ranks: Ranks, spec: LayerSpec, scope: Scope, verdicts: Verdicts) 
 
 def from_dict(data: dict[str, Any]) -> LayerSpec:
     """The spec of :meth:`LayerSpec.as_dict`."""
-    try:
-        fields = {k: v for k, v in data.items() if k != "kind"}
-        spec = LayerSpec(**{**fields, "tokens": tuple(fields["tokens"])})
-    except (KeyError, TypeError) as exc:
-        raise SpecError(f"malformed spec: {exc}") from None
-    why = spec.invalid()
-    if why:
-        raise SpecError(why)
-    return spec
+    return read_spec(LayerSpec, data, lambda f: {**f, "tokens": tuple(f["tokens"])})  # type: ignore[return-value]
 
 
 KIND = Kind(KIND_NAME, weight=1.0, offered=offered, draw=draw, neighbours=neighbours, tags=tags, judge=judge_spec,

@@ -21,7 +21,7 @@ from conformance.cases.groups import GROUP_LAYOUTS
 from conformance.cases.op_cases import op_sequence_task
 from conformance.contract.jobs import OPERAND_STRIDES, OpRun
 from conformance.contract.problems import Problem, exact_limit_ok
-from conformance.explore.kind import Judged, Kind, Ranks, Scope, run_to_the_end
+from conformance.explore.kind import Judged, Kind, Ranks, Scope, read_spec, run_to_the_end
 from conformance.explore.space import (
     Dimension,
     draw_fields,
@@ -31,6 +31,7 @@ from conformance.explore.space import (
     size_bucket,
     smaller_ints,
     towards,
+    valid_neighbours,
     weighted,
 )
 from conformance.explore.spec import SpecError
@@ -283,12 +284,7 @@ def scope_blocks(scope: Scope | None) -> set[str]:
 def neighbours(spec: OpSpec) -> Iterator[OpSpec]:
     """Every valid one-step-simpler spec: a call fewer, or one dimension of the spec, of the calls sharing a value,
     or of one call simpler."""
-    seen = {spec}
-    for candidate in _steps(spec):
-        candidate = fit(candidate, up=False)
-        if candidate not in seen and not candidate.invalid():
-            seen.add(candidate)
-            yield candidate
+    return valid_neighbours(spec, _steps(spec), lambda c: fit(c, up=False))
 
 
 def _steps(spec: OpSpec) -> Iterable[OpSpec]:
@@ -357,19 +353,12 @@ def judge_spec(ranks: Ranks, spec: OpSpec, scope: Scope, verdicts: Verdicts) -> 
 
 def from_dict(data: dict[str, Any]) -> OpSpec:
     """The spec of :meth:`OpSpec.as_dict`."""
-    try:
-        fields = dict(data)
-        fields.pop("kind", None)
-        calls = tuple(Call(**c) for c in fields.pop("calls"))
-        if not calls:
-            raise SpecError("a spec needs a call")
-        spec = OpSpec(calls=calls, **fields)
-    except (KeyError, TypeError) as exc:
-        raise SpecError(f"malformed spec: {exc}") from None
-    why = spec.invalid()
-    if why:
-        raise SpecError(why)
-    return spec
+    def convert(fields: dict[str, Any]) -> dict[str, Any]:
+        if not fields.get("calls"):
+            raise KeyError("calls")
+        return {**fields, "calls": tuple(Call(**c) for c in fields["calls"])}
+
+    return read_spec(OpSpec, data, convert)  # type: ignore[return-value]
 
 
 KIND = Kind(KIND_NAME, weight=6.0, offered=offered, draw=draw, neighbours=neighbours, tags=tags, judge=judge_spec,

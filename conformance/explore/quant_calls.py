@@ -16,10 +16,10 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from conformance.cases.quant_cases import BAD_QUANT, quant_task
+from conformance.cases.quant_cases import BAD_QUANT, quant_inputs, quant_task
 from conformance.contract.jobs import QuantRun
 from conformance.contract.problems import GRANULARITIES, QuantProblem
-from conformance.explore.kind import Judged, Kind, Ranks, Scope, run_to_the_end
+from conformance.explore.kind import Judged, Kind, Ranks, Scope, read_spec, run_to_the_end
 from conformance.explore.space import (
     Dimension,
     draw_fields,
@@ -29,6 +29,7 @@ from conformance.explore.space import (
     size_bucket,
     smaller_ints,
     towards,
+    valid_neighbours,
     weighted,
 )
 from conformance.explore.spec import SpecError
@@ -150,12 +151,7 @@ def draw(rng: random.Random, scope: Scope | None = None) -> QuantSpec:
 
 
 def neighbours(spec: QuantSpec) -> Iterator[QuantSpec]:
-    seen = {spec}
-    for candidate in simpler_fields(spec, DIMENSIONS):
-        candidate = fit(candidate, up=False)
-        if candidate not in seen and not candidate.invalid():
-            seen.add(candidate)
-            yield candidate
+    return valid_neighbours(spec, simpler_fields(spec, DIMENSIONS), lambda c: fit(c, up=False))
 
 
 def tags(spec: QuantSpec) -> list[str]:
@@ -176,19 +172,14 @@ def judge_spec(ranks: Ranks, spec: QuantSpec, scope: Scope, verdicts: Verdicts) 
         judge_bad_argument(verdicts, outcomes, run.change, scope.declarations)
     else:
         with verdicts.check(NUMBERS, Level.MUST):
-            check_w8a16(outcomes, run, quant_truth(run))
+            quant = quant_inputs(run)
+            check_w8a16(outcomes, run, quant, quant_truth(quant))
     return Judged.of(verdicts)
 
 
 def from_dict(data: dict[str, Any]) -> QuantSpec:
-    try:
-        spec = QuantSpec(**{k: v for k, v in data.items() if k != "kind"})
-    except TypeError as exc:
-        raise SpecError(f"malformed spec: {exc}") from None
-    why = spec.invalid()
-    if why:
-        raise SpecError(why)
-    return spec
+    """The spec of :meth:`QuantSpec.as_dict`."""
+    return read_spec(QuantSpec, data)  # type: ignore[return-value]
 
 
 KIND = Kind(KIND_NAME, weight=1.5, offered=offered, draw=draw, neighbours=neighbours, tags=tags, judge=judge_spec,

@@ -82,3 +82,13 @@ def simpler_fields(case: Case, dimensions: Iterable[Dimension]) -> Iterator[Case
 def field_tags(case: Any, dimensions: Iterable[Dimension]) -> list[str]:
     """``dimension=bucket`` of each of ``dimensions`` (the explored counts per dimension)."""
     return [f"{d.name}={d.bucket(getattr(case, d.name))}" for d in dimensions]
+
+
+def valid_neighbours(case: Case, candidates: Iterable[Case],
+                     fit: Callable[[Case], Case] = lambda c: c) -> Iterator[Case]:
+    """Each of ``candidates`` made runnable by ``fit``, once, if valid and not ``case`` itself (simplest first)."""
+    seen = {case}
+    for candidate in map(fit, candidates):
+        if candidate not in seen and not candidate.invalid():  # type: ignore[attr-defined]
+            seen.add(candidate)
+            yield candidate

@@ -7,12 +7,11 @@ The fixed suite (``conformance/suite/test_ops.py``) and the explorer
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from conformance.cases.quant_cases import quant_inputs
 from conformance.contract.jobs import QuantRun
 from conformance.contract.layouts import OPERAND_SPLITS
 from conformance.contract.results import OpCallResults
@@ -31,17 +30,22 @@ BAD_QUANT_NAMES = {"scale-shape": "scale", "offset-shape": "offset", "offset-wit
                    "int8-without-scale": "scale|int8"}
 
 
-def quant_truth(run: QuantRun) -> Any:
-    """The float64 ``y`` of ``run``'s inputs with the dequantised weight (every rank holds all of it)."""
+#: A w8A16 run's global inputs (the present ones), its group size (0: none) and its activation dtype, as
+#: ``conformance.cases.quant_cases.quant_inputs`` gives them.
+QuantInputs = tuple[Mapping[str, Any], int, Any]
+
+
+def quant_truth(quant: QuantInputs) -> Any:
+    """The float64 ``y`` of the inputs with the dequantised weight (every rank holds all of it)."""
     from golden import serial
 
-    inputs, group_size, _ = quant_inputs(run)
+    inputs, group_size, _ = quant
     t = {name: v.double() for name, v in inputs.items()}
     return serial.quant_matmul_all_reduce(t["x"], t["w"], t["scale"], t.get("offset"), t.get("bias"),
                                           group_size or None).numpy()
 
 
-def check_w8a16(outcomes: Sequence[OpCallResults], run: QuantRun, y: Any) -> None:
+def check_w8a16(outcomes: Sequence[OpCallResults], run: QuantRun, quant: QuantInputs, y: Any) -> None:
     """MUST: every rank's w8A16 result within the bound of the float64 ``y`` of the dequantised weight."""
     from golden import serial
 
@@ -50,7 +54,7 @@ def check_w8a16(outcomes: Sequence[OpCallResults], run: QuantRun, y: Any) -> Non
     raised = [(r, e) for r, e in enumerate(errors) if e is not None]
     if raised:
         raise WrongError(f"rank(s) {[r for r, _ in raised]} raised {raised[0][1].describe()}")
-    inputs, group_size, dtype = quant_inputs(run)
+    inputs, group_size, dtype = quant
     f64 = {name: t.double() for name, t in inputs.items()}
     wf = serial.dequantize(f64["w"], f64["scale"], f64.get("offset"), group_size or None).numpy()
     bias = f64.get("bias")

@@ -38,7 +38,7 @@ import pytest
 import golden
 from conformance.cases.groups import GROUP_LAYOUTS, SUBGROUP_SIZES
 from conformance.cases.op_cases import op_sequence_task, op_task
-from conformance.cases.quant_cases import BAD_QUANT, quant_task
+from conformance.cases.quant_cases import BAD_QUANT, quant_inputs, quant_task
 from conformance.contract.jobs import OPERAND_STRIDES, OpRun, QuantRun
 from conformance.contract.problems import Problem, QuantProblem, exact_limit_ok
 from conformance.judge import checks
@@ -282,7 +282,7 @@ def _quant_params() -> list[Any]:
 def test_w8a16_matches_dequantised_golden(coc_ranks: Any, case_id: str, tp: int) -> None:
     g = golden.load(case_id)
     run = QuantRun(case_id, tp)
-    check_w8a16(coc_ranks.run(quant_task, tp, run=run), run, g.outputs["y"])
+    check_w8a16(coc_ranks.run(quant_task, tp, run=run), run, quant_inputs(run), g.outputs["y"])
 
 
 @pytest.mark.coc_requires("matmul_all_reduce")
@@ -385,4 +385,5 @@ def test_corner_w8a16_group_size(coc_ranks: Any, group_size: int, tp: int) -> No
     """Per-group w8A16 at the common real group size, 128 (two groups per rank), with an offset and a bias."""
     problem = QuantProblem(16, 2 * group_size * tp, 48, "bfloat16", group_size, seed=30)
     run = QuantRun(None, tp, seeded=problem)
-    check_w8a16(coc_ranks.run(quant_task, tp, run=run), run, quant_truth(run))
+    quant = quant_inputs(run)
+    check_w8a16(coc_ranks.run(quant_task, tp, run=run), run, quant, quant_truth(quant))

@@ -30,7 +30,7 @@ def test_a_fault_is_explored_to_a_minimal_case_that_replays(run_suite: Callable[
     assert run.ret == 1, run.output
     case, explored = _exploration(tmp_path / "explore.json")
     failed = [c for c in case["checks"] if c["outcome"] == "failed"]
-    assert [(c["name"], c["level"], c["category"]) for c in failed] == [("numerics", "MUST", "numeric mismatch")]
+    assert ("numerics", "MUST", "numeric mismatch") in [(c["name"], c["level"], c["category"]) for c in failed]
     (spec_file,) = found.glob("numerics-*.json")
     finding = json.loads(spec_file.read_text())
     # Minimal: a bias and a k no multiple of 4 is the corner; every simpler neighbour ran and passed.
@@ -43,7 +43,7 @@ def test_a_fault_is_explored_to_a_minimal_case_that_replays(run_suite: Callable[
     replayed = json.loads((tmp_path / "replay.json").read_text())["cases"][0]
     assert replayed["id"].endswith("test_replay")
     assert [(c["name"], c["category"]) for c in replayed["checks"] if c["outcome"] == "failed"] == \
-        [("numerics", "numeric mismatch")]
+        [("numerics", "numeric mismatch")]  # the one check its minimal case was shrunk to fail
 
 
 def test_the_reference_passes_an_exploration(run_suite: Callable[..., SuiteRun], tmp_path: Path) -> None:
@@ -63,3 +63,21 @@ def test_explorer_options_refuse_bad_values(run_suite: Callable[..., SuiteRun], 
                  ("--coc-explore", "5", "--coc-replay", str(bad))):
         run = run_suite("test_explore", "coc_impl.reference:ReferenceCoC", *args)
         assert run.ret == 4, (args, run.output)  # a usage error (its message goes to stderr)
+
+
+def test_a_configuration_fault_is_found_shrunk_and_replayed_in_process(run_suite: Callable[..., SuiteRun],
+                                                                       tmp_path: Path) -> None:
+    """A kind apart from the ops: a chunk count below one clamped, found among the drawn configurations."""
+    fault, found = "tests.support.faulty_impls:ClampsChunkCountBelowOne", tmp_path / "found"
+    run = run_suite("test_explore", fault, "--coc-explore", "6", "--coc-seed", "3", "--coc-explore-dir", str(found),
+                    "--coc-summary", str(tmp_path / "explore.json"), *_own_leases(tmp_path))
+    assert run.ret == 1, run.output
+    _, explored = _exploration(tmp_path / "explore.json")
+    assert explored["per_kind"]["config"]["cases"] > 0, explored  # type: ignore[index]
+    (spec_file,) = found.glob("refused--naming-the-setting-*.json")
+    finding = json.loads(spec_file.read_text())
+    assert finding["minimal"] and finding["spec"]["kind"] == "config", finding
+    assert finding["spec"]["chunks"] in ("0", "-1") and finding["spec"]["incompatible"] == "none", finding
+    replay = run_suite("test_explore", fault, "--coc-replay", str(spec_file), "--coc-summary",
+                       str(tmp_path / "replay.json"), *_own_leases(tmp_path))
+    assert replay.ret == 1, replay.output
