@@ -1,7 +1,7 @@
 """What a kind of case gives the explorer (draw, simplify, judge), what the implementation offers it, verdicts.
 
-Each kind of case -- calls of the fused ops, layers in training, the
-configuration -- is one module of ``conformance/explore/`` that builds one
+Each kind of case -- calls of the fused ops, layers in training,
+configurations, w8A16 calls -- is one module of ``conformance/explore/`` that builds one
 :class:`Kind` from its own spec class and space; the explorer, the shrinker
 and the finding files know nothing else of it.  A kind judges its case with
 the suite's own judging sequence for that kind (``conformance/judge/``), so a
