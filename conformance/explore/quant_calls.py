@@ -146,8 +146,17 @@ def offered(scope: Scope) -> str:
     return "" if scope.w8a16 else "matmul_all_reduce takes no w8A16 arguments"
 
 
+#: Groups per rank of a per-group draw, above the least two: mostly a few, sometimes a dozen or two (a scale cache
+#: or a tiling sized for a few groups breaks only past them).
+MORE_GROUPS = size(4, 12, 24)
+
+
 def draw(rng: random.Random, scope: Scope | None = None) -> QuantSpec:
-    return fit(QuantSpec(**draw_fields(rng, DIMENSIONS), seed=rng.randrange(1 << 16)), up=True)
+    fields = draw_fields(rng, DIMENSIONS)
+    groups = 1 + MORE_GROUPS(rng)
+    if fields["granularity"] == "per_group":
+        fields["k"] = fields["tp"] * fields["group_size"] * groups
+    return fit(QuantSpec(**fields, seed=rng.randrange(1 << 16)), up=True)
 
 
 def neighbours(spec: QuantSpec) -> Iterator[QuantSpec]:
