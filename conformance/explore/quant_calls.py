@@ -164,8 +164,9 @@ def neighbours(spec: QuantSpec) -> Iterator[QuantSpec]:
 
 
 def tags(spec: QuantSpec) -> list[str]:
-    return field_tags(spec, DIMENSIONS) + [f"groups_per_rank={spec.k // spec.tp // spec.group_size}"
-                                           if spec.group_size else "groups_per_rank=0"]
+    groups = spec.k // spec.tp // spec.group_size if spec.group_size else 0
+    bucket = next(f"<={top}" for top in (4, 8, 16, 32) if groups <= top) if groups else "none"
+    return field_tags(spec, DIMENSIONS) + [f"groups_per_rank={bucket}"]
 
 
 def judge_spec(ranks: Ranks, spec: QuantSpec, scope: Scope, verdicts: Verdicts) -> Judged:
