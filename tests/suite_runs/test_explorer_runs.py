@@ -67,13 +67,16 @@ def test_explorer_options_refuse_bad_values(run_suite: Callable[..., SuiteRun], 
 
 def test_a_configuration_fault_is_found_shrunk_and_replayed_in_process(run_suite: Callable[..., SuiteRun],
                                                                        tmp_path: Path) -> None:
-    """A kind apart from the ops: a chunk count below one clamped, found among the drawn configurations."""
-    fault, found = "tests.support.faulty_impls:ClampsChunkCountBelowOne", tmp_path / "found"
+    """A kind apart from the ops: a chunk count below one clamped, found among the drawn configurations (of an
+    implementation that offers nothing else, so no other kind is drawn)."""
+    fault, found = "tests.support.faulty_impls:ClampsChunkCountConfigureOnly", tmp_path / "found"
     run = run_suite("test_explore", fault, "--coc-explore", "6", "--coc-seed", "3", "--coc-explore-dir", str(found),
                     "--coc-summary", str(tmp_path / "explore.json"), *_own_leases(tmp_path))
     assert run.ret == 1, run.output
     _, explored = _exploration(tmp_path / "explore.json")
     assert explored["per_kind"]["config"]["cases"] > 0, explored  # type: ignore[index]
+    assert set(explored["not_offered"]) == {"op", "layer", "w8a16"}, explored  # type: ignore[arg-type]
+    assert len(explored["findings"]) == 1, explored  # type: ignore[arg-type]
     (spec_file,) = found.glob("refused--naming-the-setting-*.json")
     finding = json.loads(spec_file.read_text())
     assert finding["minimal"] and finding["spec"]["kind"] == "config", finding

@@ -1390,6 +1390,21 @@ class ClampsChunkCountBelowOne(ReferenceCoC):
         return super().configure(argv, env, **kwargs)
 
 
+class ClampsChunkCountConfigureOnly:
+    """:class:`ClampsChunkCountBelowOne` offering ``configure`` alone (no op, no layer): an exploration of it draws
+    configurations only, so the draws of a seed find it, however slow the machine."""
+
+    name = "fault-clamps-chunk-count-configure-only"
+    protocol_version = ClampsChunkCountBelowOne.protocol_version
+    error_types = ClampsChunkCountBelowOne.error_types
+
+    def __init__(self) -> None:
+        self._fault = ClampsChunkCountBelowOne()
+
+    def configure(self, argv: Any, env: Any, **kwargs: Any) -> Any:
+        return self._fault.configure(argv, env, **kwargs)
+
+
 class RowOutputSizedByFirstCall(_PatchedRowForward):
     """The row layer's output workspace is sized by its first call: the rows of a later, longer micro-batch beyond
     that size stay zero (the fixed training runs its longer micro-batch first)."""
