@@ -56,6 +56,7 @@ class ConfigSpec:
     customized: str = "none"
 
     world = 0  #: runs in the test process
+    tp = 0  #: forms no TP group (``tp_size`` is the setting it configures)
 
     @property
     def capability(self) -> str:

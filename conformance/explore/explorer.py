@@ -1,8 +1,9 @@
 """The exploration loop: draw a case, run it on the warm pool, judge it with the suite's checks, shrink failures.
 
-A failure is identified by what failed -- the check's name, its level and
-the failure's category -- never by its message (sizes differ from case to
-case).  The first case that fails a new way is shrunk, within a share of the
+A failure is identified by its kind of case and what failed -- the check's
+name, its level and the failure's category -- never by its message (sizes
+differ from case to case); a crash of the layers is not hidden by a crash of
+the ops found first.  The first case that fails a new way is shrunk, within a share of the
 time budget, to a case that fails the same way and whose every
 one-step-simpler neighbour passes; later cases failing only in known ways are
 counted, not shrunk again.  A hang or a crash is a failure too (check
@@ -22,7 +23,7 @@ import json
 import random
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,7 +37,8 @@ from conformance.judge.verdicts import Verdicts
 
 #: Share of the budget that shrinking may use, over all failures.
 SHRINK_SHARE = 0.5
-#: Draws in a row that may land on a capability the storm breaker stopped before the exploration ends.
+#: Draws in a row that may land on a capability the storm breaker stopped, or out of the run's reach
+#: (``Scope.outside``), before the exploration ends.
 STORMED_DRAWS = 50
 
 @dataclass
@@ -77,6 +79,7 @@ class Exploration:
     per_dimension: Counter[str] = field(default_factory=Counter)
     failing_cases: Counter[str] = field(default_factory=Counter)
     stormed: list[str] = field(default_factory=list)  #: capabilities the storm breaker stopped drawing
+    outside: Counter[str] = field(default_factory=Counter)  #: draws set aside as out of reach, by why
     not_offered: dict[str, str] = field(default_factory=dict)  #: kinds the implementation offers no case of, why
     per_kind: Counter[str] = field(default_factory=Counter)
     kind_s: defaultdict[str, float] = field(default_factory=lambda: defaultdict(float))
@@ -104,7 +107,7 @@ class Exploration:
                          for name, count in sorted(self.per_kind.items())},
             "not_offered": self.not_offered,
             "per_dimension": dict(sorted(self.per_dimension.items())), "failing_cases": dict(self.failing_cases),
-            "stormed": self.stormed,
+            "stormed": self.stormed, "outside": dict(self.outside),
             "time_s": {"wall": round(self.wall_s, 2), "warm_up": round(self.warm_up_s, 2),
                        "exploring": round(self.explore_s, 2),
                        "shrinking": round(self.shrink_s, 2), "ranks": round(ranks, 2),
@@ -142,11 +145,15 @@ class Explorer:
         return judged
 
     def draw(self) -> Spec | None:
-        """The next case: a kind by weight, then a case of it; None once every draw lands on a stormed capability."""
+        """The next case: a kind by weight, then a case of it; None once every draw lands on a stormed capability
+        or out of reach (more ranks than the node hosts, a TP size ``--coc-tp`` leaves out: counted, not run)."""
         for _ in range(STORMED_DRAWS):
             kind = self.rng.choices(self.kinds, [k.weight for k in self.kinds])[0]
             spec = kind.draw(self.rng, self.scope)
-            if spec.capability not in self.report.stormed:
+            why = self.scope.outside(spec)
+            if why:
+                self.report.outside[why] += 1
+            elif spec.capability not in self.report.stormed:
                 return spec
         return None
 
@@ -154,7 +161,7 @@ class Explorer:
         """Draw, run and judge cases until the budget is spent; shrink each new way of failing."""
         report = self.report
         began = self.clock()
-        known: set[FailureKey] = set()
+        known: set[tuple[str, FailureKey]] = set()
         spec = self.draw() if self.kinds else None
         if spec is not None:
             self._explored(spec, began, known)  # starts the rank processes: not on the clock
@@ -170,8 +177,8 @@ class Explorer:
         report.wall_s = self.clock() - began
         return report
 
-    def _explored(self, spec: Spec, start: float, known: set[FailureKey]) -> None:
-        """Judge ``spec``, count it, and shrink each way it fails that is not ``known`` yet."""
+    def _explored(self, spec: Spec, start: float, known: set[tuple[str, FailureKey]]) -> None:
+        """Judge ``spec``, count it, and shrink each way it fails that is not ``known`` yet (for its kind)."""
         report = self.report
         kind = kind_of(spec)
         began = self.clock()
@@ -184,10 +191,10 @@ class Explorer:
         report.per_dimension.update(f"{kind.name}.{tag}" for tag in kind.tags(spec))
         if judged.skipped:
             report.skipped[judged.skipped] += 1
-        report.failing_cases.update(k.check for k, _ in judged.failures)
+        report.failing_cases.update(f"{kind.name}: {k.check}" for k, _ in judged.failures)
         for key, message in judged.failures:
-            if key not in known:
-                known.add(key)
+            if (kind.name, key) not in known:
+                known.add((kind.name, key))
                 left = report.budget_s * SHRINK_SHARE - report.shrink_s
                 report.findings.append(self._shrunk(key, spec, message, self.clock() - start, left))
         self._break_storms()
@@ -203,7 +210,10 @@ class Explorer:
                 messages[candidate] = found[key]
             return key in found
 
-        result = shrink(spec, fails, kind_of(spec).neighbours, began + max(0.0, budget), self.clock)
+        def neighbours(case: Spec) -> Iterator[Spec]:
+            return (n for n in kind_of(case).neighbours(case) if not self.scope.outside(n))
+
+        result = shrink(spec, fails, neighbours, began + max(0.0, budget), self.clock)
         took = self.clock() - began
         self.report.shrink_s += took
         return Finding(key, result.case, messages[result.case], result.minimal, after, self.report.cases, spec,

@@ -8,8 +8,8 @@ the suite's own judging sequence for that kind (``conformance/judge/``), so a
 case the explorer finds fails the same named check a suite test would.
 
 A failure is identified by what failed -- the check's name, its level and the
-failure's category (:class:`FailureKey`) -- never by its message, whose sizes
-differ from case to case.
+failure's category (:class:`FailureKey`), which the explorer pairs with the
+kind of case -- never by its message, whose sizes differ from case to case.
 """
 
 from __future__ import annotations
@@ -51,16 +51,28 @@ class Scope:
     w8a16: bool = False  #: ``matmul_all_reduce`` takes int8 weights with scales (its keywords)
     layers: str = ""  #: why no layer case can run ("" when they can: it patches Megatron and megatron-core is here)
     configure: bool = False  #: it has ``configure`` (configuration cases)
+    devices: int | None = None  #: ranks this node hosts at once (None: no limit)
+    tp_sizes: frozenset[int] | None = None  #: ``--coc-tp``: the only TP sizes of cases on ranks (None: any)
 
     @classmethod
-    def of(cls, impl: Any, declarations: Declarations, *, megatron: str = "") -> Scope:
+    def of(cls, impl: Any, declarations: Declarations, *, megatron: str = "", devices: int | None = None,
+           tp_sizes: frozenset[int] | None = None) -> Scope:
         """The scope of ``impl``; ``megatron`` says why megatron-core cannot build layers here ("" when it can)."""
         ops = tuple(op for op in FUSED_OPS if not missing_capability(impl, op))
         return cls(impl, declarations, ops,
                    blocks=frozenset(op for op in ops if accepts_keyword(getattr(impl, op), "blocks")),
                    w8a16="matmul_all_reduce" in ops and accepts_keyword(impl.matmul_all_reduce, "antiquant_scale"),
                    layers=missing_capability(impl, "patch_megatron") or megatron,
-                   configure=not missing_capability(impl, "configure"))
+                   configure=not missing_capability(impl, "configure"), devices=devices, tp_sizes=tp_sizes)
+
+    def outside(self, spec: Spec) -> str:
+        """Why ``spec`` is out of this run's reach ("" when it is not): more ranks than the node has, or a TP size
+        ``--coc-tp`` leaves out."""
+        if self.devices is not None and spec.world > self.devices:
+            return f"needs {spec.world} ranks, this node hosts {self.devices}"
+        if self.tp_sizes is not None and spec.world and spec.tp not in self.tp_sizes:
+            return f"TP {spec.tp} is not among --coc-tp {','.join(map(str, sorted(self.tp_sizes)))}"
+        return ""
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,10 @@ class Spec(Hashable, Protocol):
         """Ranks the case runs on (0: in the test process)."""
 
     @property
+    def tp(self) -> int:
+        """Size of the TP group its ranks form (0: in the test process; ``--coc-tp`` filters on it)."""
+
+    @property
     def capability(self) -> str:
         """What the storm breaker counts its hangs against (an op, the layers, configuration)."""
 

@@ -83,6 +83,12 @@ class CaseRanks:
         self.timings = timings
         self.before_run = before_run
 
+    @property
+    def max_world(self) -> int | None:
+        """The most ranks one run can have on this node (None: no device limit)."""
+        leases = self.runner.leases
+        return None if leases is None else len(leases.devices)
+
     def outcomes(self, fn: TaskFn, world_size: int, *, timeout: float | None = None,
                  exclusive: bool = False, **params: Any) -> list[RankOutcome]:
         """Run ``fn(ctx, **params)`` on ``world_size`` ranks; one outcome per rank."""

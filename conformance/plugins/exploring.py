@@ -74,6 +74,8 @@ class ExplorationSummary:
                                             f"({figures['cases_per_s']} cases/s)")
             for kind, why in e.get("not_offered", {}).items():
                 terminalreporter.write_line(f"  {kind}: not explored ({why})")
+            for why, count in e.get("outside", {}).items():
+                terminalreporter.write_line(f"  {count} draws set aside, not run: {why}")
             for f in e["findings"]:
                 terminalreporter.write_line(f"{f['level']} {f['check']!r} ({f['category']}): {f['case']}"
                                             f"{'' if f['minimal'] else ' (not proved minimal)'}", red=True)

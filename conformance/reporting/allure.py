@@ -341,6 +341,7 @@ def attach_exploration(explored: Mapping[str, Any] | None) -> None:
             *((f"kind {k}: {what}", v) for k, figures in explored.get("per_kind", {}).items()
               for what, v in figures.items()),
             *((f"not offered: {k}", why) for k, why in explored.get("not_offered", {}).items()),
+            *((f"set aside, not run: {why}", count) for why, count in explored.get("outside", {}).items()),
             *((f"explored: {k}", v) for k, v in explored["per_dimension"].items())]
     allure.attach(_table(rows), name="exploration", attachment_type=allure.attachment_type.CSV)
     for finding in explored["findings"]:

@@ -28,13 +28,16 @@ def _replay_command(config: pytest.Config, path: Path) -> str:
     return shlex.join(["pytest", "--pyargs", "conformance.suite", options.IMPL, impl, options.REPLAY, str(path)])
 
 
-def _scope(impl: Any, declarations: Declarations) -> Scope:
-    """What the implementation offers the explorer (layers only where megatron-core is importable)."""
+def _scope(impl: Any, declarations: Declarations, ranks: Any, config: pytest.Config) -> Scope:
+    """What the implementation offers the explorer (layers only where megatron-core is importable), within the
+    ranks this node hosts and the TP sizes ``--coc-tp`` names."""
     import importlib.util
 
     megatron = "" if importlib.util.find_spec("megatron") and importlib.util.find_spec("megatron.core") else \
         "megatron-core is not installed"
-    return Scope.of(impl, declarations, megatron=megatron)
+    tp_sizes = config.getoption(options.TP)
+    return Scope.of(impl, declarations, megatron=megatron, devices=ranks.max_world,
+                    tp_sizes=None if tp_sizes is None else frozenset(tp_sizes))
 
 
 @pytest.mark.coc_capability("explorer")
@@ -44,7 +47,8 @@ def test_explore(coc_ranks: Any, verdicts: Any, coc_impl: Any, coc_declarations:
     """Explore for ``--coc-explore`` seconds; every minimal failing case fails its check here."""
     config = request.config
     explorer = Explorer(coc_ranks, seed=config.getoption(options.SEED), budget_s=config.getoption(options.EXPLORE),
-                        scope=_scope(coc_impl, coc_declarations), storm=config.getoption(options.STORM))
+                        scope=_scope(coc_impl, coc_declarations, coc_ranks, config),
+                        storm=config.getoption(options.STORM))
     if not explorer.kinds:
         pytest.skip(f"the implementation offers no kind of case: {explorer.report.not_offered}")
     report = explorer.explore()
@@ -56,6 +60,8 @@ def test_explore(coc_ranks: Any, verdicts: Any, coc_impl: Any, coc_declarations:
                                       f"{finding.found_after_s:.1f} s, {finding.cases_before} case(s)): "
                                       f"{finding.message}\nreplay: {finding.command}  (spec {path})")
     request.node.user_properties.append((report_properties.EXPLORE, report.as_dict()))
+    if not report.cases:
+        pytest.skip(f"no case drawn was within this run's reach: {dict(report.outside)}")
 
 
 @pytest.mark.coc_capability("explorer")
@@ -65,8 +71,8 @@ def test_replay(coc_ranks: Any, verdicts: Any, coc_impl: Any, coc_declarations: 
     """The case of a spec file ``--coc-explore`` wrote, judged as the explorer judged it."""
     spec, _ = load_finding(request.config.getoption(options.REPLAY))
     kind = kind_of(spec)
-    scope = _scope(coc_impl, coc_declarations)
-    why = kind.offered(scope)
+    scope = _scope(coc_impl, coc_declarations, coc_ranks, request.config)
+    why = kind.offered(scope) or scope.outside(spec)
     if why:
         pytest.skip(why)
     judged = kind.judge(coc_ranks, spec, scope, verdicts)

@@ -3,19 +3,25 @@ the corners each reaches, shrinking steps; the configuration model against the f
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
-from dataclasses import fields
+from dataclasses import fields, replace
 from typing import Any
 
 import pytest
 
 from conformance.contract.config_rules import expected_outcome
 from conformance.explore import config_settings, layer_training, quant_calls
-from conformance.explore.kind import Kind, Scope
+from conformance.explore import explorer as explorer_module
+from conformance.explore.explorer import STORMED_DRAWS, Explorer
+from conformance.explore.kind import FINISHED, FailureKey, Judged, Kind, Scope
+from conformance.explore.op_calls import OpSpec
 from conformance.explore.registry import KINDS, kind_of, spec_from_dict
 from conformance.explore.shrink import shrink
 from conformance.explore.spec import SpecError
+from conformance.harness.runner import CaseTimings
+from conformance.judge.levels import Level
 from conformance.protocol import declarations
 
 
@@ -136,3 +142,54 @@ def test_the_configuration_model_predicts_the_fixed_tables() -> None:
             assert expected_outcome("2", fused=False, tp_size=2, customized=cfgs["customized_coc"]).must_refuse
             modelled += 1
     assert modelled >= 12
+
+
+class _NoRanks:
+    """Ranks nothing is run on (drawing needs none)."""
+
+    timings = CaseTimings()
+
+    def run(self, fn: Any, world_size: int, **params: Any) -> list[Any]:
+        raise AssertionError("drawing runs nothing")
+
+
+def test_draws_out_of_the_runs_reach_are_counted_and_never_run(scope: Scope) -> None:
+    """A node of two devices and ``--coc-tp 2``: every case drawn fits both (configurations, on no ranks, too),
+    and what was set aside is counted by why; a shrink never steps out of reach either."""
+    narrow = replace(scope, devices=2, tp_sizes=frozenset({2}))
+    explorer = Explorer(_NoRanks(), seed=5, budget_s=1.0, scope=narrow)
+    drawn = [explorer.draw() for _ in range(300)]
+    assert all(spec is not None and not narrow.outside(spec) for spec in drawn)
+    assert {spec.world for spec in drawn if spec} == {0, 2} and {spec.tp for spec in drawn if spec} == {0, 2}
+    assert any("this node hosts 2" in why for why in explorer.report.outside), explorer.report.outside
+    assert any("not among --coc-tp 2" in why for why in explorer.report.outside), explorer.report.outside
+    op = next(spec for spec in drawn if isinstance(spec, OpSpec))
+    assert narrow.outside(replace(op, tp=1)) == "TP 1 is not among --coc-tp 2"
+    assert narrow.outside(replace(op, replicas=2)) == "needs 4 ranks, this node hosts 2"
+
+
+def test_a_run_that_reaches_no_case_draws_none(scope: Scope) -> None:
+    """``--coc-tp 8`` and no configuration cases: nothing the explorer draws is in reach (it draws TP 1-4)."""
+    unreachable = replace(scope, configure=False, tp_sizes=frozenset({8}))
+    explorer = Explorer(_NoRanks(), seed=1, budget_s=1.0, scope=unreachable)
+    assert explorer.draw() is None and sum(explorer.report.outside.values()) == STORMED_DRAWS
+
+
+def test_one_check_failing_in_one_kind_hides_no_kind_failing_it_later(scope: Scope,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every case on ranks crashes: the op calls' crash is shrunk first, and the layers' and the w8A16 calls'
+    crashes are found and shrunk too (a failure is told apart by its kind of case as well as its check)."""
+    crashed = FailureKey(FINISHED, Level.MUST, "error")
+
+    def crashing(kind: Kind) -> Kind:
+        def judge(ranks: Any, spec: Any, scope: Scope, verdicts: Any) -> Judged:
+            return Judged(((crashed, "a rank raised"),)) if spec.world else Judged()
+        return replace(kind, judge=judge)
+
+    monkeypatch.setattr(explorer_module, "kind_of", lambda spec: crashing(kind_of(spec)))
+    ticks = itertools.count()
+    explorer = Explorer(_NoRanks(), seed=2, budget_s=400.0, scope=scope, clock=lambda: next(ticks) * 0.01)
+    report = explorer.explore()
+    assert sorted(kind_of(f.spec).name for f in report.findings) == ["layer", "op", "w8a16"]
+    assert {f.key for f in report.findings} == {crashed}
+    assert set(report.failing_cases) == {"layer: " + FINISHED, "op: " + FINISHED, "w8a16: " + FINISHED}
