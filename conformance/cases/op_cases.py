@@ -40,9 +40,11 @@ from conformance.harness.probes import Straggler, record_collectives
 
 
 def rank_operands(problem: Problem, op: str, place: TPPlace, transpose_weight: bool,
-                  strides: str = "contiguous") -> dict[str, Any]:
-    """This rank's x, w (stored ``[n, k]`` when ``transpose_weight``) and bias, laid out as ``strides`` says."""
-    whole = global_operands(problem, place.replica)
+                  strides: str = "contiguous", device: str = "cpu") -> dict[str, Any]:
+    """This rank's x, w (stored ``[n, k]`` when ``transpose_weight``) and bias on ``device``, laid out as
+    ``strides`` says (drawn on the CPU from the problem's seed, so every device sees the same numbers)."""
+    whole: dict[str, Any] = {name: None if t is None else t.to(device)
+                             for name, t in global_operands(problem, place.replica).items()}
     splits = OPERAND_SPLITS[op]
     x = shard(whole["x"], splits["x"], place.tp_rank, place.tp)
     w = shard(whole["w"], splits["w"], place.tp_rank, place.tp)
@@ -68,7 +70,7 @@ def _column_slice(t: Any) -> Any:
     """``t``'s values as a column slice of a wider buffer: row stride > row length, storage offset > 0."""
     import torch
 
-    wide = torch.full((t.shape[0], t.shape[1] + 2 * _PAD), float("nan"), dtype=t.dtype)
+    wide = torch.full((t.shape[0], t.shape[1] + 2 * _PAD), float("nan"), dtype=t.dtype, device=t.device)
     wide[:, _PAD:_PAD + t.shape[1]] = t
     return wide[:, _PAD:_PAD + t.shape[1]]
 
@@ -79,7 +81,7 @@ def _at_offset(t: Any) -> Any:
 
     if t is None:
         return None
-    flat = torch.full((t.numel() + 2 * _PAD,), float("nan"), dtype=t.dtype)
+    flat = torch.full((t.numel() + 2 * _PAD,), float("nan"), dtype=t.dtype, device=t.device)
     flat[_PAD:_PAD + t.numel()] = t.reshape(-1)
     return flat[_PAD:_PAD + t.numel()].view(t.shape)
 
@@ -125,7 +127,7 @@ def op_sequence_task(ctx: RankContext, *, runs: tuple[OpRun, ...]) -> list[OpRun
 def _prepare(ctx: RankContext, run: OpRun) -> _Calls:
     """This rank's operands of ``run`` and the suite's references, computed before any call."""
     place = tp_place(ctx, run.tp, run.layout)
-    operands = [rank_operands(p, run.op, place, run.transpose_weight, run.strides) for p in run.problems]
+    operands = [rank_operands(p, run.op, place, run.transpose_weight, run.strides, ctx.device) for p in run.problems]
     calls = [OpCallResults([]) for _ in run.problems]
     with ctx.timer(REFERENCE):
         for call, args in zip(calls, operands):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from conformance.cases.memory import poisoned_allocations
+from conformance.cases.memory import poisoned_allocations, to_cpu
 from conformance.contract.jobs import QuantRun
 from conformance.contract.layouts import Split, shard
 from conformance.contract.problems import quant_operands
@@ -23,6 +23,7 @@ def quant_task(ctx: RankContext, *, run: QuantRun) -> OpCallResults:
     ctx.budget_from(0.0)  # the floor, until the serial reference's time is known
     tp, rank = ctx.world_size, ctx.rank
     inputs, group_size, dtype = quant_inputs(run)
+    inputs = {name: None if t is None else t.to(ctx.device) for name, t in inputs.items()}
     x = shard(inputs["x"], Split.LAST, rank, tp)
     w = shard(inputs["w"], Split.SEQ, rank, tp)
     scale, offset = inputs["scale"], inputs.get("offset")
@@ -46,7 +47,8 @@ def quant_task(ctx: RankContext, *, run: QuantRun) -> OpCallResults:
         result, call.error = call_capturing_errors(ctx.impl.matmul_all_reduce, x, w, bias, group=ctx.group, **kwargs)
     call.timelines.append(observed_collectives(log))
     if call.error is None:
-        call.results.append(result)
+        call.results.append(to_cpu(result))
+    call.serial = to_cpu(call.serial)
     return call
 
 
@@ -73,22 +75,26 @@ def _invalid(change: str, x: Any, w: Any, kwargs: dict[str, Any]) -> tuple[Any, 
     import torch
 
     k_local, n = w.shape
-    kwargs = {"antiquant_scale": torch.ones(n, dtype=x.dtype), "antiquant_offset": None, "antiquant_group_size": 0}
+
+    def ones(*shape: int, dtype: Any = x.dtype) -> Any:
+        return torch.ones(*shape, dtype=dtype, device=x.device)
+
+    kwargs = {"antiquant_scale": ones(n), "antiquant_offset": None, "antiquant_group_size": 0}
     if change == "scale-shape":
-        kwargs["antiquant_scale"] = torch.ones(n + 1, dtype=x.dtype)
+        kwargs["antiquant_scale"] = ones(n + 1)
     elif change == "offset-shape":
-        kwargs["antiquant_offset"] = torch.ones(2, n, dtype=x.dtype)
+        kwargs["antiquant_offset"] = ones(2, n)
     elif change == "offset-without-scale":
-        kwargs.update(antiquant_scale=None, antiquant_offset=torch.ones(n, dtype=x.dtype))
+        kwargs.update(antiquant_scale=None, antiquant_offset=ones(n))
     elif change == "group-not-multiple-of-32":
-        kwargs.update(antiquant_group_size=48, antiquant_scale=torch.ones(-(-k_local // 48), n, dtype=x.dtype))
+        kwargs.update(antiquant_group_size=48, antiquant_scale=ones(-(-k_local // 48), n))
     elif change == "group-rows-wrong":
-        kwargs.update(antiquant_group_size=32, antiquant_scale=torch.ones(k_local // 32 + 1, n, dtype=x.dtype))
+        kwargs.update(antiquant_group_size=32, antiquant_scale=ones(k_local // 32 + 1, n))
     elif change == "group-not-below-k":
-        kwargs.update(antiquant_group_size=k_local, antiquant_scale=torch.ones(1, n, dtype=x.dtype))
+        kwargs.update(antiquant_group_size=k_local, antiquant_scale=ones(1, n))
     elif change == "float32-activations":
         x = x.float()
-        kwargs["antiquant_scale"] = torch.ones(n)
+        kwargs["antiquant_scale"] = ones(n, dtype=torch.float32)
     elif change == "int8-without-scale":
         kwargs["antiquant_scale"] = None
     else:

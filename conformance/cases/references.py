@@ -51,7 +51,7 @@ def deterministic_reference(place: TPPlace, op: str, x: Any, w: Any, bias: Any) 
 
     tp = place.tp
     partial = x.float() @ w.float().contiguous()
-    gathered = torch.empty((tp * partial.shape[0], partial.shape[1]), dtype=torch.float32)
+    gathered = torch.empty((tp * partial.shape[0], partial.shape[1]), dtype=torch.float32, device=partial.device)
     dist.all_gather_into_tensor(gathered, partial.contiguous(), group=place.group)
     parts = gathered.view(tp, *partial.shape)
     total = parts[0].clone()

@@ -7,8 +7,8 @@ pool to be rebuilt.  The zygote pays them once per launcher: it imports
 :data:`PRELOAD` and then, on request, forks a child that becomes a rank
 (:func:`conformance.harness.launchers.worker.rank_main`).
 
-Forking is safe because the zygote never starts a thread, a device runtime or
-a process group: it only imports.  megatron-core is preloaded only when the
+Forking is safe because the zygote never starts a thread, a device runtime
+(:data:`NO_DRIVER_CHECK`) or a process group: it only imports.  megatron-core is preloaded only when the
 session runs layer cases (:data:`MEGATRON`).  A child applies its environment (device
 visibility, set before any device runtime starts), redirects its output to its
 log file and runs the rank loop.  The zygote reaps its children and writes
@@ -49,6 +49,10 @@ PRELOAD = (
 )
 #: Preloaded too when the session runs layer cases (megatron-core takes seconds to import).
 MEGATRON = ("coc_shared.megatron_harness",)
+#: ``torch.cuda.is_available()`` starts the CUDA driver unless this is set, and a child forked after that cannot
+#: use CUDA ("Cannot re-initialize CUDA in forked subprocess"); megatron-core calls it on import. With it set,
+#: the check asks NVML and the zygote stays free of a device runtime.
+NO_DRIVER_CHECK = {"PYTORCH_NVML_BASED_CUDA_CHECK": "1"}
 _MAX_REQUEST = 1 << 20
 
 
@@ -136,6 +140,7 @@ def _become_rank(request: dict[str, Any], fd: int) -> None:
 def main() -> None:
     control = socket.socket(fileno=int(sys.argv[1]))
     extra = [name for name in sys.argv[2].split(",") if name] if len(sys.argv) > 2 else []
+    os.environ.update(NO_DRIVER_CHECK)
     for name in (*PRELOAD, *extra):
         try:
             importlib.import_module(name)
