@@ -9,7 +9,7 @@ spans overlap (a result aliasing another call's result, or an input).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 
@@ -64,6 +64,11 @@ def to_cpu(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return type(value)(to_cpu(v) for v in value)
     return value
+
+
+def to_device(tensors: Mapping[str, Any], device: str) -> dict[str, Any]:
+    """Inputs made on the host from a seed, placed on the rank's device (its collectives take no other tensors)."""
+    return {name: t if t is None else t.to(device) for name, t in tensors.items()}
 
 
 def clone(value: Any) -> Any:

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from conformance.cases.groups import TPPlace, tp_place
-from conformance.cases.memory import clone, overlaps, poisoned_allocations, tensors_of, to_cpu
+from conformance.cases.memory import clone, overlaps, poisoned_allocations, tensors_of, to_cpu, to_device
 from conformance.cases.references import deterministic_reference, serial_composition
 from conformance.contract.equality import bitwise_equal, describe_difference
 from conformance.contract.jobs import OPERAND_STRIDES, OpRun
@@ -43,8 +43,7 @@ def rank_operands(problem: Problem, op: str, place: TPPlace, transpose_weight: b
                   strides: str = "contiguous", device: str = "cpu") -> dict[str, Any]:
     """This rank's x, w (stored ``[n, k]`` when ``transpose_weight``) and bias on ``device``, laid out as
     ``strides`` says (drawn on the CPU from the problem's seed, so every device sees the same numbers)."""
-    whole: dict[str, Any] = {name: None if t is None else t.to(device)
-                             for name, t in global_operands(problem, place.replica).items()}
+    whole = to_device(global_operands(problem, place.replica), device)
     splits = OPERAND_SPLITS[op]
     x = shard(whole["x"], splits["x"], place.tp_rank, place.tp)
     w = shard(whole["w"], splits["w"], place.tp_rank, place.tp)

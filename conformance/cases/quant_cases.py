@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from conformance.cases.memory import poisoned_allocations, to_cpu
+from conformance.cases.memory import poisoned_allocations, to_cpu, to_device
 from conformance.contract.jobs import QuantRun
 from conformance.contract.layouts import Split, shard
 from conformance.contract.problems import quant_operands
@@ -23,7 +23,7 @@ def quant_task(ctx: RankContext, *, run: QuantRun) -> OpCallResults:
     ctx.budget_from(0.0)  # the floor, until the serial reference's time is known
     tp, rank = ctx.world_size, ctx.rank
     inputs, group_size, dtype = quant_inputs(run)
-    inputs = {name: None if t is None else t.to(ctx.device) for name, t in inputs.items()}
+    inputs = to_device(inputs, ctx.device)
     x = shard(inputs["x"], Split.LAST, rank, tp)
     w = shard(inputs["w"], Split.SEQ, rank, tp)
     scale, offset = inputs["scale"], inputs.get("offset")

@@ -3,8 +3,8 @@
 A failure is identified by its kind of case and what failed -- the check's
 name, its level and the failure's category -- never by its message (sizes
 differ from case to case); a crash of the layers is not hidden by a crash of
-the ops found first.  The first case that fails a new way is shrunk, within a share of the
-time budget, to a case that fails the same way and whose every
+the ops found first.  The first case that fails a new way is shrunk, within a
+share of the time budget, to a case that fails the same way and whose every
 one-step-simpler neighbour passes; later cases failing only in known ways are
 counted, not shrunk again.  A hang or a crash is a failure too (check
 :data:`~conformance.explore.kind.FINISHED`), and after ``storm`` of them in a row a capability (an op,

@@ -8,10 +8,10 @@ pool to be rebuilt.  The zygote pays them once per launcher: it imports
 (:func:`conformance.harness.launchers.worker.rank_main`).
 
 Forking is safe because the zygote never starts a thread, a device runtime
-(:data:`NO_DRIVER_CHECK`) or a process group: it only imports.  megatron-core is preloaded only when the
-session runs layer cases (:data:`MEGATRON`).  A child applies its environment (device
-visibility, set before any device runtime starts), redirects its output to its
-log file and runs the rank loop.  The zygote reaps its children and writes
+(:data:`NO_DRIVER_CHECK`) or a process group: it only imports.  megatron-core
+is preloaded only when the session runs layer cases (:data:`MEGATRON`).  A
+child applies its environment (device visibility, set before any device
+runtime starts), redirects its output to its log file and runs the rank loop.  The zygote reaps its children and writes
 each exit status next to the rank's log (``<log>.exit``), so the pool can say
 how a rank died.  It exits when the launcher's control socket closes, killing
 the ranks it forked.
