@@ -10,7 +10,9 @@
 * inside ``conformance``, data flows one way (test -> rank task -> typed
   results -> checks -> report): :data:`SUB_FORBIDDEN` lists what each part
   must not import;
-* no import cycle between files, nor between folders;
+* no import cycle between files, nor between folders; a module of a package
+  whose ``__init__`` imports its modules never imports through that package
+  (``from package import name``: the ``__init__`` is half-run when it does);
 * no two modules share a basename (one name per concept), packages' ``__init__`` aside.
 """
 
@@ -189,6 +191,46 @@ def test_no_import_cycle_between_files() -> None:
 def test_no_import_cycle_between_folders() -> None:
     found = cycles(folder_graph(project_graph()))
     assert found == [], found
+
+
+def own_package_imports(path: Path) -> list[str]:
+    """The ``from <own package> import ...`` / ``import <own package>`` of a module (not an ``__init__``)."""
+    if path.name == "__init__.py":
+        return []
+    package = module_name(path).rpartition(".")[0]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and (node.module == package and not node.level
+                                                 or node.level == 1 and not node.module):
+            found.append(f"from {package} import {', '.join(a.name for a in node.names)}")
+        elif isinstance(node, ast.Import):
+            found.extend(f"import {a.name}" for a in node.names if a.name == package)
+    return found
+
+
+def reached_within(graph: dict[str, set[str]], package: str) -> set[str]:
+    """The modules of ``package`` its ``__init__`` imports, directly or through others of them."""
+    if package not in MODULES or MODULES[package].name != "__init__.py":
+        return set()
+    seen: set[str] = set()
+    todo = [package]
+    while todo:
+        for target in graph.get(todo.pop(), ()):
+            if target.rpartition(".")[0] == package and target not in seen:
+                seen.add(target)
+                todo.append(target)
+    return seen
+
+
+def test_no_module_imports_through_a_package_that_imports_it() -> None:
+    """A package's ``__init__`` that imports its modules is half-run when they import through it: a loop."""
+    graph, offenders = project_graph(), {}
+    for name, path in MODULES.items():
+        package = name.rpartition(".")[0]
+        if name not in reached_within(graph, package) or not (found := own_package_imports(path)):
+            continue
+        offenders[name] = found
+    assert not offenders, f"modules import through the package that imports them: {offenders}"
 
 
 def _basenames(paths: Iterable[Path]) -> dict[str, list[str]]:

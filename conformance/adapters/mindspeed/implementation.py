@@ -6,7 +6,6 @@ import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from conformance.adapters.mindspeed import provenance
 from conformance.adapters.mindspeed.configuration import (
     MindSpeedConfig,
     add_megatron_args,
@@ -17,6 +16,7 @@ from conformance.adapters.mindspeed.configuration import (
 )
 from conformance.adapters.mindspeed.layer_patch import megatron_functions, patched_layers
 from conformance.adapters.mindspeed.loading import load_mindspeed
+from conformance.adapters.mindspeed.provenance import installed_megatron_core, notes, shipped
 
 
 class ExpectationsMismatchWarning(UserWarning):
@@ -49,8 +49,7 @@ class MindSpeedCoC:
     def __init__(self) -> None:
         self._ms = load_mindspeed()
         #: Lines for the run's report: the checkout is not what its expectations were written for.
-        self.notes = tuple(provenance.notes(self._ms.checkout, provenance.installed_megatron_core(),
-                                            provenance.shipped()))
+        self.notes = tuple(notes(self._ms.checkout, installed_megatron_core(), shipped()))
         for note in self.notes:
             warnings.warn(note, ExpectationsMismatchWarning, stacklevel=2)
 
