@@ -32,7 +32,7 @@ import torch.distributed as dist
 from coc_impl import scripted
 from coc_impl.config import CoCConfig
 from coc_impl.errors import CoCBackendUnavailable
-from coc_shared.megatron_harness import (
+from coc_shared.megatron import (
     COLUMN_HAS_RUNTIME_GATHER_OUTPUT,
     ColumnParallelLinear,
     RowParallelLinear,

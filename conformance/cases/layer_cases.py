@@ -12,7 +12,7 @@ gradient-accumulation fusion the CoC layer's weights carry a pre-filled fp32
 up.  It returns this rank's pieces of every output and gradient, and for the
 first micro-batch the collectives of each layer and phase.
 
-Megatron is reached through :mod:`coc_shared.megatron_harness` (CPU device
+Megatron is reached through :mod:`coc_shared.megatron` (CPU device
 redirect, parallel state), never through the implementation under test.  With
 a world larger than TP, Megatron's own ``initialize_model_parallel`` puts
 the other ranks in data-parallel replicas, each with its own data.
@@ -67,7 +67,7 @@ def _build(problem: LayerProblem, weights: Mapping[str, Any], tp: int) -> tuple[
     """The megatron module(s) of ``problem`` loaded with the global ``weights``; params by golden name."""
     import torch
 
-    from coc_shared.megatron_harness import build_column, build_row
+    from coc_shared.megatron import build_column, build_row
 
     dtype = getattr(torch, problem.dtype)
     sp, bias = problem.sequence_parallel, problem.bias
@@ -101,7 +101,7 @@ def layer_task(ctx: RankContext, *, job: LayerJob) -> LayerOutcome:
     """Serial and CoC training of ``job`` on this rank (module docstring)."""
     import torch
 
-    from coc_shared.megatron_harness import model_parallel
+    from coc_shared.megatron import model_parallel
 
     problem, tp = job.problem, job.tp
     ctx.budget_from(0.0)  # configure and the serial reference: the floor, until the serial time is known

@@ -104,7 +104,7 @@ def pipeline_perf_case(ctx: RankContext, *, op: str, m: int, k: int, n: int, dty
     import torch
     import torch.distributed as dist
 
-    from coc_shared.megatron_harness import build_column, build_row, model_parallel
+    from coc_shared.megatron import build_column, build_row, model_parallel
     from conformance.harness.impl_loader import load_implementation
 
     tp = ctx.world_size

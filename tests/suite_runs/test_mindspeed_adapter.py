@@ -133,7 +133,7 @@ def _patching(impl: Any) -> dict[str, Any]:
     import torch.distributed as dist
     from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
 
-    from coc_shared.megatron_harness import build_column, model_parallel
+    from coc_shared.megatron import build_column, model_parallel
 
     def current() -> tuple[Any, Any]:
         return ColumnParallelLinear.__dict__["forward"], RowParallelLinear.__dict__["forward"]

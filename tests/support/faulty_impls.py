@@ -432,7 +432,7 @@ class FusedRowSilentlySerial(ReferenceCoC):
     def patch_megatron(self, config: CoCConfig) -> Any:
         from contextlib import ExitStack
 
-        from coc_shared.megatron_harness import RowParallelLinear
+        from coc_shared.megatron import RowParallelLinear
 
         stack = ExitStack()
         stack.enter_context(super().patch_megatron(config))

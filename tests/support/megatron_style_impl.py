@@ -494,7 +494,7 @@ class MegatronStyleCoC:
             ColumnParallelLinear.forward = _make_column_forward(originals[ColumnParallelLinear], chunker,
                                                                 keep_gathered)
             RowParallelLinear.forward = _make_row_forward(originals[RowParallelLinear], chunker)
-            from coc_shared.megatron_harness import cpu_device_redirect
+            from coc_shared.megatron import cpu_device_redirect
 
             with cpu_device_redirect():
                 yield

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from coc_shared import megatron_harness as adapter
+from coc_shared import megatron as adapter
 from tests.support.dist_helpers import LinearProblem
 
 S, B, H = 8, 2, 16  # square weights: a transposed shard cannot pass

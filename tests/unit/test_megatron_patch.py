@@ -20,8 +20,8 @@ from coc_impl.backends import portable
 from coc_impl.config import CoCConfig, UserCfgs
 from coc_impl.errors import CoCBackendUnavailable
 from coc_impl.megatron_patch import backend_for, patch_megatron
-from coc_shared import megatron_harness as adapter
-from coc_shared.megatron_harness import ColumnParallelLinear, RowParallelLinear
+from coc_shared import megatron as adapter
+from coc_shared.megatron import ColumnParallelLinear, RowParallelLinear
 from tests.support.dist_helpers import LinearProblem, record_collectives
 
 S, B, H = 16, 2, 16  # m = 32; square weights

@@ -48,7 +48,7 @@ PRELOAD = (
     "golden",
 )
 #: Preloaded too when the session runs layer cases (megatron-core takes seconds to import).
-MEGATRON = ("coc_shared.megatron_harness",)
+MEGATRON = ("coc_shared.megatron",)
 #: ``torch.cuda.is_available()`` starts the CUDA driver unless this is set, and a child forked after that cannot
 #: use CUDA ("Cannot re-initialize CUDA in forked subprocess"); megatron-core calls it on import. With it set,
 #: the check asks NVML and the zygote stays free of a device runtime.
