@@ -12,10 +12,16 @@ gradient-accumulation fusion the CoC layer's weights carry a pre-filled fp32
 up.  It returns this rank's pieces of every output and gradient, and for the
 first micro-batch the collectives of each layer and phase.
 
-Megatron is reached through :mod:`coc_shared.megatron` (CPU device
-redirect, parallel state), never through the implementation under test.  With
-a world larger than TP, Megatron's own ``initialize_model_parallel`` puts
+Megatron is reached through :mod:`coc_shared.megatron` (placement on the
+rank's device, parallel state), never through the implementation under test.
+With a world larger than TP, Megatron's own ``initialize_model_parallel`` puts
 the other ranks in data-parallel replicas, each with its own data.
+
+Everything the layers receive is on the rank's device (``ctx.device``): the
+modules (:func:`rank_layers`), the micro-batches (:func:`rank_batches`), the
+pre-filled ``main_grad`` (:func:`rank_main_grads`) and the weight updates,
+all drawn on the CPU from the problem's seed and then moved, so every device
+judges the same numbers; results go back to the judge on the CPU.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from collections.abc import Mapping
 from contextlib import nullcontext
 from typing import Any
 
-from conformance.cases.memory import clone, overlaps, poisoned_allocations
+from conformance.cases.memory import clone, overlaps, poisoned_allocations, to_device
 from conformance.contract.jobs import LayerJob
 from conformance.contract.layouts import layout, shard
 from conformance.contract.problems import LayerProblem, layer_batch, layer_deltas, layer_weights, main_grad_prefill
@@ -63,8 +69,9 @@ def _mark(log: CollectiveLog | None, phase: str, tag: str) -> None:
         log.mark(f"{phase}@{tag}")
 
 
-def _build(problem: LayerProblem, weights: Mapping[str, Any], tp: int) -> tuple[Any, dict[str, Any]]:
-    """The megatron module(s) of ``problem`` loaded with the global ``weights``; params by golden name."""
+def rank_layers(problem: LayerProblem, weights: Mapping[str, Any], device: str) -> tuple[Any, dict[str, Any]]:
+    """The megatron module(s) of ``problem`` on ``device``, loaded with the global ``weights``; params by
+    golden name.  Inside ``model_parallel`` (megatron's TP group)."""
     import torch
 
     from coc_shared.megatron import build_column, build_row
@@ -74,14 +81,35 @@ def _build(problem: LayerProblem, weights: Mapping[str, Any], tp: int) -> tuple[
     if problem.layer == "mlp":
         assert problem.ffn is not None
         fc1 = build_column(problem.h_in, problem.ffn, bias=bias, sequence_parallel=sp, dtype=dtype,
-                           weight=weights["w1"], bias_value=weights["b1"])
+                           weight=weights["w1"], bias_value=weights["b1"], device=device)
         fc2 = build_row(problem.ffn, problem.h_out, bias=bias, sequence_parallel=sp, dtype=dtype,
-                        weight=weights["w2"], bias_value=weights["b2"])
+                        weight=weights["w2"], bias_value=weights["b2"], device=device)
         return _Mlp(fc1, fc2), {"w1": fc1.weight, "b1": fc1.bias, "w2": fc2.weight, "b2": fc2.bias}
     build = build_column if problem.layer == "column" else build_row
     module = build(problem.h_in, problem.h_out, bias=bias, sequence_parallel=sp, dtype=dtype,
-                   weight=weights["w"], bias_value=weights["b"])
+                   weight=weights["w"], bias_value=weights["b"], device=device)
     return module, {"w": module.weight, "b": module.bias}
+
+
+def rank_batches(problem: LayerProblem, steps: int, replica: int, tp_rank: int, tp: int,
+                 device: str) -> list[list[dict[str, Any]]]:
+    """This rank's ``x`` and ``dy`` of every micro-batch of every step, on ``device`` (drawn on the CPU from
+    the problem's seed, moved whole, then sharded: the same numbers and layout on every device)."""
+    splits = layout(problem.layer, problem.sequence_parallel)
+    micros = 1 if problem.case_id is not None else len(problem.tokens)
+    return [[{n: shard(t, splits[n], tp_rank, tp) for n, t in to_device(layer_batch(problem, i, step, replica),
+                                                                           device).items()}
+             for i in range(micros)] for step in range(steps)]
+
+
+def main_grad_shards(problem: LayerProblem, step: int, tp_rank: int, tp: int) -> dict[str, Any]:
+    """This rank's shards of the fp32 ``main_grad`` each weight starts step ``step`` with, on the CPU."""
+    return _shard_weights(problem, main_grad_prefill(problem, step), tp_rank, tp)
+
+
+def rank_main_grads(prefill: Mapping[str, Any], device: str) -> dict[str, Any]:
+    """Fresh copies of the pre-filled ``main_grad`` shards on ``device`` (the layer accumulates into them)."""
+    return {name: t.to(device, copy=True) for name, t in prefill.items()}
 
 
 def _call(module: Any, kind: str, x: Any, log: CollectiveLog | None, tag: str) -> Any:
@@ -109,7 +137,7 @@ def layer_task(ctx: RankContext, *, job: LayerJob) -> LayerOutcome:
     if job.coc_cfgs is not None:
         kwargs["coc_cfgs"] = dict(job.coc_cfgs)
     config, error = call_capturing_errors(ctx.impl.configure, list(job.argv), {}, **kwargs)
-    with model_parallel(tp, sequence_parallel=problem.sequence_parallel) as par:
+    with model_parallel(tp, sequence_parallel=problem.sequence_parallel, device=ctx.device) as par:
         import torch.distributed as dist
 
         replica = par.data_parallel_rank
@@ -117,11 +145,7 @@ def layer_task(ctx: RankContext, *, job: LayerJob) -> LayerOutcome:
                                members=tuple(dist.get_process_group_ranks(par.group)))
         if error is not None:
             return outcome
-        splits = layout(problem.layer, problem.sequence_parallel)
-        micros = 1 if problem.case_id is not None else len(problem.tokens)
-        batches = [[{n: shard(t, splits[n], par.rank, tp)
-                     for n, t in layer_batch(problem, i, step, replica).items()} for i in range(micros)]
-                   for step in range(job.steps)]
+        batches = rank_batches(problem, job.steps, replica, par.rank, tp, ctx.device)
         kept_batches = clone(batches)
         started = time.perf_counter()
         if job.serial:
@@ -198,7 +222,7 @@ def _train(problem: LayerProblem, job: LayerJob, par: Any, batches: list[list[di
     import torch
 
     tp, rank = par.size, par.rank
-    module, params = _build(problem, layer_weights(problem, 0), tp)
+    module, params = rank_layers(problem, layer_weights(problem, 0), str(par.device))
     if log is not None:  # the structure check knows a matmul by the weight it multiplies
         for name, param in params.items():
             if param is not None and name.startswith("w"):
@@ -210,13 +234,14 @@ def _train(problem: LayerProblem, job: LayerJob, par: Any, batches: list[list[di
     steps: list[StepRun] = []
     kept: list[tuple[tuple[Any, Any], str]] = []  # earlier steps' outputs: (as returned, as copied then), where
     for step, micro_batches in enumerate(batches):
-        prefill = _shard_weights(problem, main_grad_prefill(problem, step), rank, tp) if fusion else {}
+        prefill = main_grad_shards(problem, step, rank, tp) if fusion else {}
+        main_grads = rank_main_grads(prefill, str(par.device))
         for name, param in params.items():
             if param is None:
                 continue
             param.grad = None
-            if name in prefill:
-                param.main_grad = prefill[name].clone()
+            if name in main_grads:
+                param.main_grad = main_grads[name]
                 param.grad_added_to_main_grad = False
         xs, ys, returned = [], [], []
         for i, batch in enumerate(micro_batches):
@@ -273,7 +298,7 @@ def _train(problem: LayerProblem, job: LayerJob, par: Any, batches: list[list[di
                                            else "grad only" if untouched else "values")
             elif fusion is False and job.main_grad and name.startswith("w"):
                 # The serial reference of a fusion case: what main_grad must hold afterwards.
-                start = _shard_weights(problem, main_grad_prefill(problem, step), rank, tp)[name]
+                start = main_grad_shards(problem, step, rank, tp)[name]
                 grads["d" + name] = start + param.grad.detach().cpu().float()
             else:
                 grads["d" + name] = None if param.grad is None else param.grad.detach().cpu().clone()
@@ -283,5 +308,5 @@ def _train(problem: LayerProblem, job: LayerJob, par: Any, batches: list[list[di
             with torch.no_grad():
                 for name, param in params.items():
                     if param is not None:
-                        param.add_(deltas[name])
+                        param.add_(deltas[name].to(param.device))
     return steps

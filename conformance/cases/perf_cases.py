@@ -104,39 +104,27 @@ def pipeline_perf_case(ctx: RankContext, *, op: str, m: int, k: int, n: int, dty
     import torch
     import torch.distributed as dist
 
-    from coc_shared.megatron import build_column, build_row, model_parallel
+    from coc_shared.megatron import model_parallel
     from conformance.harness.impl_loader import load_implementation
 
     tp = ctx.world_size
     impls = {impl.name: impl for impl in (load_implementation(spec) for spec in impl_specs or [ctx.impl_spec])}
     named = len(impls) > 1
-    torch_dtype = getattr(torch, dtype)
     device = torch.device(ctx.device)
     wanted = [(f"{label}:{v}" if named else v, impl, v) for label, impl in impls.items() for v in variants]
     skipped = {key: r for key, impl, v in wanted if (r := variant_reason(impl, v, op)) is not None}
     runnable = [(key, impl, v) for key, impl, v in wanted if key not in skipped]
     sp = op != "matmul_all_reduce"
-    gen = torch.Generator().manual_seed(1234 + ctx.rank)
 
-    def rand(*shape: int) -> torch.Tensor:
-        return torch.randn(*shape, generator=gen).to(device=device, dtype=torch_dtype)
-
-    with model_parallel(tp, sequence_parallel=sp) as par, torch.no_grad():
+    with model_parallel(tp, sequence_parallel=sp, device=device) as par, torch.no_grad():
         group = par.group
-        if op == "all_gather_matmul":
-            layer = build_column(k, n * tp, bias=False, sequence_parallel=True, dtype=torch_dtype)
-            x = rand(m // tp, k)
-        else:
-            layer = build_row(k * tp, n, bias=False, sequence_parallel=sp, dtype=torch_dtype)
-            x = rand(m, k)
-        layer = layer.to(device)
+        layer, x, costs = pipeline_operands(op, m, k, n, dtype, group=group, rank=ctx.rank, device=ctx.device)
         weight = layer.weight  # megatron's [out, in] shard, i.e. [n, k]
         w_kn = weight.t()
         x_layer = x.unsqueeze(1)  # [s, b=1, h]
         place = TPPlace(group, par.rank, tp, 0, tuple(range(tp)))
         synchronize: Callable[[], None] = (
             torch.get_device_module(device).synchronize if device.type != "cpu" else _no_sync)
-        costs = _CostItems(op, x, w_kn, group, rand)
 
         items: dict[str, Callable[[], Any]] = {
             SERIAL: lambda: serial_composition(place, op, x, w_kn, None),
@@ -187,6 +175,30 @@ def pipeline_perf_case(ctx: RankContext, *, op: str, m: int, k: int, n: int, dty
         cpu = _cpu_demand(items, group, calls=max(3, warmup)) if device.type == "cpu" else None
         identity = device_identity(ctx, dist.get_backend(group))
     return {"identity": identity, "samples": samples, "blocks": blocks, "skipped": skipped, "cpu": cpu}
+
+
+def pipeline_operands(op: str, m: int, k: int, n: int, dtype: str, *, group: Any, rank: int,
+                      device: str) -> tuple[Any, Any, _CostItems]:
+    """This rank's megatron layer of the pipeline, its input ``x`` and the cost items' buffers, all on
+    ``device`` (drawn on the CPU from the rank's seed, then moved).  Inside ``model_parallel``."""
+    import torch
+
+    from coc_shared.megatron import build_column, build_row
+
+    tp, torch_dtype = group.size(), getattr(torch, dtype)
+    gen = torch.Generator().manual_seed(1234 + rank)
+
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen).to(device=device, dtype=torch_dtype)
+
+    if op == "all_gather_matmul":
+        layer = build_column(k, n * tp, bias=False, sequence_parallel=True, dtype=torch_dtype, device=device)
+        x = rand(m // tp, k)
+    else:
+        layer = build_row(k * tp, n, bias=False, sequence_parallel=op != "matmul_all_reduce", dtype=torch_dtype,
+                          device=device)
+        x = rand(m, k)
+    return layer, x, _CostItems(op, x, layer.weight.t(), group, rand)
 
 
 def _armed_per_call(ctx: RankContext, items: dict[str, Callable[[], Any]]) -> dict[str, Callable[[], Any]]:

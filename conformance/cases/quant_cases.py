@@ -21,16 +21,8 @@ def quant_task(ctx: RankContext, *, run: QuantRun) -> OpCallResults:
     from golden import serial
 
     ctx.budget_from(0.0)  # the floor, until the serial reference's time is known
-    tp, rank = ctx.world_size, ctx.rank
-    inputs, group_size, dtype = quant_inputs(run)
-    inputs = to_device(inputs, ctx.device)
-    x = shard(inputs["x"], Split.LAST, rank, tp)
-    w = shard(inputs["w"], Split.SEQ, rank, tp)
-    scale, offset = inputs["scale"], inputs.get("offset")
-    if group_size:  # group rows follow their k rows (k/tp is a multiple of g)
-        scale = shard(scale, Split.SEQ, rank, tp)
-        offset = None if offset is None else shard(offset, Split.SEQ, rank, tp)
-    bias = inputs.get("bias")
+    operands, group_size, dtype = rank_quant_operands(run, ctx.rank, ctx.world_size, ctx.device)
+    x, w, scale, offset, bias = (operands[n] for n in ("x", "w", "scale", "offset", "bias"))
     kwargs: dict[str, Any] = {"antiquant_scale": scale, "antiquant_offset": offset,
                               "antiquant_group_size": group_size}
     call = OpCallResults([])
@@ -50,6 +42,20 @@ def quant_task(ctx: RankContext, *, run: QuantRun) -> OpCallResults:
         call.results.append(to_cpu(result))
     call.serial = to_cpu(call.serial)
     return call
+
+
+def rank_quant_operands(run: QuantRun, tp_rank: int, tp: int, device: str) -> tuple[dict[str, Any], int, Any]:
+    """This rank's x, w, scale, offset and bias of ``run`` on ``device`` (None where absent; drawn or loaded on
+    the CPU, moved whole, then sharded), its group size (0: none) and activation dtype."""
+    inputs, group_size, dtype = quant_inputs(run)
+    inputs = to_device(inputs, device)
+    x = shard(inputs["x"], Split.LAST, tp_rank, tp)
+    w = shard(inputs["w"], Split.SEQ, tp_rank, tp)
+    scale, offset = inputs["scale"], inputs.get("offset")
+    if group_size:  # group rows follow their k rows (k/tp is a multiple of g)
+        scale = shard(scale, Split.SEQ, tp_rank, tp)
+        offset = None if offset is None else shard(offset, Split.SEQ, tp_rank, tp)
+    return {"x": x, "w": w, "scale": scale, "offset": offset, "bias": inputs.get("bias")}, group_size, dtype
 
 
 def quant_inputs(run: QuantRun) -> tuple[dict[str, Any], int, Any]:
