@@ -8,11 +8,12 @@ of the ``mappings`` gathers / scatters); weights it initialises on the device
 are drawn under its CUDA RNG tracker (``get_cuda_rng_tracker().fork()``),
 which ``model_parallel_cuda_manual_seed`` seeds.  So, on every release 0.7 to 0.19:
 
+* the rank's device is made current (on an accelerator);
 * where ``torch.cuda`` answers for the rank's device (a CUDA GPU; an NPU
   under torch_npu's ``transfer_to_npu``, as MindSpeed runs megatron), the
-  current device is set to the rank's, the tracker is seeded, and megatron
-  builds its weights there itself (:func:`builds_on_device`): what users
-  run, with no whole-weight copy on the host;
+  tracker is seeded and megatron builds its weights there itself
+  (:func:`builds_on_device`): what users run, with no whole-weight copy on
+  the host;
 * on any other device (the CPU, an NPU that ``torch.cuda`` does not answer
   for, ``meta`` in tests) megatron could not reach the device through
   ``torch.cuda``: it initialises on the CPU from the CPU generator
@@ -111,8 +112,9 @@ def megatron_device(device: torch.device | str) -> Iterator[torch.device]:
     before = getattr(_active, "device", None)
     _active.device = place
     try:
-        if builds_on_device(place):
+        if place.type not in HOST_DEVICES:  # the rank's device is current: its runtime's calls go there
             torch.get_device_module(place.type).set_device(place)
+        if builds_on_device(place):
             yield place
         else:
             with device_redirect(place):

@@ -136,3 +136,35 @@ def test_every_explorer_kinds_draws_are_built_on_the_device(kind: Any) -> None:
         assert on_meta, spec.describe()
         assert_on_meta(on_meta, drawn_tensors(kind.name, spec, "cpu"))
 
+
+
+class _Runtime:
+    """A device runtime's module (``torch.get_device_module``) that records the current device set."""
+
+    def __init__(self) -> None:
+        self.current: list[torch.device] = []
+
+    def set_device(self, device: torch.device) -> None:
+        self.current.append(device)
+
+
+#: An NPU as torch sees one without torch_npu (which renames this backend "npu").
+NPU_STAND_IN = "privateuseone:3"
+
+
+@pytest.mark.parametrize("cuda_answers", [True, False], ids=["torch.cuda-answers", "torch.cuda-absent"])
+@pytest.mark.parametrize("device", ["cuda:1", NPU_STAND_IN])
+def test_megatron_is_asked_for_the_ranks_device(monkeypatch: pytest.MonkeyPatch, device: str,
+                                                cuda_answers: bool) -> None:
+    """Where ``torch.cuda`` answers, megatron builds on the current device, set to the rank's; elsewhere it
+    builds on the CPU (the module is then moved) and its buffers go where ``torch.cuda.current_device()``,
+    redirected, says: the rank's device either way, never device 0 or the CPU."""
+    runtime = _Runtime()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda_answers)
+    monkeypatch.setattr(torch, "get_device_module", lambda kind: runtime)
+    place = torch.device(device)
+    with megatron.megatron_device(device):
+        assert runtime.current == [place]
+        assert megatron.parallel_config(tp_size=2, sequence_parallel=False).use_cpu_initialization is not cuda_answers
+        if not cuda_answers:
+            assert torch.cuda.current_device() == place
