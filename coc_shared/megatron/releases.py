@@ -79,22 +79,25 @@ def only_megatrons_group(group: dist.ProcessGroup | None, what: str) -> None:
                          "tensor-parallel group (parallel_state) can be used")
 
 
+def _mapping(name: str, input_: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
+    """Megatron's ``mappings.<name>`` on ``group``: passed where the release takes it, else megatron's own only."""
+    mapping = getattr(_mappings, name)
+    if _MAPPINGS_TAKE_GROUP:
+        return mapping(input_, group=group)
+    only_megatrons_group(group, name)
+    return mapping(input_)
+
+
 def gather_from_tensor_model_parallel_region(input_: torch.Tensor,
                                              group: dist.ProcessGroup | None = None) -> torch.Tensor:
     """Megatron's gather along the last dim, with ``group=`` on every release."""
-    if _MAPPINGS_TAKE_GROUP:
-        return _mappings.gather_from_tensor_model_parallel_region(input_, group=group)
-    only_megatrons_group(group, "gather_from_tensor_model_parallel_region")
-    return _mappings.gather_from_tensor_model_parallel_region(input_)
+    return _mapping("gather_from_tensor_model_parallel_region", input_, group)
 
 
 def scatter_to_tensor_model_parallel_region(input_: torch.Tensor,
                                             group: dist.ProcessGroup | None = None) -> torch.Tensor:
     """Megatron's scatter along the last dim, with ``group=`` on every release."""
-    if _MAPPINGS_TAKE_GROUP:
-        return _mappings.scatter_to_tensor_model_parallel_region(input_, group=group)
-    only_megatrons_group(group, "scatter_to_tensor_model_parallel_region")
-    return _mappings.scatter_to_tensor_model_parallel_region(input_)
+    return _mapping("scatter_to_tensor_model_parallel_region", input_, group)
 
 
 def weight_sharded_beyond_tp(layer: Any) -> bool:
