@@ -58,6 +58,14 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     ) from exc
 
 
+__all__ = [
+    "COLUMN_HAS_RUNTIME_GATHER_OUTPUT", "INIT_TAKES_GLOO_FLAG", "LAYERS_TAKE_TP_GROUP", "ColumnParallelLinear",
+    "LinearT", "ModelParallelConfig", "ParallelLinear", "RowParallelLinear", "gather_from_tensor_model_parallel_region",
+    "layer_tp_group", "only_megatrons_group", "parallel_state", "scatter_to_tensor_model_parallel_region",
+    "weight_sharded_beyond_tp",
+]
+
+
 def _takes(fn: Callable[..., Any], name: str) -> bool:
     return name in inspect.signature(fn).parameters
 
@@ -110,7 +118,7 @@ def weight_sharded_beyond_tp(layer: Any) -> bool:
 
 
 def layer_tp_group(layer: Any) -> dist.ProcessGroup:
-    """A layer's TP group: ``layer.tp_group`` where set (0.13+, or :func:`coc_shared.megatron.linears.build_column`), else megatron's."""
+    """A layer's TP group: ``layer.tp_group`` where set (0.13+, or the harness's builders), else megatron's."""
     group = getattr(layer, "tp_group", None)
     return group if group is not None else parallel_state.get_tensor_model_parallel_group()
 
