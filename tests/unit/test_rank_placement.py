@@ -168,3 +168,20 @@ def test_megatron_is_asked_for_the_ranks_device(monkeypatch: pytest.MonkeyPatch,
         assert megatron.parallel_config(tp_size=2, sequence_parallel=False).use_cpu_initialization is not cuda_answers
         if not cuda_answers:
             assert torch.cuda.current_device() == place
+
+
+@pytest.mark.parametrize(("device", "cuda_answers", "seeded"),
+                         [("cuda:1", True, [5]), (NPU_STAND_IN, True, [5]), (NPU_STAND_IN, False, []),
+                          ("cpu", True, []), ("meta", True, [])])
+def test_megatrons_rng_tracker_is_seeded_where_it_draws_the_weights(monkeypatch: pytest.MonkeyPatch, device: str,
+                                                                    cuda_answers: bool, seeded: list[int]) -> None:
+    """Megatron draws device-built weights under its tracker; CPU-built ones from the CPU generator (no tracker)."""
+    import megatron.core.tensor_parallel as tensor_parallel
+
+    from coc_shared.megatron.placement import seed_device_rng
+
+    calls: list[int] = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda_answers)
+    monkeypatch.setattr(tensor_parallel, "model_parallel_cuda_manual_seed", calls.append)
+    seed_device_rng(torch.device(device), 5)
+    assert calls == seeded
