@@ -51,6 +51,18 @@ T = TypeVar("T")
 Matmul = Callable[[torch.Tensor], torch.Tensor]
 
 
+def gemm_dense(t: torch.Tensor) -> torch.Tensor:
+    """``t`` itself where a GEMM reads it as one dense block (row- or column-major), else a contiguous copy.
+
+    A column slice of a wider buffer (row stride above the row length) is copied:
+    torch's CPU bfloat16 GEMM reads past the end of each such row (torch 2.13:
+    NaN padding beside a ``[257, 3]`` slice comes back as NaN rows).
+    """
+    if t.dim() != 2 or t.is_contiguous() or t.t().is_contiguous():
+        return t
+    return t.contiguous()
+
+
 @dataclass(frozen=True)
 class Product:
     """``rows @ right`` for the engine, optionally straight into the result's rows.
@@ -65,8 +77,11 @@ class Product:
     pad_k: int = 0
     min_rows: int = 1
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "right", gemm_dense(self.right))
+
     def _lhs(self, rows: torch.Tensor) -> torch.Tensor:
-        lhs = F.pad(rows, (0, self.pad_k)) if self.pad_k else rows
+        lhs = F.pad(rows, (0, self.pad_k)) if self.pad_k else gemm_dense(rows)
         short = self.min_rows - lhs.shape[0]
         return F.pad(lhs, (0, 0, 0, short)) if short > 0 else lhs
 

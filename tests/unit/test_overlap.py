@@ -129,6 +129,21 @@ def test_product_pads_thin_blocks_and_the_contraction() -> None:
     assert padded.empty(rows).shape == (3, N)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_product_reads_only_the_values_of_strided_operands(dtype: torch.dtype) -> None:
+    """Column slices of NaN-padded buffers multiply as their values do: no GEMM reads past a row's end."""
+
+    def column_slice(t: torch.Tensor) -> torch.Tensor:
+        wide = torch.full((t.shape[0], t.shape[1] + 6), float("nan"), dtype=dtype)
+        wide[:, 3:3 + t.shape[1]] = t
+        return wide[:, 3:3 + t.shape[1]]
+
+    x, w = integers(257, 3, seed=3).to(dtype), integers(3, 81, seed=4).to(dtype)
+    product = overlap.Product(column_slice(w))
+    assert torch.equal(product(column_slice(x)), x @ w)
+    assert torch.equal(product.into(column_slice(x), product.empty(x)), x @ w)
+
+
 def test_expected_rows_are_rank_major() -> None:
     """Independent of the serial collectives: row i of the gather is rank i // shard's row."""
 
