@@ -13,6 +13,7 @@ __all__ = ["SUB_PLUGINS", "coc_declarations", "coc_impl", "coc_impl_spec", "coc_
            "rank_runner"]
 
 import os
+from collections.abc import Generator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -191,22 +192,54 @@ def coc_ranks(request: pytest.FixtureRequest) -> CaseRanks:
     from conformance.plugins.breaker import refuse_if_stormed
     from conformance.plugins.time_breakdown import case_timings
 
+    from conformance.caseids import needs
+
     node = request.node
-    return rank_runner(request.config).for_case(case_timings(node), before_run=lambda: refuse_if_stormed(node))
+    return rank_runner(request.config).for_case(case_timings(node), before_run=lambda: refuse_if_stormed(node),
+                                                exclusive=needs(node).exclusive)
+
+
+def node_devices(config: pytest.Config) -> int | None:
+    """How many ranks this node runs at once: its devices, or CPU slots (None under torchrun, whose job's
+    ranks are the limit).  The leases hold exactly these, so a case is skipped by the same count that
+    would refuse its lease."""
+    leases = rank_runner(config).leases
+    return None if leases is None else len(leases.devices)
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Skip a case the implementation cannot run (``coc_requires``), or one needing more devices than the
+    node has (``docs/DESIGN.md#leases-and-node-size``): never started on fewer."""
     marks = list(item.iter_markers("coc_requires"))
-    if not marks:
-        return
-    from conformance.harness.impl_loader import load_implementation, missing_capability
+    if marks:
+        from conformance.harness.impl_loader import load_implementation, missing_capability
 
-    impl = load_implementation(impl_spec(item.config))
-    for mark in marks:
-        for capability in mark.args:
-            reason = missing_capability(impl, capability)
-            if reason:
-                pytest.skip(reason)
+        impl = load_implementation(impl_spec(item.config))
+        for mark in marks:
+            for capability in mark.args:
+                reason = missing_capability(impl, capability)
+                if reason:
+                    pytest.skip(reason)
+    if "coc_ranks" not in getattr(item, "fixturenames", ()):
+        return
+    from conformance.caseids import needs
+
+    need = needs(item)
+    devices = node_devices(item.config) if need.world else None
+    shortfall = None if devices is None else need.shortfall(devices)
+    if shortfall:
+        pytest.skip(shortfall)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
+    """A run asking for more ranks than the node has devices skips the case, saying so (never a crash)."""
+    from conformance.harness.leases import LeaseUnsatisfiable
+
+    try:
+        return (yield)
+    except LeaseUnsatisfiable as exc:
+        pytest.skip(str(exc))
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:

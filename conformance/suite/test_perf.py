@@ -56,7 +56,7 @@ def _params() -> list[Any]:
 
 def _measure(coc_ranks: Any, case: hardware.PerfCase, profile: hardware.Profile) -> dict[str, Any]:
     return coc_ranks.run(
-        pipeline_perf_case, case.tp, exclusive=True,
+        pipeline_perf_case, case.tp,  # exclusive: a perf case holds the whole node (caseids.needs)
         op=case.op, m=case.m, k=case.k, n=case.n, dtype=case.dtype, variants=list(case.gates),
         warmup=profile.warmup, repeats=profile.repeats,
     )[0]
