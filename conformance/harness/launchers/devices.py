@@ -6,10 +6,16 @@ spawned and must be able to choose their devices before the runtime starts).
 
 from __future__ import annotations
 
+import functools
 import importlib.util
+import json
 import os
+import platform
+import subprocess
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -76,18 +82,59 @@ def _torch_npu_present() -> bool:
 
 
 def _npu_count() -> int:
+    """NPUs visible to the ranks, without starting ACL here (``docs/DESIGN.md#fork-safety``).
+
+    ``torch.npu.device_count()`` in this process would initialise the NPU
+    runtime, which a forked rank cannot then use: the visibility variable is
+    read where it is set, else a short-lived subprocess counts.
+    """
     if not _torch_npu_present():
         return 0
     visible = os.environ.get("ASCEND_RT_VISIBLE_DEVICES")
     if visible:
         return len([d for d in visible.split(",") if d.strip()])
-    try:
-        import torch
-        import torch_npu  # noqa: F401 - registers the npu device
+    return int(_runtime_probe("npu").get("count", 0))
 
-        return int(torch.npu.device_count())  # type: ignore[attr-defined]
-    except Exception:  # noqa: BLE001 - a broken install means no NPU for us
-        return 0
+
+@functools.cache
+def _runtime_probe(kind: str) -> dict[str, Any]:
+    """``{"count": N, "name": device 0's name}`` of a device runtime, asked in a subprocess (the runtime
+    starts there, never in this process); ``{}`` when the subprocess fails (a broken install: no such
+    devices for us)."""
+    module = "torch_npu" if kind == "npu" else "torch"
+    script = (f"import json, torch, {module}\n"
+              f"m = torch.get_device_module({kind!r})\n"
+              "n = int(m.device_count())\n"
+              "print(json.dumps({'count': n, 'name': m.get_device_name(0) if n else ''}))")
+    try:
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                              check=True)
+        found: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+        return found
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return {}
+
+
+def cpu_name() -> str:
+    """The CPU's model name (what a CPU profile's ``name`` pattern is searched in)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def node_identity(kind: DeviceKind) -> dict[str, str]:
+    """What a hardware profile matches on, less the TP: device kind, device name, collective backend.
+
+    Read without starting a device runtime in this process: the CPU's name
+    from ``/proc``, an accelerator's from a subprocess (once per process).
+    """
+    name = cpu_name() if kind.name == "cpu" else str(_runtime_probe(kind.name).get("name", ""))
+    return {"device": kind.name, "name": name, "backend": kind.backend}
 
 
 def _cuda_count() -> int:
