@@ -13,13 +13,17 @@ can make true.
 from __future__ import annotations
 
 import json
+import os
+import sys
 from pathlib import Path
 
 import pytest
 
 from conformance.harness.case_errors import RankCrashed
+from conformance.harness.launchers import devices
 from conformance.harness.launchers.zygote import MEGATRON
 from conformance.harness.launchers.zygote_client import Zygote
+from tests.support import ROOT
 
 STAND_IN = '''
 """Records every call that would start or query the NPU runtime, one JSON line each."""
@@ -99,3 +103,21 @@ def test_the_fork_server_refuses_when_a_preload_starts_the_npu_runtime(stand_in:
     with pytest.raises(RankCrashed, match=r"refusing to fork ranks: .*started the NPU runtime"):
         Zygote(preload=("sets_npu_device",))
     assert _calls(stand_in) == ["set_device"]
+
+
+def test_the_pytest_process_counts_npus_and_names_them_without_starting_acl(
+        stand_in: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The visibility variable where it is set, else a subprocess asks torch_npu: never this process."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(stand_in.parent), str(ROOT)]))
+    monkeypatch.delenv("ASCEND_RT_VISIBLE_DEVICES", raising=False)
+    devices._runtime_probe.cache_clear()
+    try:
+        assert devices._npu_count() == 1
+        kind = devices.DeviceKind("npu", "hccl", "ASCEND_RT_VISIBLE_DEVICES", 1)
+        assert devices.node_identity(kind) == {"device": "npu", "name": "Ascend910B3", "backend": "hccl"}
+        assert "torch_npu" not in sys.modules
+        assert _calls(stand_in) == ["device_count", "get_device_name"]  # made once, by the subprocess
+        monkeypatch.setenv("ASCEND_RT_VISIBLE_DEVICES", "4,5")
+        assert devices._npu_count() == 2
+    finally:
+        devices._runtime_probe.cache_clear()

@@ -103,7 +103,7 @@ def _runtime_probe(kind: str) -> dict[str, Any]:
     devices for us)."""
     module = "torch_npu" if kind == "npu" else "torch"
     script = (f"import json, torch, {module}\n"
-              f"m = torch.get_device_module({kind!r})\n"
+              f"m = getattr(torch, {kind!r})\n"
               "n = int(m.device_count())\n"
               "print(json.dumps({'count': n, 'name': m.get_device_name(0) if n else ''}))")
     try:
