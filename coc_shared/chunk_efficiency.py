@@ -87,6 +87,17 @@ class ChunkEfficiency:
     def ratio(self, chunks: float, m: int, k: int, n: int) -> float:
         return self.nearest(m, k, n).at(chunks)
 
+    def text(self, names: Sequence[str] = ()) -> str:
+        """The table as text: one row per shape, one column per chunk count."""
+        counts = sorted({c for s in self.shapes for c in s.ratio})
+        lines = [f"chunked-GEMM efficiency on {self.device} ({self.dtype}): time of c row-chunks / whole product",
+                 f"{'shape':<16} {'m':>6} {'k':>6} {'n':>6} " + " ".join(f"{'c=' + str(c):>7}" for c in counts)]
+        for i, s in enumerate(self.shapes):
+            name = names[i] if i < len(names) else ""
+            lines.append(f"{name:<16} {s.m:>6} {s.k:>6} {s.n:>6} "
+                         + " ".join(f"{s.ratio[c]:>7.3f}" if c in s.ratio else f"{'-':>7}" for c in counts))
+        return "\n".join(lines)
+
     def to_dict(self) -> dict[str, Any]:
         return {"device": self.device, "dtype": self.dtype,
                 "shapes": [{"m": s.m, "k": s.k, "n": s.n, "ratio": {str(c): r for c, r in sorted(s.ratio.items())}}

@@ -76,18 +76,6 @@ def measure_efficiency(shapes: Sequence[tuple[str, int, int, int]], device: str,
     return ChunkEfficiency(tuple(measured), device.split(":")[0], dtype)
 
 
-def efficiency_table(table: ChunkEfficiency, names: Sequence[str] = ()) -> str:
-    """The table as text: one row per shape, one column per chunk count."""
-    counts = sorted({c for s in table.shapes for c in s.ratio})
-    lines = [f"chunked-GEMM efficiency on {table.device} ({table.dtype}): time of c row-chunks / whole product",
-             f"{'shape':<16} {'m':>6} {'k':>6} {'n':>6} " + " ".join(f"{'c=' + str(c):>7}" for c in counts)]
-    for i, s in enumerate(table.shapes):
-        name = names[i] if i < len(names) else ""
-        lines.append(f"{name:<16} {s.m:>6} {s.k:>6} {s.n:>6} "
-                     + " ".join(f"{s.ratio[c]:>7.3f}" if c in s.ratio else f"{'-':>7}" for c in counts))
-    return "\n".join(lines)
-
-
 def _pytest(args: Sequence[str], summary: Path, timeout_s: float) -> dict[str, Any]:
     """One pytest session of the suite in a subprocess; its outcome counts from its JSON summary."""
     command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--pyargs", "conformance.suite",
@@ -162,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         shapes = CPU_SHAPES if kind.name == "cpu" else ACCELERATOR_SHAPES
         table = measure_efficiency(shapes, device, dtype, repeats=args.repeats)
         doc["chunk_efficiency"] = {**table.to_dict(), "names": [s[0] for s in shapes]}
-        print(efficiency_table(table, [s[0] for s in shapes]), flush=True)
+        print(table.text([s[0] for s in shapes]), flush=True)
     doc["seconds"] = round(time.monotonic() - started, 1)
     out.write_text(json.dumps(doc, indent=1) + "\n")
     print(f"device check written to {out} ({doc['seconds']} s); "

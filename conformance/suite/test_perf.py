@@ -33,6 +33,7 @@ from typing import Any
 
 import pytest
 
+from coc_shared import chunk_efficiency
 from conformance import options, report_properties
 from conformance.cases.perf_cases import pipeline_perf_case
 from conformance.contract import perf_items
@@ -105,6 +106,9 @@ def _report(case: hardware.PerfCase, result: Mapping[str, Any], measurement: per
                             gate=label, profile=case.profile, tp=case.tp,
                             shape=(case.m, case.k, case.n), dtype=case.dtype, device=identity["name"])
     evidence.text(text, title)
+    efficiency = chunk_efficiency.configured()  # the device check's table (COC_CHUNK_EFFICIENCY), if given
+    if efficiency is not None:
+        evidence.text(efficiency.text(), "chunked-GEMM efficiency (device check)")
     for variant, figures in measurement.variants.items():
         if figures.predicted is not None:
             evidence.timeline(figures.predicted, None, f"{variant}: pipeline model")
