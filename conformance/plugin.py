@@ -100,7 +100,8 @@ def _make_launcher(config: pytest.Config) -> tuple[Launcher, Any]:
     from conformance.harness.launchers.zygote import MEGATRON
     from conformance.plugins.scheduling import needs_megatron_key
 
-    kind = detect_device_kind(config.getoption(options.CPU_SLOTS), backend)
+    kind = detect_device_kind(config.getoption(options.CPU_SLOTS), backend,
+                              config.getoption(options.RANKS_PER_DEVICE))
     max_live = config.getoption(options.MAX_LIVE_RANKS) or default_max_live_ranks()
     preload = MEGATRON if config.stash.get(needs_megatron_key, True) else ()
     launcher = ProcessLauncher(kind, max_live_ranks=max_live, preload=preload)
@@ -151,11 +152,29 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     from conformance.harness.impl_loader import ImplementationLoadError, load_implementation
     from conformance.protocol import DeclarationError, declarations
 
+    from conformance.harness.launchers.devices import SharedDevicesError
+
     try:
         check()
         declarations(load_implementation(impl_spec(config)))
-    except (ImplementationLoadError, DeclarationError, UnsupportedMegatron) as exc:
+        _check_shared_devices(config)
+    except (ImplementationLoadError, DeclarationError, UnsupportedMegatron, SharedDevicesError) as exc:
         raise pytest.UsageError(str(exc)) from None
+
+
+def _check_shared_devices(config: pytest.Config) -> None:
+    """Refuse ``--coc-ranks-per-device`` where ranks cannot share a device, before any case runs."""
+    per_device = config.getoption(options.RANKS_PER_DEVICE)
+    if per_device == 1:
+        return
+    from conformance.harness.launchers.devices import SharedDevicesError, detect_device_kind
+
+    try:
+        if config.getoption(options.LAUNCHER) != "process":
+            raise SharedDevicesError("it needs the process launcher (ranks as processes bound to devices)")
+        detect_device_kind(backend=config.getoption(options.BACKEND), ranks_per_device=per_device)
+    except SharedDevicesError as exc:
+        raise SharedDevicesError(f"{options.RANKS_PER_DEVICE} {per_device}: {exc}") from None
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

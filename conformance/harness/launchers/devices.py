@@ -18,14 +18,28 @@ from dataclasses import dataclass
 from typing import Any
 
 
+#: Separates a device from a rank's place on it in a lease slot's name (``"0/1"``: device 0, second rank).
+SLOT_SEP = "/"
+
+
+class SharedDevicesError(ValueError):
+    """Several ranks per device asked for where they cannot run (the message says why)."""
+
+
 @dataclass(frozen=True)
 class DeviceKind:
-    """A device family: its collective backend and its visibility variable."""
+    """A device family: its collective backend and its visibility variable.
+
+    ``ranks_per_device`` > 1 (``--coc-ranks-per-device``, ``docs/DESIGN.md#shared-devices``) leases that
+    many slots of every device: a case of N ranks then holds N slots, on as many distinct devices as
+    are free first, and ranks on one slot's device share it.
+    """
 
     name: str
     backend: str
     visibility_var: str | None
     count: int
+    ranks_per_device: int = 1
 
     @property
     def binds_devices(self) -> bool:
@@ -33,32 +47,68 @@ class DeviceKind:
         return self.visibility_var is not None
 
     def lease_names(self) -> list[str]:
-        return [str(i) for i in range(self.count)]
+        """One name per slot: the device ids, or ``"device/place"`` when ranks share devices (every
+        device's first place before any second one, so ranks spread over the devices first)."""
+        if self.ranks_per_device == 1:
+            return [str(i) for i in range(self.count)]
+        return [f"{i}{SLOT_SEP}{j}" for j in range(self.ranks_per_device) for i in range(self.count)]
+
+    @staticmethod
+    def _distinct(devices: Sequence[str]) -> list[str]:
+        return list(dict.fromkeys(d.split(SLOT_SEP)[0] for d in devices))
 
     def visible_devices_env(self, devices: Sequence[str]) -> dict[str, str]:
-        """Environment that makes exactly the leased devices visible, in lease order."""
+        """Environment that makes exactly the leased devices visible, in lease order (each once)."""
         if self.visibility_var is None:
             return {}
-        return {self.visibility_var: ",".join(devices)}
+        return {self.visibility_var: ",".join(self._distinct(devices))}
 
-    def rank_device(self, rank: int) -> str:
-        """The device a rank uses once only its leased devices are visible."""
-        return "cpu" if self.name == "cpu" else f"{self.name}:{rank}"
+    def rank_device(self, rank: int, devices: Sequence[str] = ()) -> str:
+        """The device a rank uses once only its leased devices are visible (``devices``: the slots
+        leased, rank ``i`` on slot ``i``)."""
+        if self.name == "cpu":
+            return "cpu"
+        if not devices:
+            return f"{self.name}:{rank}"
+        return f"{self.name}:{self._distinct(devices).index(devices[rank].split(SLOT_SEP)[0])}"
 
 
-def detect_device_kind(cpu_slots: int = 8, backend: str | None = None) -> DeviceKind:
+def detect_device_kind(cpu_slots: int = 8, backend: str | None = None, ranks_per_device: int = 1) -> DeviceKind:
     """The best device family present: Ascend NPU, then CUDA, else CPU slots.
 
     ``cpu_slots`` is how many CPU ranks may run at once across all pytest
     workers of this machine (leases cap memory use, not placement).
+    ``ranks_per_device`` > 1 shares each accelerator among that many ranks
+    (:func:`shared`).
     """
     npu = _npu_count()
     if npu:
-        return DeviceKind("npu", backend or "hccl", "ASCEND_RT_VISIBLE_DEVICES", npu)
-    cuda = _cuda_count()
-    if cuda:
-        return DeviceKind("cuda", backend or "nccl", "CUDA_VISIBLE_DEVICES", cuda)
-    return cpu(cpu_slots, backend)
+        kind = DeviceKind("npu", backend or "hccl", "ASCEND_RT_VISIBLE_DEVICES", npu)
+    else:
+        cuda = _cuda_count()
+        kind = DeviceKind("cuda", backend or "nccl", "CUDA_VISIBLE_DEVICES", cuda) if cuda else cpu(cpu_slots, backend)
+    return kind if ranks_per_device == 1 else shared(kind, ranks_per_device, backend)
+
+
+def shared(kind: DeviceKind, ranks_per_device: int, backend: str | None = None) -> DeviceKind:
+    """``kind`` with ``ranks_per_device`` ranks on each device, over gloo (``docs/DESIGN.md#shared-devices``).
+
+    NCCL and HCCL refuse two ranks of one group on one device; gloo takes
+    CUDA tensors (through pinned host copies) but no NPU tensors; CPU ranks
+    share the cores already (``--coc-cpu-slots`` counts them).  Each of those
+    is refused, saying so.
+    """
+    if kind.name == "cpu":
+        raise SharedDevicesError("several ranks per device is for accelerators: CPU ranks already share the "
+                                 "cores (--coc-cpu-slots says how many run at once)")
+    if kind.name != "cuda":
+        raise SharedDevicesError(f"several ranks on one {kind.name} device need a backend that takes "
+                                 f"{kind.name} tensors from ranks sharing a device: hccl refuses it and gloo "
+                                 f"takes CPU and CUDA tensors only")
+    if backend not in (None, "gloo"):
+        raise SharedDevicesError(f"several ranks on one device need --coc-backend gloo: {backend} refuses two "
+                                 "ranks of one group on one device")
+    return DeviceKind(kind.name, "gloo", kind.visibility_var, kind.count, ranks_per_device)
 
 
 def cpu(slots: int = 8, backend: str | None = None) -> DeviceKind:
