@@ -150,9 +150,8 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         return  # xdist workers: the controller checked already
     from coc_shared.megatron_range import UnsupportedMegatron, check
     from conformance.harness.impl_loader import ImplementationLoadError, load_implementation
-    from conformance.protocol import DeclarationError, declarations
-
     from conformance.harness.launchers.devices import SharedDevicesError
+    from conformance.protocol import DeclarationError, declarations
 
     try:
         check()
@@ -208,10 +207,9 @@ def coc_declarations(coc_impl: Any) -> Declarations:
 @pytest.fixture
 def coc_ranks(request: pytest.FixtureRequest) -> CaseRanks:
     """Run a rank task on N ranks: ``coc_ranks.run(fn, world_size, **params)`` (timed for this case)."""
+    from conformance.caseids import needs
     from conformance.plugins.breaker import refuse_if_stormed
     from conformance.plugins.time_breakdown import case_timings
-
-    from conformance.caseids import needs
 
     node = request.node
     return rank_runner(request.config).for_case(case_timings(node), before_run=lambda: refuse_if_stormed(node),

@@ -17,7 +17,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-
 #: Separates a device from a rank's place on it in a lease slot's name (``"0/1"``: device 0, second rank).
 SLOT_SEP = "/"
 
