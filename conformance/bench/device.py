@@ -23,6 +23,7 @@ Exit status 1 when the suite or the exploration failed.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import subprocess
 import sys
@@ -45,6 +46,15 @@ CPU_SHAPES = (("7b-qkv/4", 1024, 1024, 3072), ("7b-proj/4", 1024, 1024, 1024),
 DEFAULT_OUT = Path("reports") / "device-check.json"
 
 
+def _in_chunks(x: Any, w: Any, chunks: int) -> None:
+    """``x @ w`` as ``chunks`` row-chunks one after the other, a fresh output each (as a pipeline)."""
+    import torch
+
+    block = x.shape[0] // chunks
+    for i in range(chunks):
+        torch.matmul(x[i * block:(i + 1) * block], w)
+
+
 def measure_efficiency(shapes: Sequence[tuple[str, int, int, int]], device: str, dtype: str, *,
                        chunks: Sequence[int] = CHUNKS, warmup: int = 2, repeats: int = 7) -> ChunkEfficiency:
     """Time every shape whole and in ``c`` row-chunks, interleaved, on ``device``; the ratios per shape."""
@@ -61,13 +71,8 @@ def measure_efficiency(shapes: Sequence[tuple[str, int, int, int]], device: str,
         w = torch.randn(k, n, generator=gen).to(device=device, dtype=torch_dtype)
         counts = [c for c in chunks if m % c == 0]
 
-        def in_chunks(c: int, x: Any = x, w: Any = w, m: int = m) -> None:
-            block = m // c
-            for i in range(c):
-                torch.matmul(x[i * block:(i + 1) * block], w)  # a fresh output per chunk, as a pipeline
-
-        items: dict[str, Callable[[], Any]] = {"whole": lambda x=x, w=w: torch.matmul(x, w)}
-        items.update({f"c{c}": (lambda c=c: in_chunks(c)) for c in counts})
+        items: dict[str, Callable[[], Any]] = {"whole": functools.partial(torch.matmul, x, w)}
+        items.update({f"c{c}": functools.partial(_in_chunks, x, w, c) for c in counts})
         with torch.no_grad():
             samples = time_interleaved(items, Settings(warmup, repeats), barrier=lambda: None, synchronize=sync,
                                        max_over_ranks=lambda values: values)
