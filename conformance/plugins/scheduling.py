@@ -1,7 +1,8 @@
 """Which cases run, and in what order: ``--coc-tp``, torchrun's world size, warm pools.
 
 Every distributed case names its sizes as parameters (``tp``, ``world_size``,
-and ``world`` when its TP group is a proper subgroup), so the choice is made
+``world`` when its TP group is a proper subgroup, or a perf case's ``tp``),
+read by the one :func:`conformance.caseids.needs`, so the choice is made
 here, at collection, never in a test body.
 
 Order (``docs/DESIGN.md#scheduling``): cases on rank pools are sorted by the
