@@ -85,3 +85,15 @@ def test_the_device_check_measures_the_table_on_cpu() -> None:
     assert [(s.m, s.k, s.n) for s in table.shapes] == [(64, 32, 32)] and set(table.shapes[0].ratio) == {2, 4}
     assert all(r > 0 for r in table.shapes[0].ratio.values())
     assert "c=4" in table.text(["tiny"])
+
+
+def test_the_device_checks_json_is_what_the_model_reads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The command's own output, named by COC_CHUNK_EFFICIENCY, is the table the model and auto use."""
+    out = tmp_path / "device-check.json"
+    assert device.main(["--only", "efficiency", "--repeats", "1", "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["node"]["device"] == "cpu" and doc["chunk_efficiency"]["dtype"] == "float32"
+    monkeypatch.setenv(chunk_efficiency.ENV, str(out))
+    table = chunk_efficiency.configured()
+    assert table is not None and [(s.m, s.k, s.n) for s in table.shapes] == [s[1:] for s in device.CPU_SHAPES]
+    assert isinstance(chunk_efficiency.chunked_matmul(MeasuredCurve.of({1024: 1.0}), 1024, 1024, 1024), ChunkedMatmul)
