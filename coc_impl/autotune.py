@@ -23,6 +23,10 @@ fresh block buffers cost page faults.  So they are measured: the excess of
 
     predicted(p) = makespan(p) + (p - 1) * max(0, T2(b) - makespan([b, b]))
 
+With ``COC_CHUNK_EFFICIENCY`` naming the device check's JSON
+(:mod:`coc_shared.chunk_efficiency`), a block's matmul is not timed: its cost
+is the whole matmul's share times the device's measured chunk penalty.
+
 The count with the best prediction is a candidate if it beats the serial
 run (``CostMM(m) + CostComm(m)``) by at least :data:`MIN_PREDICTED_GAIN`.
 A candidate is then confirmed: its real pipeline on all ``m`` rows and the
@@ -55,7 +59,8 @@ import torch.distributed as dist
 
 from coc_impl import overlap
 from coc_impl.config import VALID_CHUNKS
-from coc_shared import timing
+from coc_shared import chunk_efficiency, timing
+from coc_shared.chunk_efficiency import ChunkedMatmul, ChunkEfficiency
 from coc_shared.cost_model import CostCurve, MeasuredCurve
 from coc_shared.timeline import Order, simulate
 
@@ -152,15 +157,22 @@ def predicted_time(chunks: int, mm: CostCurve, comm: CostCurve, order: Order, m:
 
 
 def plan(mm_us: Mapping[int, float], comm_us: Mapping[int, float], two_blocks_us: Mapping[int, float],
-         *, m: int, collective: Collective) -> Decision:
+         *, m: int, collective: Collective, efficiency: ChunkEfficiency | None = None,
+         k: int = 1, n: int = 1) -> Decision:
     """Pick the chunk count from measured costs (pure: no device, no collective).
 
     ``mm_us`` / ``comm_us`` map matmul row counts (``m`` and each candidate
     block) to the matmul and collective times measured for them;
     ``two_blocks_us[p]`` is the engine's two-block pipeline of the block size
-    of candidate ``p``.
+    of candidate ``p``.  With the device's chunk ``efficiency`` (the device
+    check's table) only the whole matmul need be measured: a block of
+    ``m/p`` rows costs ``ratio(p) * CostMM(m) / p`` for the ``[m, k] @ [k, n]``
+    shape's nearest measured shape.
     """
-    mm, comm = MeasuredCurve.of(mm_us), MeasuredCurve.of(comm_us)
+    mm: CostCurve = MeasuredCurve.of(mm_us)
+    if efficiency is not None:
+        mm = ChunkedMatmul(MeasuredCurve.of({m: mm_us[m]}), m, k, n, efficiency)
+    comm = MeasuredCurve.of(comm_us)
     serial = mm_us[m] + comm_us[m]
     order = ORDERS[collective]
     predicted = {}
@@ -191,17 +203,20 @@ def _measure_and_plan(m: int, k: int, n: int, group: dist.ProcessGroup, dtype: t
     if not counts:
         return Decision(1, 0.0, {})
     rows = [m] + [m // p for p in counts]
+    efficiency = chunk_efficiency.configured()  # the device check's table: blocks' matmuls need no timing
     probe = _Probe(m, k, n, group, dtype, collective, device)
     items: dict[str, Callable[[], None]] = {}
     for r in rows:
-        items[f"mm@{r}"] = functools.partial(probe.matmul, r)
+        if efficiency is None or r == m:
+            items[f"mm@{r}"] = functools.partial(probe.matmul, r)
         items[f"comm@{r}"] = functools.partial(probe.collective, r)
     for p in counts:
         items[f"two@{p}"] = functools.partial(probe.two_blocks, m // p)
     with torch.no_grad():
         us = {name: ms * 1e3 for name, ms in probe.medians(items, REPEATS).items()}
-    decision = plan({r: us[f"mm@{r}"] for r in rows}, {r: us[f"comm@{r}"] for r in rows},
-                    {p: us[f"two@{p}"] for p in counts}, m=m, collective=collective)
+    decision = plan({r: us[f"mm@{r}"] for r in rows if f"mm@{r}" in us}, {r: us[f"comm@{r}"] for r in rows},
+                    {p: us[f"two@{p}"] for p in counts}, m=m, collective=collective, efficiency=efficiency,
+                    k=k, n=n)
     if decision.candidate == 1:
         return decision
     race: dict[str, Callable[[], None]] = {"one": functools.partial(probe.pipeline, m, 1),

@@ -6,7 +6,8 @@ Prints a few human-readable lines, then, as the last line, one JSON object::
      "serial_us": ..., "ideal_us": ..., "exposed_comm_us": ..., "order": ...}
 
 ``predicted_us`` is the pipeline model's makespan with the fitted costs (no
-inflation), ``serial_us`` the unchunked matmul plus collective, ``ideal_us``
+inflation; with ``--chunk-efficiency``, each chunk's matmul at the device's
+measured chunk penalty), ``serial_us`` the unchunked matmul plus collective, ``ideal_us``
 the perfect-overlap bound of the planned chunks.
 """
 
@@ -14,11 +15,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 
 from coc_impl.errors import CoCConfigError, CoCShapeError
 from coc_impl.planner import DEFAULT_INFLATION, plan_blocks
+from coc_shared.chunk_efficiency import ENV as EFFICIENCY_ENV
+from coc_shared.chunk_efficiency import EfficiencyError, chunked_matmul
+from coc_shared.chunk_efficiency import load as load_efficiency
 from coc_shared.cost_model import CostFileError, load_costs
 from coc_shared.timeline import ORDERS, simulate
 
@@ -67,6 +72,11 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"planning factor for overlap contention (default {DEFAULT_INFLATION})",
     )
     parser.add_argument(
+        "--chunk-efficiency", metavar="FILE", default=os.environ.get(EFFICIENCY_ENV) or None,
+        help="the device check's JSON (python -m conformance.bench device): its chunked-GEMM efficiency "
+        f"makes a chunk's matmul dearer than its share of the whole (default: ${EFFICIENCY_ENV}, else none)",
+    )
+    parser.add_argument(
         "--order",
         choices=ORDERS,
         default="compute_first",
@@ -86,6 +96,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(exc))
     mm_cost, comm_cost = models.bind(args.k, args.n, dtype_size)
     try:
+        efficiency = load_efficiency(args.chunk_efficiency) if args.chunk_efficiency else None
+    except EfficiencyError as exc:
+        parser.error(str(exc))
+    if efficiency is not None:
+        mm_cost = chunked_matmul(mm_cost, args.m, args.k, args.n, efficiency)
+    try:
         plan = plan_blocks(args.m, args.k, args.n, dtype_size, mm_cost, comm_cost, args.inflation)
     except CoCShapeError as exc:
         parser.error(str(exc))
@@ -95,6 +111,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     measured = (models.matmul.k, models.matmul.n)
     if measured != (args.k, args.n):
         print(f"note: matmul cost measured at K={measured[0]} N={measured[1]}, scaled by FLOPs to this shape")
+    if efficiency is not None:
+        print(f"note: chunked matmuls cost the device's measured efficiency ({args.chunk_efficiency})")
     print(f"bound: {plan.bound} (matmul {mm_cost(args.m):.1f} us, comm {comm_cost(args.m):.1f} us unchunked)")
     if plan.count:
         where = "first" if plan.bound == "comm" else "last"

@@ -1,4 +1,5 @@
-"""Case ids: how expectations files, the smoke tier, the summary and the gate name a case, and its capability.
+"""Case ids: how expectations files, the smoke tier, the summary and the gate name a case, its capability and
+what it needs of the node.
 
 A case id is the pytest node id without its directories
 (``test_layers.py::test_x[params]``), so it is the same whether the suite ran
@@ -9,6 +10,7 @@ from a checkout or from an installed package (``--pyargs``).  Patterns use
 from __future__ import annotations
 
 import fnmatch
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -56,3 +58,34 @@ def capability(item: pytest.Item) -> str | None:
     if isinstance(golden_id, str) and golden_id.startswith("layer-"):
         return f"layer:{golden_id.split('-')[1]}"
     return None
+
+
+@dataclass(frozen=True)
+class Needs:
+    """What a case needs of the node: the TP sizes it runs at, the ranks it starts at once, and whether it
+    holds the whole node (a perf case: nothing else runs beside its timings)."""
+
+    tps: frozenset[int]
+    world: int
+    exclusive: bool
+
+    def shortfall(self, devices: int) -> str | None:
+        """Why a node of ``devices`` devices (CPU slots) cannot run the case (None when it can)."""
+        if self.world > devices:
+            return f"needs {self.world} devices, this node has {devices}"
+        return None
+
+
+def needs(item: pytest.Item) -> Needs:
+    """The one reading of a case's sizes (``docs/DESIGN.md#leases-and-node-size``): its TP parameters
+    (``tp``, ``world_size``), the TP a parameter object carries (a perf profile case), and ``world`` when its
+    TP group is a proper subgroup.  ``--coc-tp``, the node-size skip, the order of cases and the lease all
+    read it."""
+    from conformance.options import TP_PARAMS, WORLD_PARAM
+
+    params: dict[str, Any] = getattr(getattr(item, "callspec", None), "params", {})
+    tps = {params[p] for p in TP_PARAMS if isinstance(params.get(p), int) and not isinstance(params[p], bool)}
+    tps |= {v.tp for v in params.values() if isinstance(getattr(v, "tp", None), int)}
+    world = params.get(WORLD_PARAM)
+    sizes = [*tps, *([world] if isinstance(world, int) and not isinstance(world, bool) else [])]
+    return Needs(frozenset(tps), max(sizes, default=0), item.get_closest_marker("perf") is not None)

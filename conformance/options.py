@@ -24,6 +24,7 @@ BUDGET_FACTOR = "--coc-budget-factor"
 BUDGET_FLOOR = "--coc-budget-floor"
 STORM = "--coc-storm"
 CPU_SLOTS = "--coc-cpu-slots"
+RANKS_PER_DEVICE = "--coc-ranks-per-device"
 MAX_LIVE_RANKS = "--coc-max-live-ranks"
 LEASE_DIR = "--coc-lease-dir"
 TP = "--coc-tp"
@@ -121,6 +122,11 @@ def add_options(parser: pytest.Parser) -> None:
     group.addoption(
         CPU_SLOTS, type=_positive(int), default=8, metavar="N",
         help="CPU ranks allowed to run at once across all xdist workers of this machine (default 8).",
+    )
+    group.addoption(
+        RANKS_PER_DEVICE, type=_positive(int), default=1, metavar="N",
+        help="Ranks that share one accelerator (default 1): N > 1 runs TP cases of up to N times the "
+        "devices on gloo with device tensors, e.g. TP 2 on one GPU. CUDA only; refused elsewhere, saying why.",
     )
     group.addoption(
         MAX_LIVE_RANKS, type=_positive(int), default=None, metavar="N",

@@ -13,6 +13,7 @@ __all__ = ["SUB_PLUGINS", "coc_declarations", "coc_impl", "coc_impl_spec", "coc_
            "rank_runner"]
 
 import os
+from collections.abc import Generator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -99,7 +100,8 @@ def _make_launcher(config: pytest.Config) -> tuple[Launcher, Any]:
     from conformance.harness.launchers.zygote import MEGATRON
     from conformance.plugins.scheduling import needs_megatron_key
 
-    kind = detect_device_kind(config.getoption(options.CPU_SLOTS), backend)
+    kind = detect_device_kind(config.getoption(options.CPU_SLOTS), backend,
+                              config.getoption(options.RANKS_PER_DEVICE))
     max_live = config.getoption(options.MAX_LIVE_RANKS) or default_max_live_ranks()
     preload = MEGATRON if config.stash.get(needs_megatron_key, True) else ()
     launcher = ProcessLauncher(kind, max_live_ranks=max_live, preload=preload)
@@ -148,13 +150,30 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         return  # xdist workers: the controller checked already
     from coc_shared.megatron_range import UnsupportedMegatron, check
     from conformance.harness.impl_loader import ImplementationLoadError, load_implementation
+    from conformance.harness.launchers.devices import SharedDevicesError
     from conformance.protocol import DeclarationError, declarations
 
     try:
         check()
         declarations(load_implementation(impl_spec(config)))
-    except (ImplementationLoadError, DeclarationError, UnsupportedMegatron) as exc:
+        _check_shared_devices(config)
+    except (ImplementationLoadError, DeclarationError, UnsupportedMegatron, SharedDevicesError) as exc:
         raise pytest.UsageError(str(exc)) from None
+
+
+def _check_shared_devices(config: pytest.Config) -> None:
+    """Refuse ``--coc-ranks-per-device`` where ranks cannot share a device, before any case runs."""
+    per_device = config.getoption(options.RANKS_PER_DEVICE)
+    if per_device == 1:
+        return
+    from conformance.harness.launchers.devices import SharedDevicesError, detect_device_kind
+
+    try:
+        if config.getoption(options.LAUNCHER) != "process":
+            raise SharedDevicesError("it needs the process launcher (ranks as processes bound to devices)")
+        detect_device_kind(backend=config.getoption(options.BACKEND), ranks_per_device=per_device)
+    except SharedDevicesError as exc:
+        raise SharedDevicesError(f"{options.RANKS_PER_DEVICE} {per_device}: {exc}") from None
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -188,25 +207,58 @@ def coc_declarations(coc_impl: Any) -> Declarations:
 @pytest.fixture
 def coc_ranks(request: pytest.FixtureRequest) -> CaseRanks:
     """Run a rank task on N ranks: ``coc_ranks.run(fn, world_size, **params)`` (timed for this case)."""
+    from conformance.caseids import needs
     from conformance.plugins.breaker import refuse_if_stormed
     from conformance.plugins.time_breakdown import case_timings
 
     node = request.node
-    return rank_runner(request.config).for_case(case_timings(node), before_run=lambda: refuse_if_stormed(node))
+    return rank_runner(request.config).for_case(case_timings(node), before_run=lambda: refuse_if_stormed(node),
+                                                exclusive=needs(node).exclusive)
+
+
+def node_devices(config: pytest.Config) -> int | None:
+    """How many ranks this node runs at once: its devices, or CPU slots (None under torchrun, whose job's
+    ranks are the limit).  The leases hold exactly these, so a case is skipped by the same count that
+    would refuse its lease."""
+    leases = rank_runner(config).leases
+    return None if leases is None else len(leases.devices)
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Skip a case the implementation cannot run (``coc_requires``), or one needing more devices than the
+    node has (``docs/DESIGN.md#leases-and-node-size``): never started on fewer."""
     marks = list(item.iter_markers("coc_requires"))
-    if not marks:
-        return
-    from conformance.harness.impl_loader import load_implementation, missing_capability
+    if marks:
+        from conformance.harness.impl_loader import load_implementation, missing_capability
 
-    impl = load_implementation(impl_spec(item.config))
-    for mark in marks:
-        for capability in mark.args:
-            reason = missing_capability(impl, capability)
-            if reason:
-                pytest.skip(reason)
+        impl = load_implementation(impl_spec(item.config))
+        for mark in marks:
+            for capability in mark.args:
+                reason = missing_capability(impl, capability)
+                if reason:
+                    pytest.skip(reason)
+    if "coc_ranks" not in getattr(item, "fixturenames", ()):
+        return
+    from conformance.caseids import needs
+
+    need = needs(item)
+    devices = node_devices(item.config) if need.world else None
+    shortfall = None if devices is None else need.shortfall(devices)
+    if shortfall:
+        pytest.skip(shortfall)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
+    """A run asking for more ranks than the node has devices skips the case, saying so (never a crash)."""
+    from conformance.harness.leases import LeaseUnsatisfiable
+
+    try:
+        return (yield)
+    except LeaseUnsatisfiable as exc:
+        if "coc_ranks" not in getattr(item, "fixturenames", ()):
+            raise
+        pytest.skip(str(exc))
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:

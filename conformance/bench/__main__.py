@@ -1,4 +1,4 @@
-"""``python -m conformance.bench {overhead,coc,bounds,hangs} [options]``."""
+"""``python -m conformance.bench {overhead,coc,bounds,hangs,device} [options]``."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ BENCHMARKS = {
     "coc": "conformance.bench.coc",
     "bounds": "conformance.bench.bounds",
     "hangs": "conformance.bench.hangs",
+    "device": "conformance.bench.device",
 }
 
 

@@ -36,7 +36,6 @@ after warm-up (so ``auto`` has made its decision).
 from __future__ import annotations
 
 import functools
-import platform
 import time
 from collections.abc import Callable
 from functools import partial
@@ -49,6 +48,7 @@ from conformance.contract.jobs import coc_argv
 from conformance.contract.perf_items import COMM, MM, SERIAL, SERIAL_REUSED, block_key
 from conformance.harness.case import RankContext, call_capturing_errors
 from conformance.harness.impl_loader import missing_capability
+from conformance.harness.launchers.devices import cpu_name
 from conformance.harness.probes import record_collectives
 
 #: The collective each op pipelines (as :class:`~conformance.harness.probes.CollectiveCall` kinds).
@@ -57,28 +57,15 @@ KINDS = {"matmul_all_reduce": "all_reduce", "matmul_reduce_scatter": "reduce_sca
 
 
 def device_identity(ctx: RankContext, backend: str) -> dict[str, Any]:
-    """What a hardware profile matches on: device kind, device name, backend, TP."""
+    """What a hardware profile matches on, as the ranks saw it: device kind, device name, backend, TP."""
     kind = ctx.device.split(":")[0]
     if kind == "cpu":
-        name = _cpu_name()
+        name = cpu_name()
     else:
         import torch
 
         name = torch.get_device_module(kind).get_device_name()
     return {"device": kind, "name": name, "backend": backend, "tp": ctx.world_size}
-
-
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.lower().startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 
 
 def variant_reason(impl: Any, variant: str, op: str) -> str | None:

@@ -113,17 +113,21 @@ class DeviceLeases:
     ) -> Iterator[tuple[str, ...]]:
         """Hold ``count`` distinct devices (all of them if ``exclusive``), in turn.
 
+        A request for more devices than the node has raises
+        :class:`LeaseUnsatisfiable` at once, exclusive or not: ranks never
+        share a lease slot.
+
         Devices in ``prefer`` are taken first when free, so a warm pool bound
         to them can be reused.  Yields the leased device names in lease order.
         """
-        wanted = len(self.devices) if exclusive else count
-        if wanted > len(self.devices):
+        if count > len(self.devices):
             how = f" (raise {self._slots_option}, or deselect these cases with --coc-tp)" \
                 if self._slots_option else ""
             raise LeaseUnsatisfiable(
-                f"a case needs {wanted} devices but this node has {len(self.devices)} "
-                f"({', '.join(self.devices)}){how}"
+                f"needs {count} devices, this node has {len(self.devices)} ({', '.join(self.devices)}){how}"
             )
+        # An exclusive case holds every device, and still never fewer than it has ranks.
+        wanted = len(self.devices) if exclusive else count
         ticket = self._enqueue(wanted)
         try:
             held = self._wait_for_turn(ticket, wanted, prefer)

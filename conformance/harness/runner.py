@@ -55,13 +55,15 @@ class RankRunner:
         self.default_timeout = default_timeout
         self.budget = budget or Budget()
 
-    def for_case(self, timings: CaseTimings, before_run: Callable[[], None] | None = None) -> CaseRanks:
+    def for_case(self, timings: CaseTimings, before_run: Callable[[], None] | None = None, *,
+                 exclusive: bool = False) -> CaseRanks:
         """This runner as one case uses it: every run records where its time went into ``timings``.
 
         ``before_run`` is called before each run and may refuse it by raising
         (the storm breaker fails a case there, once it is known to need ranks).
+        ``exclusive``: every run of the case holds the whole node (a perf case).
         """
-        return CaseRanks(self, timings, before_run)
+        return CaseRanks(self, timings, before_run, exclusive=exclusive)
 
     def outcomes(self, fn: TaskFn, world_size: int, *, timeout: float | None = None,
                  exclusive: bool = False, **params: Any) -> list[RankOutcome]:
@@ -78,10 +80,11 @@ class CaseRanks:
     """The session's :class:`RankRunner` as one case sees it (the ``coc_ranks`` fixture)."""
 
     def __init__(self, runner: RankRunner, timings: CaseTimings,
-                 before_run: Callable[[], None] | None = None) -> None:
+                 before_run: Callable[[], None] | None = None, *, exclusive: bool = False) -> None:
         self.runner = runner
         self.timings = timings
         self.before_run = before_run
+        self.exclusive = exclusive
 
     @property
     def max_world(self) -> int | None:
@@ -94,6 +97,7 @@ class CaseRanks:
         """Run ``fn(ctx, **params)`` on ``world_size`` ranks; one outcome per rank."""
         if self.before_run is not None:
             self.before_run()
+        exclusive = exclusive or self.exclusive
         runner, record = self.runner, self.timings
         task = RankTask(fn, world_size, params, timeout or runner.default_timeout, exclusive, runner.budget)
         if runner.leases is None:

@@ -28,7 +28,7 @@ QKV and fc1 are column-parallel, proj and fc2 row-parallel; QKV's width is
 Schema 1::
 
     {"schema": 1, "name": ..., "description": ...,
-     "match": {"device": "npu"|"cuda"|"cpu", "name": REGEX, "backend": ..., "tp": [8]},
+     "match": {"device": "npu"|"cuda"|"cpu"|"any", "name": REGEX, "backend": ..., "tp": [8]},
      "large": bool,                       # shapes too big for a CPU run
      "enforce": bool,                     # default true; false: gates report only
      "dtype": "float16", "protocol": {"warmup": 5, "repeats": 20},
@@ -36,6 +36,10 @@ Schema 1::
                 "source"?}],
      "models"?: {NAME: {"hidden", "ffn", "heads", "kv_heads", "seq", "gated", ...}},
      "layers"?: {"names": [...], "sequence_parallel": [...], "gates": {...}, "source"?}}
+
+A profile runs only where its identity matches (:func:`why_not_here`).  The
+one for ``"device": "any"`` (``unprofiled``) measures, never gates, on a node
+no other profile names, so such a node still reports its gains as figures.
 
 Variants: ``fused`` (the implementation's op), ``scripted-P`` (P chunks),
 ``auto`` (``--coc-parallel-num auto``).  A gate passes when the measured gain
@@ -60,6 +64,8 @@ SCHEMA = 1
 PROFILE_OPS = ("matmul_all_reduce", "matmul_reduce_scatter", "all_gather_matmul")
 PROFILE_LAYERS = {"qkv": "column", "fc1": "column", "proj": "row", "fc2": "row"}
 DTYPE_SIZES = {"float16": 2, "bfloat16": 2, "float32": 4}
+#: ``match.device`` of a profile for any node that no other profile matches (figures only, never gated).
+ANY_DEVICE = "any"
 _VARIANT = re.compile(r"^(fused|auto|scripted-(2|4|8))$")
 
 
@@ -76,9 +82,14 @@ class Match:
     backend: str | None = None
     tp: tuple[int, ...] = ()
 
+    @property
+    def anywhere(self) -> bool:
+        """A figures-only profile for nodes no other profile is for (``"device": "any"``)."""
+        return self.device == ANY_DEVICE
+
     def matches(self, device: str, name: str, tp: int, backend: str | None = None) -> bool:
         return (
-            device == self.device
+            (device == self.device or self.anywhere)
             and re.search(self.name, name, re.IGNORECASE) is not None
             and (self.backend is None or backend is None or backend == self.backend)
             and tp in self.tp
@@ -86,7 +97,7 @@ class Match:
 
     def mismatch(self, device: str, name: str, tp: int, backend: str | None = None) -> str:
         """Why this machine is not the profile's (empty when it is)."""
-        wanted = [(device == self.device, f"device {self.device}"),
+        wanted = [(device == self.device or self.anywhere, f"device {self.device}"),
                   (re.search(self.name, name, re.IGNORECASE) is not None, f"name ~ {self.name!r}"),
                   (self.backend is None or backend is None or backend == self.backend,
                    f"backend {self.backend}"),
@@ -242,8 +253,38 @@ def by_name(name: str, profiles: Iterable[Profile] | None = None) -> Profile:
 
 def matching_profile(device: str, name: str, tp: int, backend: str | None = None,
            profiles: Sequence[Profile] | None = None) -> Profile | None:
-    """The profile whose hardware this is (device kind, device name, backend, TP), if any."""
+    """The profile naming this hardware (device kind, device name, backend, TP), if any; the figures-only
+    profile for any device names none."""
     for profile in shipped() if profiles is None else profiles:
-        if profile.match.matches(device, name, tp, backend):
+        if not profile.match.anywhere and profile.match.matches(device, name, tp, backend):
+            return profile
+    return None
+
+
+def why_not_here(profile: Profile, identity: Mapping[str, Any], tp: int,
+                 profiles: Sequence[Profile] | None = None) -> str:
+    """Why ``profile``'s case at ``tp`` does not run on the node ``identity`` (device, name, backend)
+    describes; empty when it runs (``docs/DESIGN.md#profiles-by-identity``).
+
+    A profile runs only where its identity matches.  The figures-only profile
+    (``"device": "any"``) runs only on a node that no other profile names at
+    any TP, so a node with a profile of its own is never measured twice.
+    """
+    mismatch = profile.match.mismatch(identity["device"], identity["name"], tp, identity.get("backend"))
+    if mismatch:
+        return f"profile {profile.name} is not this node's: {mismatch}"
+    if profile.match.anywhere:
+        owner = node_profile(identity, profiles)
+        if owner is not None:
+            return f"profile {profile.name} is for nodes without a profile, and this node has {owner.name}"
+    return ""
+
+
+def node_profile(identity: Mapping[str, Any], profiles: Sequence[Profile] | None = None) -> Profile | None:
+    """The profile naming this node's device (at any of its TP sizes), if any; figures-only ones aside."""
+    for profile in shipped() if profiles is None else profiles:
+        if not profile.match.anywhere and any(
+                profile.match.matches(identity["device"], identity["name"], tp, identity.get("backend"))
+                for tp in profile.match.tp):
             return profile
     return None

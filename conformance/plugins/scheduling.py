@@ -1,7 +1,8 @@
 """Which cases run, and in what order: ``--coc-tp``, torchrun's world size, warm pools.
 
 Every distributed case names its sizes as parameters (``tp``, ``world_size``,
-and ``world`` when its TP group is a proper subgroup), so the choice is made
+``world`` when its TP group is a proper subgroup, or a perf case's ``tp``),
+read by the one :func:`conformance.caseids.needs`, so the choice is made
 here, at collection, never in a test body.
 
 Order (``docs/DESIGN.md#scheduling``): cases on rank pools are sorted by the
@@ -14,24 +15,14 @@ with small ones across workers.
 from __future__ import annotations
 
 import os
-from typing import Any
 
 import pytest
 
 from conformance import options
-from conformance.options import TP_PARAMS, WORLD_PARAM
+from conformance.caseids import needs
 
 #: Whether the collected cases include layer cases (the rank fork server then preloads megatron-core).
 needs_megatron_key = pytest.StashKey[bool]()
-
-
-def sizes(item: pytest.Item) -> list[int]:
-    """The TP / world sizes a case's parameters name (empty for a case on no ranks)."""
-    params: dict[str, Any] = getattr(getattr(item, "callspec", None), "params", {})
-    found = [params[p] for p in (*TP_PARAMS, WORLD_PARAM) if isinstance(params.get(p), int)]
-    # A parameter object that carries its TP size (a perf profile case).
-    found += [v.tp for v in params.values() if isinstance(getattr(v, "tp", None), int)]
-    return found
 
 
 def builds_megatron_state(item: pytest.Item) -> bool:
@@ -41,14 +32,10 @@ def builds_megatron_state(item: pytest.Item) -> bool:
         item.get_closest_marker("coc_builds_megatron") is not None
 
 
-def world_size(item: pytest.Item) -> int:
-    """Ranks the case needs at once (0: none)."""
-    return max(sizes(item), default=0)
-
-
 def order(item: pytest.Item) -> tuple[bool, int, int]:
     """Sort key: perf cases last, then by world size, then by TP size."""
-    return bool(item.get_closest_marker("perf")), world_size(item), min(sizes(item), default=0)
+    need = needs(item)
+    return need.exclusive, need.world, min(need.tps, default=need.world)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -65,12 +52,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     keep: list[pytest.Item] = []
     drop: list[pytest.Item] = []
     for item in items:
-        params = getattr(getattr(item, "callspec", None), "params", {})
-        tps = [params[p] for p in TP_PARAMS if isinstance(params.get(p), int)]
-        unwanted = chosen is not None and not set(tps) <= chosen
+        need = needs(item)
+        unwanted = chosen is not None and not need.tps <= chosen
         # Under torchrun a case runs on exactly the job's ranks: creating a process group
         # (Megatron's, a TP subgroup, the implementation's own) is collective over them all.
-        elsewhere = limit is not None and world_size(item) not in (0, limit)
+        elsewhere = limit is not None and need.world not in (0, limit)
         (drop if unwanted or elsewhere else keep).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)

@@ -4,9 +4,10 @@ One test per profile case: serial and every gated variant timed side by side
 by the :mod:`conformance.judge.perf` protocol on an exclusive lease of the node,
 judged on the median paired gain (each serial / CoC pair ran back to back).
 A gate is *enforced* only when the ranks' hardware (device kind, device
-name, backend, TP) matches the case's profile; everywhere else the case still
-runs and reports its figures, its check is recorded as *not judged* (never as
-passed), and it says so: the result carries the
+name, backend, TP), as the ranks report it, matches the case's profile and
+the profile enforces; otherwise (``enforce: false``, or ranks that saw other
+hardware than the node showed) the case reports its figures, its check is
+recorded as *not judged* (never as passed), and it says so: the result carries the
 user property ``perf_gate`` and the Allure parameter ``gate`` ("enforced" or
 "reported, not gated") and prints one ``PERF`` line with the reason.
 An enforced miss is measured once more and judged again on the rounds of
@@ -14,11 +15,14 @@ both measurements pooled (a shared machine may have been busy during one
 short measurement; a real regression still misses with twice the rounds); it
 then fails as :class:`~conformance.errors.PerfRegression` with both tables.
 
-Profiles for another device kind than the one present (an NPU profile on a
-CPU machine) are collected but skipped with that reason: their shapes take
-hours on a CPU.  Such profiles are also marked ``large``.  Under the threaded
-launcher (synchronous collectives, nothing overlaps) the cases are skipped
-with that reason.
+A profile's cases run only on a node its identity matches (device kind,
+device name, backend, TP: ``docs/DESIGN.md#profiles-by-identity``); elsewhere
+they are skipped naming the profile and what did not match, never measured
+(an NPU profile's shapes take hours on a CPU) nor gated.  A node that no
+profile names runs the figures-only ``unprofiled`` profile instead, which
+reports its gains and gates nothing.  Under the threaded launcher
+(synchronous collectives, nothing overlaps) the cases are skipped with that
+reason.
 """
 
 from __future__ import annotations
@@ -29,34 +33,40 @@ from typing import Any
 
 import pytest
 
+from coc_shared import chunk_efficiency
 from conformance import options, report_properties
 from conformance.cases.perf_cases import pipeline_perf_case
 from conformance.contract import perf_items
-from conformance.harness.launchers.devices import detect_device_kind
+from conformance.harness.launchers.devices import detect_device_kind, node_identity
 from conformance.judge import evidence, hardware, perf
 from conformance.judge.failures import PerfRegression
 from conformance.judge.verdicts import NotJudged
 
-PRESENT = detect_device_kind().name
+#: This node as a profile sees it, with the backend its device kind defaults to (``--coc-backend`` is
+#: checked again when a case runs).
+NODE = node_identity(detect_device_kind())
 
 
 def _params() -> list[Any]:
+    """Every profile's cases; those of a profile that is not this node's skip, naming the profile and what
+    did not match, and the figures-only profile's are collected only on a node that no profile names."""
     params = []
     for profile in hardware.shipped():
         marks: list[Any] = [pytest.mark.perf]
         if profile.large:
             marks.append(pytest.mark.large)
-        if PRESENT == "cpu" and profile.match.device != "cpu":
-            marks.append(pytest.mark.skip(
-                reason=f"profile {profile.name} is for {profile.match.device} devices and this machine "
-                       f"runs CPU ranks: its {profile.dtype} shapes are not measurable here"))
-        params += [pytest.param(case, id=case.name, marks=marks) for case in profile.cases]
+        for case in profile.cases:
+            why_not = hardware.why_not_here(profile, NODE, case.tp)
+            if why_not and profile.match.anywhere:
+                continue
+            skip = [pytest.mark.skip(reason=why_not)] if why_not else []
+            params.append(pytest.param(case, id=case.name, marks=marks + skip))
     return params
 
 
 def _measure(coc_ranks: Any, case: hardware.PerfCase, profile: hardware.Profile) -> dict[str, Any]:
     return coc_ranks.run(
-        pipeline_perf_case, case.tp, exclusive=True,
+        pipeline_perf_case, case.tp,  # exclusive: a perf case holds the whole node (caseids.needs)
         op=case.op, m=case.m, k=case.k, n=case.n, dtype=case.dtype, variants=list(case.gates),
         warmup=profile.warmup, repeats=profile.repeats,
     )[0]
@@ -96,6 +106,9 @@ def _report(case: hardware.PerfCase, result: Mapping[str, Any], measurement: per
                             gate=label, profile=case.profile, tp=case.tp,
                             shape=(case.m, case.k, case.n), dtype=case.dtype, device=identity["name"])
     evidence.text(text, title)
+    efficiency = chunk_efficiency.configured()  # the device check's table (COC_CHUNK_EFFICIENCY), if given
+    if efficiency is not None:
+        evidence.text(efficiency.text(), "chunked-GEMM efficiency (device check)")
     for variant, figures in measurement.variants.items():
         if figures.predicted is not None:
             evidence.timeline(figures.predicted, None, f"{variant}: pipeline model")
@@ -111,6 +124,10 @@ def test_coc_gain_meets_profile(coc_ranks: Any, case: hardware.PerfCase, record_
     if pytestconfig.getoption(options.LAUNCHER) == "threaded":
         pytest.skip("the threaded launcher's collectives are synchronous: there is no overlap to measure")
     profile = hardware.by_name(case.profile)
+    here = node_identity(detect_device_kind(backend=pytestconfig.getoption(options.BACKEND)))
+    why_not = hardware.why_not_here(profile, here, case.tp)
+    if why_not:  # the backend chosen for this run is not the profile's: never measured against it
+        pytest.skip(why_not)
     result = _measure(coc_ranks, case, profile)
     if not result["samples"].keys() - {perf_items.SERIAL, perf_items.MM, perf_items.COMM}:
         pytest.skip(f"no variant of {sorted(case.gates)} can run: {result['skipped']}")

@@ -67,8 +67,15 @@ def test_exclusive_waits_for_all_devices(tmp_path: Path) -> None:
 
 def test_more_devices_than_the_node_has_is_an_error(tmp_path: Path) -> None:
     """A request that can never be granted fails at once, as such (not as a timeout)."""
-    with pytest.raises(LeaseUnsatisfiable, match="needs 8 devices but this node has 4"):
+    with pytest.raises(LeaseUnsatisfiable, match="needs 8 devices, this node has 4"):
         with DeviceLeases(tmp_path, ["0", "1", "2", "3"]).lease(8):
+            pass
+
+
+def test_an_exclusive_request_for_more_ranks_than_devices_is_an_error(tmp_path: Path) -> None:
+    """Holding the whole node of one device never lets two ranks start on it."""
+    with pytest.raises(LeaseUnsatisfiable, match="needs 2 devices, this node has 1"):
+        with DeviceLeases(tmp_path, ["0"]).lease(2, exclusive=True):
             pass
 
 

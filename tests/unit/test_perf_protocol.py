@@ -375,3 +375,31 @@ def test_rank_side_times_every_item_and_the_reused_buffer_reference(gloo_ranks, 
     assert {perf_items.SERIAL, perf_items.MM, perf_items.COMM, "scripted-2", SERIAL_REUSED} <= result["samples"].keys()
     assert result["blocks"][SERIAL_REUSED] == [64] and len(result["blocks"]["scripted-2"]) == 2
     assert result["cpu"]["ranks"] == 2 and result["cpu"]["mm_ms"] > 0
+
+
+# ---------------------------------------------------------------- profiles by identity
+
+
+H100 = {"device": "cuda", "name": "NVIDIA H100 80GB HBM3", "backend": "nccl"}
+CPU_GLOO = {"device": "cpu", "name": "AMD EPYC", "backend": "gloo"}
+
+
+def test_a_profile_runs_only_where_its_identity_matches():
+    cpu, npu = hardware.by_name("cpu-gloo"), hardware.by_name("npu-910b-tp8")
+    assert hardware.why_not_here(cpu, CPU_GLOO, 2) == ""
+    why = hardware.why_not_here(cpu, H100, 2)
+    assert why.startswith("profile cpu-gloo is not this node's") and "device cpu" in why and "H100" in why
+    assert "backend gloo" in hardware.why_not_here(cpu, {**CPU_GLOO, "backend": "threaded"}, 2)
+    assert "TP in [8]" in hardware.why_not_here(npu, {"device": "npu", "name": "Ascend910B3",
+                                                       "backend": "hccl"}, 4)
+
+
+def test_a_node_no_profile_names_runs_the_figures_only_profile():
+    """An H100 node has no profile: it measures ``unprofiled`` (gates nothing); a CPU gloo node has
+    ``cpu-gloo``, so it never runs ``unprofiled`` (its default run keeps its cases)."""
+    figures = hardware.by_name("unprofiled")
+    assert figures.match.anywhere and not figures.enforce
+    assert all(gate is None for case in figures.cases for gate in case.gates.values())
+    assert hardware.why_not_here(figures, H100, 2) == ""
+    assert hardware.matching_profile(H100["device"], H100["name"], 2, H100["backend"]) is None
+    assert "this node has cpu-gloo" in hardware.why_not_here(figures, CPU_GLOO, 2)

@@ -6,20 +6,39 @@ spawned and must be able to choose their devices before the runtime starts).
 
 from __future__ import annotations
 
+import functools
 import importlib.util
+import json
 import os
+import platform
+import subprocess
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
+
+#: Separates a device from a rank's place on it in a lease slot's name (``"0/1"``: device 0, second rank).
+SLOT_SEP = "/"
+
+
+class SharedDevicesError(ValueError):
+    """Several ranks per device asked for where they cannot run (the message says why)."""
 
 
 @dataclass(frozen=True)
 class DeviceKind:
-    """A device family: its collective backend and its visibility variable."""
+    """A device family: its collective backend and its visibility variable.
+
+    ``ranks_per_device`` > 1 (``--coc-ranks-per-device``, ``docs/DESIGN.md#shared-devices``) leases that
+    many slots of every device: a case of N ranks then holds N slots, on as many distinct devices as
+    are free first, and ranks on one slot's device share it.
+    """
 
     name: str
     backend: str
     visibility_var: str | None
     count: int
+    ranks_per_device: int = 1
 
     @property
     def binds_devices(self) -> bool:
@@ -27,32 +46,68 @@ class DeviceKind:
         return self.visibility_var is not None
 
     def lease_names(self) -> list[str]:
-        return [str(i) for i in range(self.count)]
+        """One name per slot: the device ids, or ``"device/place"`` when ranks share devices (every
+        device's first place before any second one, so ranks spread over the devices first)."""
+        if self.ranks_per_device == 1:
+            return [str(i) for i in range(self.count)]
+        return [f"{i}{SLOT_SEP}{j}" for j in range(self.ranks_per_device) for i in range(self.count)]
+
+    @staticmethod
+    def _distinct(devices: Sequence[str]) -> list[str]:
+        return list(dict.fromkeys(d.split(SLOT_SEP)[0] for d in devices))
 
     def visible_devices_env(self, devices: Sequence[str]) -> dict[str, str]:
-        """Environment that makes exactly the leased devices visible, in lease order."""
+        """Environment that makes exactly the leased devices visible, in lease order (each once)."""
         if self.visibility_var is None:
             return {}
-        return {self.visibility_var: ",".join(devices)}
+        return {self.visibility_var: ",".join(self._distinct(devices))}
 
-    def rank_device(self, rank: int) -> str:
-        """The device a rank uses once only its leased devices are visible."""
-        return "cpu" if self.name == "cpu" else f"{self.name}:{rank}"
+    def rank_device(self, rank: int, devices: Sequence[str] = ()) -> str:
+        """The device a rank uses once only its leased devices are visible (``devices``: the slots
+        leased, rank ``i`` on slot ``i``)."""
+        if self.name == "cpu":
+            return "cpu"
+        if not devices:
+            return f"{self.name}:{rank}"
+        return f"{self.name}:{self._distinct(devices).index(devices[rank].split(SLOT_SEP)[0])}"
 
 
-def detect_device_kind(cpu_slots: int = 8, backend: str | None = None) -> DeviceKind:
+def detect_device_kind(cpu_slots: int = 8, backend: str | None = None, ranks_per_device: int = 1) -> DeviceKind:
     """The best device family present: Ascend NPU, then CUDA, else CPU slots.
 
     ``cpu_slots`` is how many CPU ranks may run at once across all pytest
     workers of this machine (leases cap memory use, not placement).
+    ``ranks_per_device`` > 1 shares each accelerator among that many ranks
+    (:func:`shared`).
     """
     npu = _npu_count()
     if npu:
-        return DeviceKind("npu", backend or "hccl", "ASCEND_RT_VISIBLE_DEVICES", npu)
-    cuda = _cuda_count()
-    if cuda:
-        return DeviceKind("cuda", backend or "nccl", "CUDA_VISIBLE_DEVICES", cuda)
-    return cpu(cpu_slots, backend)
+        kind = DeviceKind("npu", backend or "hccl", "ASCEND_RT_VISIBLE_DEVICES", npu)
+    else:
+        cuda = _cuda_count()
+        kind = DeviceKind("cuda", backend or "nccl", "CUDA_VISIBLE_DEVICES", cuda) if cuda else cpu(cpu_slots, backend)
+    return kind if ranks_per_device == 1 else shared(kind, ranks_per_device, backend)
+
+
+def shared(kind: DeviceKind, ranks_per_device: int, backend: str | None = None) -> DeviceKind:
+    """``kind`` with ``ranks_per_device`` ranks on each device, over gloo (``docs/DESIGN.md#shared-devices``).
+
+    NCCL and HCCL refuse two ranks of one group on one device; gloo takes
+    CUDA tensors (through pinned host copies) but no NPU tensors; CPU ranks
+    share the cores already (``--coc-cpu-slots`` counts them).  Each of those
+    is refused, saying so.
+    """
+    if kind.name == "cpu":
+        raise SharedDevicesError("several ranks per device is for accelerators: CPU ranks already share the "
+                                 "cores (--coc-cpu-slots says how many run at once)")
+    if kind.name != "cuda":
+        raise SharedDevicesError(f"several ranks on one {kind.name} device need a backend that takes "
+                                 f"{kind.name} tensors from ranks sharing a device: hccl refuses it and gloo "
+                                 f"takes CPU and CUDA tensors only")
+    if backend not in (None, "gloo"):
+        raise SharedDevicesError(f"several ranks on one device need --coc-backend gloo: {backend} refuses two "
+                                 "ranks of one group on one device")
+    return DeviceKind(kind.name, "gloo", kind.visibility_var, kind.count, ranks_per_device)
 
 
 def cpu(slots: int = 8, backend: str | None = None) -> DeviceKind:
@@ -76,18 +131,59 @@ def _torch_npu_present() -> bool:
 
 
 def _npu_count() -> int:
+    """NPUs visible to the ranks, without starting ACL here (``docs/DESIGN.md#fork-safety``).
+
+    ``torch.npu.device_count()`` in this process would initialise the NPU
+    runtime, which a forked rank cannot then use: the visibility variable is
+    read where it is set, else a short-lived subprocess counts.
+    """
     if not _torch_npu_present():
         return 0
     visible = os.environ.get("ASCEND_RT_VISIBLE_DEVICES")
     if visible:
         return len([d for d in visible.split(",") if d.strip()])
-    try:
-        import torch
-        import torch_npu  # noqa: F401 - registers the npu device
+    return int(_runtime_probe("npu").get("count", 0))
 
-        return int(torch.npu.device_count())  # type: ignore[attr-defined]
-    except Exception:  # noqa: BLE001 - a broken install means no NPU for us
-        return 0
+
+@functools.cache
+def _runtime_probe(kind: str) -> dict[str, Any]:
+    """``{"count": N, "name": device 0's name}`` of a device runtime, asked in a subprocess (the runtime
+    starts there, never in this process); ``{}`` when the subprocess fails (a broken install: no such
+    devices for us)."""
+    module = "torch_npu" if kind == "npu" else "torch"
+    script = (f"import json, torch, {module}\n"
+              f"m = getattr(torch, {kind!r})\n"
+              "n = int(m.device_count())\n"
+              "print(json.dumps({'count': n, 'name': m.get_device_name(0) if n else ''}))")
+    try:
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                              check=True)
+        found: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+        return found
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return {}
+
+
+def cpu_name() -> str:
+    """The CPU's model name (what a CPU profile's ``name`` pattern is searched in)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def node_identity(kind: DeviceKind) -> dict[str, str]:
+    """What a hardware profile matches on, less the TP: device kind, device name, collective backend.
+
+    Read without starting a device runtime in this process: the CPU's name
+    from ``/proc``, an accelerator's from a subprocess (once per process).
+    """
+    name = cpu_name() if kind.name == "cpu" else str(_runtime_probe(kind.name).get("name", ""))
+    return {"device": kind.name, "name": name, "backend": kind.backend}
 
 
 def _cuda_count() -> int:

@@ -136,7 +136,7 @@ class RankPool:
                 "world_size": self.world_size,
                 "store_path": str(self._tmp / "store"),
                 "backend": self.kind.backend,
-                "device": self.kind.rank_device(rank),
+                "device": self.kind.rank_device(rank, self.devices),
                 "stack_path": str(self._stack_path(rank)),
                 "collective_timeout_s": max(self._start_timeout_s, 300.0),
                 "num_threads": self._num_threads,

@@ -8,7 +8,9 @@ pool to be rebuilt.  The zygote pays them once per launcher: it imports
 (:func:`conformance.harness.launchers.worker.rank_main`).
 
 Forking is safe because the zygote never starts a thread, a device runtime
-(:data:`NO_DRIVER_CHECK`) or a process group: it only imports.  megatron-core
+(:data:`NO_DRIVER_CHECK`; torch_npu is not preloaded) or a process group: it
+only imports, and refuses to fork when an import started a device runtime
+(:func:`runtimes_started`, ``docs/DESIGN.md#fork-safety``).  megatron-core
 is preloaded only when the session runs layer cases (:data:`MEGATRON`).  A
 child applies its environment (device visibility, set before any device
 runtime starts), redirects its output to its log file and runs the rank loop.  The zygote reaps its children and writes
@@ -30,6 +32,7 @@ import os
 import signal
 import socket
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 #: Imported before the first fork; each is optional (a missing one is imported by the rank as needed).
@@ -137,15 +140,43 @@ def _become_rank(request: dict[str, Any], fd: int) -> None:
         os._exit(code)
 
 
-def main() -> None:
-    control = socket.socket(fileno=int(sys.argv[1]))
-    extra = [name for name in sys.argv[2].split(",") if name] if len(sys.argv) > 2 else []
+def preload(extra: Sequence[str] = ()) -> None:
+    """Import :data:`PRELOAD` and ``extra`` with CUDA's driver check kept off the driver."""
     os.environ.update(NO_DRIVER_CHECK)
     for name in (*PRELOAD, *extra):
         try:
             importlib.import_module(name)
         except Exception:  # noqa: BLE001 - optional: the rank imports what it needs
             pass
+
+
+def runtimes_started() -> list[str]:
+    """The device runtimes this process has started (``docs/DESIGN.md#fork-safety``): a child forked after
+    that cannot use its device ("Cannot re-initialize CUDA/NPU in forked subprocess").
+
+    torch_npu is never preloaded (ranks import it after the fork, with their
+    ``ASCEND_RT_VISIBLE_DEVICES`` set); should a preload import it, it must
+    not have initialised ACL.
+    """
+    started = []
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        started.append("CUDA (torch.cuda is initialised)")
+    torch_npu = sys.modules.get("torch_npu")
+    npu = getattr(torch_npu, "npu", None)
+    if npu is not None and npu.is_initialized():
+        started.append("the NPU runtime (torch_npu initialised ACL)")
+    return started
+
+
+def main() -> None:
+    control = socket.socket(fileno=int(sys.argv[1]))
+    preload([name for name in sys.argv[2].split(",") if name] if len(sys.argv) > 2 else [])
+    started = runtimes_started()
+    if started:  # every rank forked now would fail on its device: say why, once, instead
+        print(f"refusing to fork ranks: importing {', '.join((*PRELOAD, *sys.argv[2:]))} started "
+              f"{' and '.join(started)}", flush=True)
+        sys.exit(3)
     control.sendall(b"ready\n")
     serve(control)
 
