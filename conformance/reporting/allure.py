@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 import allure
 
-from conformance.judge.verdicts import FAILED, NOT_JUDGED, outcome_of
+from conformance.judge.levels import Level
+from conformance.judge.verdicts import FAILED, NOT_JUDGED, PASSED, outcome_of
 
 if TYPE_CHECKING:
     import pytest
@@ -31,8 +32,11 @@ if TYPE_CHECKING:
     from conformance.judge.numerics import Comparison
 
 EPIC = "CoC"
-#: Parameters shown but left out of the history id, so trends follow a case across machines.
-HISTORY_EXCLUDED = frozenset({"device"})
+#: Parameters shown but left out of the history id, so trends follow a case across machines and
+#: implementations (a patch's run lines up with its accepted baseline's).
+HISTORY_EXCLUDED = frozenset({"device", "implementation"})
+#: A case's severity: that of the most important level among its failed checks, else among its checks.
+LEVEL_SEVERITY = {Level.MUST.value: "critical", Level.STRUCTURE.value: "normal", Level.SHOULD.value: "minor"}
 SEVERITIES = tuple(level.value for level in allure.severity_level)
 _MAX_TEXT = 80
 
@@ -287,23 +291,120 @@ def attach_case_evidence(found: CaseEvidence) -> None:
         attach_timeline(predicted, measured, title)
 
 
-def label_levels(checks: Sequence[Mapping[str, Any]]) -> None:
-    """Tag the case with the requirement levels of its checks; ``requirement`` is the worst failed one.
+def _worst(levels: Iterable[str]) -> str | None:
+    """The most important of ``levels`` (MUST, STRUCTURE, SHOULD; unknown ones last)."""
+    order = list(LEVEL_SEVERITY)
+    return min(levels, key=lambda lvl: order.index(lvl) if lvl in order else len(order), default=None)
 
-    A check that was not judged is tagged apart (``<LEVEL> not judged``), never as a judged level.
+
+#: What a case that did not pass is, as the suite reports it (the summary's outcomes).
+KNOWN, NOT_GATED = "known", "not-gated"
+#: Allure's status for each check outcome; anything else (not judged, a newer outcome) is never "passed".
+_STEP_STATUS = {PASSED: "passed", FAILED: "failed"}
+
+
+def check_outcome(check: Mapping[str, Any], case_outcome: str) -> str:
+    """A check's outcome as the report shows it: a failed check of a known or ungated case says so."""
+    outcome = outcome_of(check)
+    if outcome == FAILED and case_outcome in (KNOWN, NOT_GATED):
+        return "known" if case_outcome == KNOWN else "failed, not gated"
+    return outcome
+
+
+def label_levels(checks: Sequence[Mapping[str, Any]], case_outcome: str = "passed") -> None:
+    """Tags, ``requirement`` and severity from the case's checks: what failed, at which level.
+
+    Tags name a level with what came of it (``MUST failed``, ``SHOULD known``,
+    ``STRUCTURE not judged``); a level whose checks all passed is tagged
+    ``MUST passed``.  ``requirement`` and the severity follow the most important
+    failed level (MUST: critical, STRUCTURE: normal, SHOULD: minor), else the
+    most important level the case holds; a case whose checks were all not
+    judged has requirement ``not judged``.
     """
     if not _active or not checks:
         return
-    judged = [c for c in checks if outcome_of(c) != NOT_JUDGED]
-    levels = sorted({str(c["level"]) for c in judged})
-    for level in levels:
-        allure.dynamic.tag(level)
-    for level in sorted({str(c["level"]) for c in checks if outcome_of(c) == NOT_JUDGED}):
-        allure.dynamic.tag(f"{level} {NOT_JUDGED}")
-    failed = [str(c["level"]) for c in judged if outcome_of(c) == FAILED]
-    order = ("MUST", "STRUCTURE", "SHOULD")
-    worst = min(failed, key=lambda level: order.index(level) if level in order else len(order)) if failed else None
-    allure.dynamic.label("requirement", worst or ("MUST" if "MUST" in levels else levels[0] if levels else NOT_JUDGED))
+    shown = sorted({(str(c["level"]), check_outcome(c, case_outcome)) for c in checks})
+    for level, outcome in shown:
+        allure.dynamic.tag(f"{level} {outcome}")
+    failed = _worst(str(c["level"]) for c in checks if outcome_of(c) == FAILED)
+    judged = _worst(str(c["level"]) for c in checks if outcome_of(c) != NOT_JUDGED)
+    allure.dynamic.label("requirement", failed or judged or NOT_JUDGED)
+    severity = LEVEL_SEVERITY.get(failed or judged or _worst(str(c["level"]) for c in checks) or "", "normal")
+    if "severity" not in _described:
+        allure.dynamic.severity(allure.severity_level(severity))
+        _described.add("severity")
+
+
+def _open_result(config: pytest.Config) -> Any:
+    """allure-pytest's result of the running case (None when it records none)."""
+    listener = config.pluginmanager.get_plugin("allure_listener")
+    return listener.allure_logger.get_test(None) if listener is not None else None
+
+
+def _step(result: Any, name: str, status: str, message: str = "") -> None:
+    from allure_commons.model2 import StatusDetails, TestStepResult
+    from allure_commons.utils import now
+
+    moment = now()
+    result.steps.append(TestStepResult(name=name, status=status, start=moment, stop=moment,
+                                       statusDetails=StatusDetails(message=message) if message else None))
+
+
+def show_checks(config: pytest.Config, checks: Sequence[Mapping[str, Any]], case_outcome: str) -> None:
+    """One step per check, ``[MUST] numerics: failed``, with its message; only passed checks are "passed"."""
+    result = _open_result(config) if _active else None
+    if result is None:
+        return
+    for check in checks:
+        outcome = check_outcome(check, case_outcome)
+        _step(result, f"[{check['level']}] {check['name']}: {outcome}", _STEP_STATUS.get(outcome, "skipped"),
+              str(check.get("message") or ""))
+
+
+def show_reason(config: pytest.Config, what: str, reason: str) -> None:
+    """Why a case was skipped, known, not gated or not judged: a step above its checks (Allure shows no
+    message at the top of a skipped case)."""
+    result = _open_result(config) if _active else None
+    if result is not None:
+        _step(result, f"{what}: {reason}", "skipped")
+        result.steps.insert(0, result.steps.pop())
+
+
+def not_judged(config: pytest.Config, checks: Sequence[Mapping[str, Any]]) -> None:
+    """A case whose checks were all not judged is shown skipped, with why, never as passed."""
+    from allure_commons.model2 import Status, StatusDetails
+
+    result = _open_result(config) if _active else None
+    if result is None or not checks or any(outcome_of(c) != NOT_JUDGED for c in checks):
+        return
+    why = "; ".join(f"{c['name']}: {c.get('message') or 'nothing to judge'}" for c in checks)
+    result.status = Status.SKIPPED
+    result.statusDetails = StatusDetails(message=f"{NOT_JUDGED}: {why}")
+
+
+def link_expectations(entries: Sequence[Mapping[str, Any]]) -> None:
+    """Each expectations entry the case matched: its file and line, its reason, and its own link."""
+    if not _active:
+        return
+    for entry in entries:
+        source = str(entry.get("source") or "")
+        path, _, line = source.rpartition(":")
+        url = f"file://{path}#L{line}" if path and line.isdigit() else f"file://{source}"
+        name = f"expectations {source.rsplit('/', 1)[-1] or 'entry'}: {entry.get('pattern', '')}"
+        allure.dynamic.link(url, name=f"{name} ({entry.get('reason', '')})"[:200])
+        if entry.get("link"):
+            allure.dynamic.issue(str(entry["link"]), name=str(entry["link"]))
+
+
+def show_failure(config: pytest.Config, command: str, frames: str | None) -> None:
+    """The command that reproduces a failed case after its message; the traceback cut to the check's frames."""
+    result = _open_result(config) if _active else None
+    details = getattr(result, "statusDetails", None)
+    if details is None:
+        return
+    details.message = f"{details.message or ''}\n\nreproduce: {command}".lstrip()
+    if frames is not None:
+        details.trace = frames
 
 
 def report_lost_case(results_dir: str, nodeid: str, why: str) -> None:
@@ -347,13 +448,3 @@ def attach_exploration(explored: Mapping[str, Any] | None) -> None:
     for finding in explored["findings"]:
         allure.attach(json.dumps(finding, indent=1), name=f"minimal case: {finding['level']} {finding['check']}",
                       attachment_type=allure.attachment_type.JSON)
-
-
-def attach_timings(timings: Mapping[str, Any] | None) -> None:
-    """Where the case's time went (lease wait, pool start, implementation, references, checks), as a table."""
-    if not _active or not timings:
-        return
-    keys = ("lease_wait", "longest_lease_wait", "pool_start", "pools_started", "impl", "reference", "ranks",
-            "checks", "total", "runs")
-    rows = [(key, timings[key]) for key in keys if key in timings]
-    allure.attach(_table(rows), name="time breakdown (s)", attachment_type=allure.attachment_type.CSV)

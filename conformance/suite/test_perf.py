@@ -92,7 +92,7 @@ def _report(case: hardware.PerfCase, result: Mapping[str, Any], measurement: per
         text += f"\n{variant}: not measured: {reason}"
     record_property(report_properties.PERF_GATE, label)
     record_property(report_properties.PERF_FIGURES, json.dumps(measurement.as_dict()))
-    evidence.describe(feature=case.op, story="perf", title=f"Perf gate [{case.name}]",
+    evidence.describe(feature="perf", story=case.op, title=f"Perf gate [{case.name}]",
                             gate=label, profile=case.profile, tp=case.tp,
                             shape=(case.m, case.k, case.n), dtype=case.dtype, device=identity["name"])
     evidence.text(text, title)
