@@ -405,6 +405,9 @@ def show_failure(config: pytest.Config, command: str, frames: str | None) -> Non
     details.message = f"{details.message or ''}\n\nreproduce: {command}".lstrip()
     if frames is not None:
         details.trace = frames
+    failed = next((step for step in result.steps if step.status == "failed"), None)
+    if failed is not None:  # the failure shown once, in the step of the check that raised it
+        failed.statusDetails = details
 
 
 def report_lost_case(results_dir: str, nodeid: str, why: str) -> None:

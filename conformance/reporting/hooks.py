@@ -211,13 +211,13 @@ class AllureHooks:
 
     def _write_run_files(self) -> None:
         config = self.config
-        environment = {
-            **report_meta.base_environment(config.rootpath),
+        environment = {  # what the run judged, and where, first: the overview shows 8 entries
+            "implementation": options.impl_spec(config),
             "device": ", ".join(sorted(self.devices)) or "not used",
             "backend": ", ".join(sorted(self.backends)) or "not used",
             "launcher": config.getoption(options.LAUNCHER),
             "world_sizes": ", ".join(map(str, sorted(self.world_sizes))) or "none",
-            "implementation": options.impl_spec(config),
+            **report_meta.base_environment(config.rootpath),
             "xdist_workers": str(getattr(config.option, "numprocesses", None) or 0),
         }
         report_meta.write(Path(config.option.allure_report_dir), environment)

@@ -108,6 +108,8 @@ def _report(case: hardware.PerfCase, result: Mapping[str, Any], measurement: per
 @pytest.mark.parametrize("case", _params())
 def test_coc_gain_meets_profile(coc_ranks: Any, case: hardware.PerfCase, record_property: Any,
                                 pytestconfig: pytest.Config) -> None:
+    """CoC against serial, timed side by side; judged only on hardware matching the case's profile, else
+    reported and not judged."""
     if pytestconfig.getoption(options.LAUNCHER) == "threaded":
         pytest.skip("the threaded launcher's collectives are synchronous: there is no overlap to measure")
     profile = hardware.by_name(case.profile)
