@@ -324,7 +324,7 @@ def build(results: Path, out: Path, history: Path | None = None, *, name: str = 
                        str(history) if history else None, gate, shown)
 
 
-def main(argv: list[str] | None = None) -> int:
+def argument_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m conformance.reporting.build", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--results", type=Path, default=Path("reports/allure-results"))
@@ -339,7 +339,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--attach", action="append", default=[], metavar="NAME=FILE",
                         help="a markdown file shown among the report's global attachments (coc-gate's or "
                              "coc-matrix's --out); repeatable")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = argument_parser().parse_args(argv)
     try:
         extra = {}
         for given in args.attach:
