@@ -59,7 +59,8 @@ class Expectation:
     link: str = ""
     check: str = ""  #: fnmatch pattern on a check's name ("": any check)
     level: str = ""  #: a check's level ("": any level)
-    source: str = ""  #: where the entry is written: ``file:line`` (entries loaded from a file)
+    #: Where the entry is written, ``file:line`` (entries loaded from a file); not part of what it says.
+    source: str = field(default="", compare=False)
 
     def describe(self) -> str:
         return self.reason + (f" ({self.link})" if self.link else "")

@@ -30,8 +30,8 @@ import pytest
 
 from conformance import options, report_properties
 from conformance.harness.case_errors import CaseError
-from conformance.judge.failures import CheckFailure, SuiteError
 from conformance.judge import level_tally
+from conformance.judge.failures import CheckFailure, SuiteError
 from conformance.judge.levels import Level
 from conformance.judge.verdicts import CheckResult, NotJudged, Verdicts
 

@@ -255,8 +255,8 @@ def _lanes(source: Timeline | Mapping[str, Lane]) -> dict[str, list[tuple[float,
 
 
 def attach_timeline(predicted: Timeline | None, measured: Timeline | Mapping[str, Lane] | None,
-                    title: str) -> None:
-    """A lane chart of the predicted and measured pipeline (microseconds).
+                    title: str, *, unit: str = "us") -> None:
+    """A lane chart of the predicted and measured pipeline, in ``unit`` (that of the model's costs).
 
     ``measured`` is a Timeline or ``{"mm": lane, "comm": lane}``; a lane is a
     list of per-block ``(start, end)`` or of per-block durations.
@@ -273,8 +273,8 @@ def attach_timeline(predicted: Timeline | None, measured: Timeline | Mapping[str
         lanes = _lanes(source)
         rows.update({f"{what} {lane}": intervals for lane, intervals in lanes.items()})
         end = max((e for intervals in lanes.values() for _, e in intervals), default=0.0)
-        spans.append(f"{what} {end:.1f} us")
-    _attach_png(plots.lanes(rows, title=f"{title}: {', '.join(spans)}"), f"{title}: timeline")
+        spans.append(f"{what} {end:.3g} {unit}")
+    _attach_png(plots.lanes(rows, title=f"{title}: {', '.join(spans)}", unit=unit), f"{title}: timeline")
 
 
 def attach_case_evidence(found: CaseEvidence) -> None:
@@ -287,8 +287,8 @@ def attach_case_evidence(found: CaseEvidence) -> None:
         attach_comparison(comparison, failed=failed)
     for title, body in found.texts:
         attach_text(body, title)
-    for title, predicted, measured in found.timelines:
-        attach_timeline(predicted, measured, title)
+    for title, predicted, measured, unit in found.timelines:
+        attach_timeline(predicted, measured, title, unit=unit)
 
 
 def _worst(levels: Iterable[str]) -> str | None:
@@ -400,7 +400,7 @@ def show_failure(config: pytest.Config, command: str, frames: str | None) -> Non
     """The command that reproduces a failed case after its message; the traceback cut to the check's frames."""
     result = _open_result(config) if _active else None
     details = getattr(result, "statusDetails", None)
-    if details is None:
+    if result is None or details is None:
         return
     details.message = f"{details.message or ''}\n\nreproduce: {command}".lstrip()
     if frames is not None:

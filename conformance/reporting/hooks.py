@@ -151,7 +151,8 @@ class AllureHooks:
         elif report.skipped and isinstance(report.longrepr, tuple):
             reporting.show_reason(config, "skipped", str(report.longrepr[2]).removeprefix("Skipped: "))
         if report.failed or wasxfail is not None:
-            reporting.show_failure(config, reproduce_command(config, report.nodeid), self.frames.pop(report.nodeid, None))
+            reporting.show_failure(config, reproduce_command(config, report.nodeid),
+                                   self.frames.pop(report.nodeid, None))
 
     def _observe_device(self) -> None:
         """The device family and backend, where this process already has torch loaded."""

@@ -97,8 +97,9 @@ def _report(case: hardware.PerfCase, result: Mapping[str, Any], measurement: per
                             shape=(case.m, case.k, case.n), dtype=case.dtype, device=identity["name"])
     evidence.text(text, title)
     for variant, figures in measurement.variants.items():
-        if figures.predicted is not None:
-            evidence.timeline(figures.predicted, None, f"{variant}: pipeline model")
+        if figures.predicted is not None:  # the model's costs are measured in ms; beside it, the calls measured
+            calls = {"call": [figures.time.median], "serial call": [measurement.serial.median]}
+            evidence.timeline(figures.predicted, calls, f"{variant}: pipeline model", unit="ms")
     print(f"PERF {case.name}: {label}")
     print(text)
     return text

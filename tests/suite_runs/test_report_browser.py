@@ -48,21 +48,27 @@ pytestmark = [
 #: Added to a copy of the page: writes console errors and the description frame's height onto <body>.
 PROBE = """<script>(function () {
   var errors = [], log = console.error;
-  console.error = function () { errors.push([].map.call(arguments, String).join(" ")); log.apply(console, arguments); };
+  console.error = function () {
+    errors.push([].map.call(arguments, String).join(" "));
+    log.apply(console, arguments);
+  };
   window.addEventListener("error", function (e) { errors.push(String(e.message)); });
   setInterval(function () {
     if (!document.body) return;
     document.body.setAttribute("data-probe-errors", JSON.stringify(errors));
     var frame = document.querySelector('[data-testid="test-result-description-frame"]');
-    if (frame) document.body.setAttribute("data-probe-description-height", String(frame.getBoundingClientRect().height));
+    if (frame) {
+      document.body.setAttribute("data-probe-description-height", String(frame.getBoundingClientRect().height));
+    }
   }, 100);
 })();</script>"""
 
-_VOID = frozenset({"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "track", "wbr"})
+_VOID = frozenset({"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "track",
+                   "wbr"})
 
 
 class Page(HTMLParser):
-    """The rendered DOM as ``(data-testid, text, ancestors' test ids, attributes)``, one per element carrying a test id."""
+    """The rendered DOM: ``(data-testid, text, ancestors' test ids, attributes)`` of every element with a test id."""
 
     def __init__(self, dom: str) -> None:
         super().__init__()
@@ -184,7 +190,8 @@ def test_report_in_browser_is_what_a_reviewer_decides_from(run_suite: Callable[.
     # 1. The verdict first: conformant or not, the terminal's per-level table, the gate, what was judged where.
     overview = _open(page, tmp_path, "", tmp_path / "report-overview.png")
     shown = overview.variables()
-    assert list(shown)[0] == "verdict" and shown["verdict"].startswith("NOT CONFORMANT at MUST, SHOULD, STRUCTURE"), shown
+    assert list(shown)[0] == "verdict", shown
+    assert shown["verdict"].startswith("NOT CONFORMANT at MUST, SHOULD, STRUCTURE"), shown
     terminal = _terminal_levels(run.output)  # type: ignore[attr-defined]
     assert terminal and {level: " ".join(shown[level].split()) for level in terminal} == \
         {level: " ".join(line.split()) for level, line in terminal.items()}, (shown, terminal)
