@@ -9,10 +9,8 @@ allure-pytest records results (``--alluredir``).
 
 from __future__ import annotations
 
-import csv
 import enum
 import hashlib
-import io
 import itertools
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
@@ -39,6 +37,8 @@ HISTORY_EXCLUDED = frozenset({"device", "implementation"})
 LEVEL_SEVERITY = {Level.MUST.value: "critical", Level.STRUCTURE.value: "normal", Level.SHOULD.value: "minor"}
 SEVERITIES = tuple(level.value for level in allure.severity_level)
 _MAX_TEXT = 80
+#: Tables are markdown: the report renders them (it shows CSV as raw text).
+_MARKDOWN = "text/markdown"
 
 _active = False
 _figures = "failed"  # --coc-figures
@@ -181,14 +181,12 @@ def _attach_png(png: bytes | None, name: str) -> None:
 
 
 def _table(rows: Iterable[tuple[str, Any]]) -> str:
-    """A two-column CSV (Allure shows it as a table): floats in 3 digits, tuples as lists."""
-    out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(("statistic", "value"))
-    for key, value in rows:
-        writer.writerow((key, f"{value:.3e}" if isinstance(value, float) else
-                         list(value) if isinstance(value, tuple) else value))
-    return out.getvalue()
+    """A two-column markdown table (the report renders it as one): floats in 3 digits, tuples as lists."""
+    def cell(value: Any) -> str:
+        text = f"{value:.3e}" if isinstance(value, float) else str(list(value) if isinstance(value, tuple) else value)
+        return text.replace("|", "\\|").replace("\n", " ")
+
+    return "| statistic | value |\n|---|---|\n" + "".join(f"| {cell(k)} | {cell(v)} |\n" for k, v in rows)
 
 
 #: Upper edges of the decades of |diff| / bound counted in every statistics table.
@@ -224,7 +222,8 @@ def attach_comparison(comparison: Comparison, *, failed: bool | None = None) -> 
     stats = comparison.stats
     failed = failed if failed is not None else not stats.ok
     rows = [*stats.as_dict().items(), *ratio_decades(comparison.abs_diff, comparison.bound)]
-    allure.attach(_table(rows), name=f"{stats.name}: error statistics", attachment_type=allure.attachment_type.CSV)
+    allure.attach(_table(rows), name=f"{stats.name}: error statistics", attachment_type=_MARKDOWN,
+                  extension="md")
     if _figures == "none" or not (failed or _figures == "all"):
         return
     from conformance.reporting import plots
@@ -447,7 +446,7 @@ def attach_exploration(explored: Mapping[str, Any] | None) -> None:
             *((f"not offered: {k}", why) for k, why in explored.get("not_offered", {}).items()),
             *((f"set aside, not run: {why}", count) for why, count in explored.get("outside", {}).items()),
             *((f"explored: {k}", v) for k, v in explored["per_dimension"].items())]
-    allure.attach(_table(rows), name="exploration", attachment_type=allure.attachment_type.CSV)
+    allure.attach(_table(rows), name="exploration", attachment_type=_MARKDOWN, extension="md")
     for finding in explored["findings"]:
         allure.attach(json.dumps(finding, indent=1), name=f"minimal case: {finding['level']} {finding['check']}",
                       attachment_type=allure.attachment_type.JSON)
