@@ -74,7 +74,8 @@ def reproduce_command(config: pytest.Config, nodeid: str) -> str:
         words += [options.GATE, gate]
     if expectations is not None:
         words += [options.EXPECTATIONS, str(expectations)]
-    for option in (options.TP, options.LAUNCHER, options.BACKEND, options.CPU_SLOTS):
+    for option in (options.TP, options.LAUNCHER, options.BACKEND, options.CPU_SLOTS, options.EXPLORE, options.SEED,
+                   options.REPLAY):
         given = config.getoption(option)
         if given is not None and any(arg == option or arg.startswith(option + "=")
                                      for arg in config.invocation_params.args):

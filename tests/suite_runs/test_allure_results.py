@@ -174,7 +174,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Iterator[t
     def make(root: Path) -> tuple[Run, Run]:
         if not (root / "done").exists():
             _run_synthetic(root / "single", "cpu")
-            _run_synthetic(root / "xdist", "npu:0", "-n", "2", "--coc-figures=all")
+            _run_synthetic(root / "xdist", "npu:0", "-n", "2", "--coc-figures=all", "--coc-launcher=process")
             (root / "done").touch()
         return Run.load(root / "single" / "allure-results", "cpu"), \
             Run.load(root / "xdist" / "allure-results", "npu:0")
@@ -220,7 +220,7 @@ def test_labels_titles_and_parameters(runs: tuple[Run, Run]) -> None:
 
 def test_checks_as_steps_severity_and_reproduce_command(runs: tuple[Run, Run]) -> None:
     """One step per check with its level and outcome; severity and tags from the failed level; the command."""
-    for run in runs:
+    for run, options in zip(runs, ("", " --coc-launcher process"), strict=True):  # options given: repeated
         case = run.cases["test_checked[2]"]
         steps = [(step["name"], step["status"]) for step in case["steps"]]
         assert steps == [("[MUST] numerics: failed", "failed"), ("[SHOULD] warning: passed", "passed")], steps
@@ -230,7 +230,7 @@ def test_checks_as_steps_severity_and_reproduce_command(runs: tuple[Run, Run]) -
         assert {"MUST failed", "SHOULD passed"} <= set(labels["tag"]), labels["tag"]
         message = case["statusDetails"]["message"]
         assert message.endswith("reproduce: pytest 'test_synth.py::test_checked[2]' --coc-impl "
-                                "coc_impl.reference:ReferenceCoC"), message
+                                "coc_impl.reference:ReferenceCoC" + options), message
         trace = case["statusDetails"]["trace"]
         assert "test_checked" in trace and not any(internal in trace for internal in ("_pytest", "pluggy",
                                                                                        "level_gate"))
