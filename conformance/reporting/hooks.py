@@ -1,14 +1,19 @@
 """pytest hooks that describe every case to Allure; the plugin registers them with ``--alluredir``.
 
 * setup: epic, the implementation and every parametrize value as readable
-  parameters (before allure-pytest adds raw ones; ``device`` out of history);
-* teardown: default feature, story, severity and title for what the test did
-  not describe through :func:`conformance.reporting.allure.describe_case`;
+  parameters (before allure-pytest adds raw ones; ``device`` and
+  ``implementation`` out of history);
+* teardown: default feature (the kind of case), story (its op or layer),
+  severity and title (with parameter names) for what the test did not
+  describe through :func:`conformance.reporting.allure.describe_case`;
 * a failing :class:`~conformance.harness.case_errors.CaseError`: every rank's evidence;
 * after the call: what the checks recorded (:mod:`conformance.judge.evidence`):
   comparisons, texts, timelines and the case's own description;
-* after the call: each check's requirement level as a tag (and the level of the
-  worst failed check as label ``requirement``), and where the case's time went;
+* each report as it is logged (its final outcome: known, not gated): one
+  step per check, tags, ``requirement`` and severity from the failed level,
+  not judged shown skipped, why a case was skipped / known / not gated, its
+  expectations entry, and on a failure the command that reproduces it and
+  the check's own frames;
 * session end: ``categories.json`` and ``environment.properties``.  Under
   xdist only the controller writes them, after every worker has reported
   what it ran on (``workeroutput``); allure-pytest's per-test files carry
