@@ -31,7 +31,7 @@ import fnmatch
 import json
 import sys
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +59,8 @@ class Expectation:
     link: str = ""
     check: str = ""  #: fnmatch pattern on a check's name ("": any check)
     level: str = ""  #: a check's level ("": any level)
+    #: Where the entry is written, ``file:line`` (entries loaded from a file); not part of what it says.
+    source: str = field(default="", compare=False)
 
     def describe(self) -> str:
         return self.reason + (f" ({self.link})" if self.link else "")
@@ -116,10 +118,17 @@ class Expectations:
     @classmethod
     def load(cls, path: Path) -> Expectations:
         try:
-            doc = tomllib.loads(path.read_text(encoding="utf-8"))
+            text = path.read_text(encoding="utf-8")
+            doc = tomllib.loads(text)
         except (OSError, tomllib.TOMLDecodeError) as exc:
             raise ExpectationsError(f"expectations file {path}: {exc}") from None
-        return cls.parse(doc, where=str(path))
+        parsed = cls.parse(doc, where=str(path))
+        heads = [n for n, line in enumerate(text.splitlines(), 1) if line.strip() == "[[expect]]"]
+        if len(heads) != len(parsed.entries):  # entries written as an inline array: no line each
+            return parsed
+        where = path.resolve()
+        return cls(tuple(replace(entry, source=f"{where}:{line}") for entry, line in zip(parsed.entries, heads,
+                                                                                         strict=True)), parsed.meta)
 
     @classmethod
     def parse(cls, doc: Mapping[str, Any], where: str = "expectations") -> Expectations:

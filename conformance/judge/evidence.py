@@ -25,8 +25,8 @@ class CaseEvidence:
     comparisons: list[tuple[Comparison, bool]] = field(default_factory=list)
     #: ``(title, body)`` text attachments.
     texts: list[tuple[str, str]] = field(default_factory=list)
-    #: ``(title, predicted, measured)`` pipeline timelines (``measured`` a Timeline or lanes).
-    timelines: list[tuple[str, Timeline | None, Any]] = field(default_factory=list)
+    #: ``(title, predicted, measured, unit)`` pipeline timelines (``measured`` a Timeline or lanes).
+    timelines: list[tuple[str, Timeline | None, Any, str]] = field(default_factory=list)
     #: What the case says it is (feature, story, title, parameters), replacing the defaults.
     description: dict[str, Any] = field(default_factory=dict)
 
@@ -58,9 +58,10 @@ def text(body: str, title: str) -> None:
         _collecting.texts.append((title, body))
 
 
-def timeline(predicted: Timeline | None, measured: Any, title: str) -> None:
+def timeline(predicted: Timeline | None, measured: Any, title: str, *, unit: str = "us") -> None:
+    """A pipeline's lanes, predicted and measured, in ``unit`` (the unit of the costs the model was given)."""
     if _collecting is not None and (predicted is not None or measured is not None):
-        _collecting.timelines.append((title, predicted, measured))
+        _collecting.timelines.append((title, predicted, measured, unit))
 
 
 def describe(*, feature: str, story: str, title: str | None = None, **params: Mapping[str, Any] | Any) -> None:

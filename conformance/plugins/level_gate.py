@@ -30,9 +30,10 @@ import pytest
 
 from conformance import options, report_properties
 from conformance.harness.case_errors import CaseError
+from conformance.judge import level_tally
 from conformance.judge.failures import CheckFailure, SuiteError
 from conformance.judge.levels import Level
-from conformance.judge.verdicts import FAILED, NOT_JUDGED, CheckResult, NotJudged, Verdicts, outcome_of
+from conformance.judge.verdicts import CheckResult, NotJudged, Verdicts
 
 verdicts_key = pytest.StashKey[Verdicts]()
 gate_key = pytest.StashKey[frozenset[Level]]()
@@ -165,10 +166,6 @@ def checks_of(report: pytest.TestReport) -> list[dict[str, Any]]:
     return list(cast(list[dict[str, Any]], report_properties.property_of(report, report_properties.CHECKS) or []))
 
 
-#: The columns of the terminal tally, in order.
-TALLY = ("passed", "failed", "not gated", NOT_JUDGED)
-
-
 class LevelTally:
     """Counts every check by level and outcome (on the controller under xdist) and prints them."""
 
@@ -181,25 +178,18 @@ class LevelTally:
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if report.when != "call":
             return
-        for check in checks_of(report):
-            level, outcome = Level(check["level"]), outcome_of(check)
-            if outcome == FAILED and level not in self.gate:
-                outcome = "not gated"
-                self.ungated.append(f"{report.nodeid} [{level.value}] {check['name']}: {check['message'][:160]}")
-            self.tally[(level.value, outcome)] += 1
+        checks = checks_of(report)
+        self.tally.update(level_tally.tally(checks, self.gate))
+        for check in checks:
+            if level_tally.column(check, self.gate) == level_tally.NOT_GATED:
+                self.ungated.append(f"{report.nodeid} [{check['level']}] {check['name']}: {check['message'][:160]}")
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if not self.tally:
             return
         terminalreporter.section("coc-conformance: requirement levels")
-        for level in Level:
-            counts = {outcome: self.tally[(level.value, outcome)] for outcome in TALLY}
-            if not any(counts.values()):
-                continue
-            gated = "gates" if level in self.gate else "not gated"
-            terminalreporter.write_line(
-                f"{level.value:<10} {counts['passed']:>5} checks passed, {counts['failed']:>4} failed, "
-                f"{counts['not gated']:>4} failed but not gated, {counts[NOT_JUDGED]:>4} not judged   ({gated})")
+        for line in level_tally.lines(self.tally, self.gate):
+            terminalreporter.write_line(line)
         for line in self.ungated[:20]:
             terminalreporter.write_line(f"  not gated: {line}")
         if len(self.ungated) > 20:

@@ -9,10 +9,8 @@ allure-pytest records results (``--alluredir``).
 
 from __future__ import annotations
 
-import csv
 import enum
 import hashlib
-import io
 import itertools
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
@@ -20,7 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 import allure
 
-from conformance.judge.verdicts import FAILED, NOT_JUDGED, outcome_of
+from conformance.judge.levels import Level
+from conformance.judge.verdicts import FAILED, NOT_JUDGED, PASSED, outcome_of
 
 if TYPE_CHECKING:
     import pytest
@@ -31,10 +30,15 @@ if TYPE_CHECKING:
     from conformance.judge.numerics import Comparison
 
 EPIC = "CoC"
-#: Parameters shown but left out of the history id, so trends follow a case across machines.
-HISTORY_EXCLUDED = frozenset({"device"})
+#: Parameters shown but left out of the history id, so trends follow a case across machines and
+#: implementations (a patch's run lines up with its accepted baseline's).
+HISTORY_EXCLUDED = frozenset({"device", "implementation"})
+#: A case's severity: that of the most important level among its failed checks, else among its checks.
+LEVEL_SEVERITY = {Level.MUST.value: "critical", Level.STRUCTURE.value: "normal", Level.SHOULD.value: "minor"}
 SEVERITIES = tuple(level.value for level in allure.severity_level)
 _MAX_TEXT = 80
+#: Tables are markdown: the report renders them (it shows CSV as raw text).
+_MARKDOWN = "text/markdown"
 
 _active = False
 _figures = "failed"  # --coc-figures
@@ -177,14 +181,12 @@ def _attach_png(png: bytes | None, name: str) -> None:
 
 
 def _table(rows: Iterable[tuple[str, Any]]) -> str:
-    """A two-column CSV (Allure shows it as a table): floats in 3 digits, tuples as lists."""
-    out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(("statistic", "value"))
-    for key, value in rows:
-        writer.writerow((key, f"{value:.3e}" if isinstance(value, float) else
-                         list(value) if isinstance(value, tuple) else value))
-    return out.getvalue()
+    """A two-column markdown table (the report renders it as one): floats in 3 digits, tuples as lists."""
+    def cell(value: Any) -> str:
+        text = f"{value:.3e}" if isinstance(value, float) else str(list(value) if isinstance(value, tuple) else value)
+        return text.replace("|", "\\|").replace("\n", " ")
+
+    return "| statistic | value |\n|---|---|\n" + "".join(f"| {cell(k)} | {cell(v)} |\n" for k, v in rows)
 
 
 #: Upper edges of the decades of |diff| / bound counted in every statistics table.
@@ -220,7 +222,8 @@ def attach_comparison(comparison: Comparison, *, failed: bool | None = None) -> 
     stats = comparison.stats
     failed = failed if failed is not None else not stats.ok
     rows = [*stats.as_dict().items(), *ratio_decades(comparison.abs_diff, comparison.bound)]
-    allure.attach(_table(rows), name=f"{stats.name}: error statistics", attachment_type=allure.attachment_type.CSV)
+    allure.attach(_table(rows), name=f"{stats.name}: error statistics", attachment_type=_MARKDOWN,
+                  extension="md")
     if _figures == "none" or not (failed or _figures == "all"):
         return
     from conformance.reporting import plots
@@ -251,8 +254,8 @@ def _lanes(source: Timeline | Mapping[str, Lane]) -> dict[str, list[tuple[float,
 
 
 def attach_timeline(predicted: Timeline | None, measured: Timeline | Mapping[str, Lane] | None,
-                    title: str) -> None:
-    """A lane chart of the predicted and measured pipeline (microseconds).
+                    title: str, *, unit: str = "us") -> None:
+    """A lane chart of the predicted and measured pipeline, in ``unit`` (that of the model's costs).
 
     ``measured`` is a Timeline or ``{"mm": lane, "comm": lane}``; a lane is a
     list of per-block ``(start, end)`` or of per-block durations.
@@ -269,8 +272,8 @@ def attach_timeline(predicted: Timeline | None, measured: Timeline | Mapping[str
         lanes = _lanes(source)
         rows.update({f"{what} {lane}": intervals for lane, intervals in lanes.items()})
         end = max((e for intervals in lanes.values() for _, e in intervals), default=0.0)
-        spans.append(f"{what} {end:.1f} us")
-    _attach_png(plots.lanes(rows, title=f"{title}: {', '.join(spans)}"), f"{title}: timeline")
+        spans.append(f"{what} {end:.3g} {unit}")
+    _attach_png(plots.lanes(rows, title=f"{title}: {', '.join(spans)}", unit=unit), f"{title}: timeline")
 
 
 def attach_case_evidence(found: CaseEvidence) -> None:
@@ -283,27 +286,127 @@ def attach_case_evidence(found: CaseEvidence) -> None:
         attach_comparison(comparison, failed=failed)
     for title, body in found.texts:
         attach_text(body, title)
-    for title, predicted, measured in found.timelines:
-        attach_timeline(predicted, measured, title)
+    for title, predicted, measured, unit in found.timelines:
+        attach_timeline(predicted, measured, title, unit=unit)
 
 
-def label_levels(checks: Sequence[Mapping[str, Any]]) -> None:
-    """Tag the case with the requirement levels of its checks; ``requirement`` is the worst failed one.
+def _worst(levels: Iterable[str]) -> str | None:
+    """The most important of ``levels`` (MUST, STRUCTURE, SHOULD; unknown ones last)."""
+    order = list(LEVEL_SEVERITY)
+    return min(levels, key=lambda lvl: order.index(lvl) if lvl in order else len(order), default=None)
 
-    A check that was not judged is tagged apart (``<LEVEL> not judged``), never as a judged level.
+
+#: What a case that did not pass is, as the suite reports it (the summary's outcomes).
+KNOWN, NOT_GATED = "known", "not-gated"
+#: Allure's status for each check outcome; anything else (not judged, a newer outcome) is never "passed".
+_STEP_STATUS = {PASSED: "passed", FAILED: "failed"}
+
+
+def check_outcome(check: Mapping[str, Any], case_outcome: str) -> str:
+    """A check's outcome as the report shows it: a failed check of a known or ungated case says so."""
+    outcome = outcome_of(check)
+    if outcome == FAILED and case_outcome in (KNOWN, NOT_GATED):
+        return "known" if case_outcome == KNOWN else "failed, not gated"
+    return outcome
+
+
+def label_levels(checks: Sequence[Mapping[str, Any]], case_outcome: str = "passed") -> None:
+    """Tags, ``requirement`` and severity from the case's checks: what failed, at which level.
+
+    Tags name a level with what came of it (``MUST failed``, ``SHOULD known``,
+    ``STRUCTURE not judged``); a level whose checks all passed is tagged
+    ``MUST passed``.  ``requirement`` and the severity follow the most important
+    failed level (MUST: critical, STRUCTURE: normal, SHOULD: minor), else the
+    most important level the case holds; a case whose checks were all not
+    judged has requirement ``not judged``.
     """
     if not _active or not checks:
         return
-    judged = [c for c in checks if outcome_of(c) != NOT_JUDGED]
-    levels = sorted({str(c["level"]) for c in judged})
-    for level in levels:
-        allure.dynamic.tag(level)
-    for level in sorted({str(c["level"]) for c in checks if outcome_of(c) == NOT_JUDGED}):
-        allure.dynamic.tag(f"{level} {NOT_JUDGED}")
-    failed = [str(c["level"]) for c in judged if outcome_of(c) == FAILED]
-    order = ("MUST", "STRUCTURE", "SHOULD")
-    worst = min(failed, key=lambda level: order.index(level) if level in order else len(order)) if failed else None
-    allure.dynamic.label("requirement", worst or ("MUST" if "MUST" in levels else levels[0] if levels else NOT_JUDGED))
+    shown = sorted({(str(c["level"]), check_outcome(c, case_outcome)) for c in checks})
+    for level, outcome in shown:
+        allure.dynamic.tag(f"{level} {outcome}")
+    failed = _worst(str(c["level"]) for c in checks if outcome_of(c) == FAILED)
+    judged = _worst(str(c["level"]) for c in checks if outcome_of(c) != NOT_JUDGED)
+    allure.dynamic.label("requirement", failed or judged or NOT_JUDGED)
+    severity = LEVEL_SEVERITY.get(failed or judged or _worst(str(c["level"]) for c in checks) or "", "normal")
+    if "severity" not in _described:
+        allure.dynamic.severity(allure.severity_level(severity))
+        _described.add("severity")
+
+
+def _open_result(config: pytest.Config) -> Any:
+    """allure-pytest's result of the running case (None when it records none)."""
+    listener = config.pluginmanager.get_plugin("allure_listener")
+    return listener.allure_logger.get_test(None) if listener is not None else None
+
+
+def _step(result: Any, name: str, status: str, message: str = "") -> None:
+    from allure_commons.model2 import StatusDetails, TestStepResult
+    from allure_commons.utils import now
+
+    moment = now()
+    result.steps.append(TestStepResult(name=name, status=status, start=moment, stop=moment,
+                                       statusDetails=StatusDetails(message=message) if message else None))
+
+
+def show_checks(config: pytest.Config, checks: Sequence[Mapping[str, Any]], case_outcome: str) -> None:
+    """One step per check, ``[MUST] numerics: failed``, with its message; only passed checks are "passed"."""
+    result = _open_result(config) if _active else None
+    if result is None:
+        return
+    for check in checks:
+        outcome = check_outcome(check, case_outcome)
+        _step(result, f"[{check['level']}] {check['name']}: {outcome}", _STEP_STATUS.get(outcome, "skipped"),
+              str(check.get("message") or ""))
+
+
+def show_reason(config: pytest.Config, what: str, reason: str) -> None:
+    """Why a case was skipped, known, not gated or not judged: a step above its checks (Allure shows no
+    message at the top of a skipped case)."""
+    result = _open_result(config) if _active else None
+    if result is not None:
+        _step(result, f"{what}: {reason}", "skipped")
+        result.steps.insert(0, result.steps.pop())
+
+
+def not_judged(config: pytest.Config, checks: Sequence[Mapping[str, Any]]) -> None:
+    """A case whose checks were all not judged is shown skipped, with why, never as passed."""
+    from allure_commons.model2 import Status, StatusDetails
+
+    result = _open_result(config) if _active else None
+    if result is None or not checks or any(outcome_of(c) != NOT_JUDGED for c in checks):
+        return
+    why = "; ".join(f"{c['name']}: {c.get('message') or 'nothing to judge'}" for c in checks)
+    result.status = Status.SKIPPED
+    result.statusDetails = StatusDetails(message=f"{NOT_JUDGED}: {why}")
+
+
+def link_expectations(entries: Sequence[Mapping[str, Any]]) -> None:
+    """Each expectations entry the case matched: its file and line, its reason, and its own link."""
+    if not _active:
+        return
+    for entry in entries:
+        source = str(entry.get("source") or "")
+        path, _, line = source.rpartition(":")
+        url = f"file://{path}#L{line}" if path and line.isdigit() else f"file://{source}"
+        name = f"expectations {source.rsplit('/', 1)[-1] or 'entry'}: {entry.get('pattern', '')}"
+        allure.dynamic.link(url, name=f"{name} ({entry.get('reason', '')})"[:200])
+        if entry.get("link"):
+            allure.dynamic.issue(str(entry["link"]), name=str(entry["link"]))
+
+
+def show_failure(config: pytest.Config, command: str, frames: str | None) -> None:
+    """The command that reproduces a failed case after its message; the traceback cut to the check's frames."""
+    result = _open_result(config) if _active else None
+    details = getattr(result, "statusDetails", None)
+    if result is None or details is None:
+        return
+    details.message = f"{details.message or ''}\n\nreproduce: {command}".lstrip()
+    if frames is not None:
+        details.trace = frames
+    failed = next((step for step in result.steps if step.status == "failed"), None)
+    if failed is not None:  # the failure shown once, in the step of the check that raised it
+        failed.statusDetails = details
 
 
 def report_lost_case(results_dir: str, nodeid: str, why: str) -> None:
@@ -343,17 +446,7 @@ def attach_exploration(explored: Mapping[str, Any] | None) -> None:
             *((f"not offered: {k}", why) for k, why in explored.get("not_offered", {}).items()),
             *((f"set aside, not run: {why}", count) for why, count in explored.get("outside", {}).items()),
             *((f"explored: {k}", v) for k, v in explored["per_dimension"].items())]
-    allure.attach(_table(rows), name="exploration", attachment_type=allure.attachment_type.CSV)
+    allure.attach(_table(rows), name="exploration", attachment_type=_MARKDOWN, extension="md")
     for finding in explored["findings"]:
         allure.attach(json.dumps(finding, indent=1), name=f"minimal case: {finding['level']} {finding['check']}",
                       attachment_type=allure.attachment_type.JSON)
-
-
-def attach_timings(timings: Mapping[str, Any] | None) -> None:
-    """Where the case's time went (lease wait, pool start, implementation, references, checks), as a table."""
-    if not _active or not timings:
-        return
-    keys = ("lease_wait", "longest_lease_wait", "pool_start", "pools_started", "impl", "reference", "ranks",
-            "checks", "total", "runs")
-    rows = [(key, timings[key]) for key in keys if key in timings]
-    allure.attach(_table(rows), name="time breakdown (s)", attachment_type=allure.attachment_type.CSV)

@@ -1,14 +1,19 @@
 """pytest hooks that describe every case to Allure; the plugin registers them with ``--alluredir``.
 
 * setup: epic, the implementation and every parametrize value as readable
-  parameters (before allure-pytest adds raw ones; ``device`` out of history);
-* teardown: default feature, story, severity and title for what the test did
-  not describe through :func:`conformance.reporting.allure.describe_case`;
+  parameters (before allure-pytest adds raw ones; ``device`` and
+  ``implementation`` out of history);
+* teardown: default feature (the kind of case), story (its op or layer),
+  severity and title (with parameter names) for what the test did not
+  describe through :func:`conformance.reporting.allure.describe_case`;
 * a failing :class:`~conformance.harness.case_errors.CaseError`: every rank's evidence;
 * after the call: what the checks recorded (:mod:`conformance.judge.evidence`):
   comparisons, texts, timelines and the case's own description;
-* after the call: each check's requirement level as a tag (and the level of the
-  worst failed check as label ``requirement``), and where the case's time went;
+* each report as it is logged (its final outcome: known, not gated): one
+  step per check, tags, ``requirement`` and severity from the failed level,
+  not judged shown skipped, why a case was skipped / known / not gated, its
+  expectations entry, and on a failure the command that reproduces it and
+  the check's own frames;
 * session end: ``categories.json`` and ``environment.properties``.  Under
   xdist only the controller writes them, after every worker has reported
   what it ran on (``workeroutput``); allure-pytest's per-test files carry
@@ -17,7 +22,9 @@
 
 from __future__ import annotations
 
+import shlex
 import sys
+import traceback
 from collections.abc import Generator
 from pathlib import Path
 from typing import Any
@@ -39,24 +46,57 @@ def _params(item: pytest.Item) -> dict[str, Any]:
     return dict(getattr(getattr(item, "callspec", None), "params", {}))
 
 
-def _story(params: dict[str, Any], check: str) -> str:
-    if "mode" in params:
-        return readable(params["mode"])
-    if isinstance(params.get("sp"), bool):
-        return "SP" if params["sp"] else "no SP"
-    return check
+#: The kind of case each suite module holds (the report's ``feature``); w8A16 cases are told by name.
+KINDS = {"ops": "op", "layers": "layer", "training": "training", "config": "config", "perf": "perf",
+         "explore": "explore"}
+W8A16 = "w8A16"
+
+
+def kind_of(item: pytest.Item) -> str:
+    """op, layer, training, config, w8A16, perf or explore (another module: its name)."""
+    module = getattr(getattr(item, "module", None), "__name__", item.path.stem).rsplit(".", 1)[-1]
+    if "w8a16" in getattr(item, "originalname", item.name).lower():
+        return W8A16
+    area = module.removeprefix("test_")
+    return KINDS.get(area, area.replace("_", " "))
 
 
 def _defaults(item: pytest.Item) -> dict[str, str]:
-    """Feature (op or layer, else the module), story (mode or SP, else the check) and title."""
+    """Feature (the kind of case), story (its op or layer, else the check) and title (with parameter names)."""
     params = _params(item)
-    module = getattr(getattr(item, "module", None), "__name__", item.path.stem).rsplit(".", 1)[-1]
     check = getattr(item, "originalname", item.name).removeprefix("test_").replace("_", " ")
-    feature = next((readable(params[k]) for k in ("op", "layer") if k in params),
-                   module.removeprefix("test_").replace("_", " "))
-    values = ", ".join(readable(v) for v in params.values())
-    return {"feature": feature, "story": _story(params, check),
+    story = next((readable(params[k]) for k in ("op", "layer") if k in params), check)
+    values = ", ".join(f"{name}={readable(v)}" for name, v in params.items())
+    return {"feature": kind_of(item), "story": story,
             "title": check.capitalize() + (f" [{values}]" if values else "")}
+
+
+def reproduce_command(config: pytest.Config, nodeid: str) -> str:
+    """The command that runs this one case again as this run did: its node id and the options shaping it."""
+    words = ["pytest", nodeid, options.IMPL, options.impl_spec(config)]
+    gate, expectations = options.gate_spec(config), options.expectations_path(config)
+    if gate != "all":
+        words += [options.GATE, gate]
+    if expectations is not None:
+        words += [options.EXPECTATIONS, str(expectations)]
+    for option in (options.TP, options.LAUNCHER, options.BACKEND, options.CPU_SLOTS, options.EXPLORE, options.SEED,
+                   options.REPLAY):
+        given = config.getoption(option)
+        if given is not None and any(arg == option or arg.startswith(option + "=")
+                                     for arg in config.invocation_params.args):
+            words += [option, ",".join(map(str, given)) if isinstance(given, (list, tuple)) else str(given)]
+    return shlex.join(words)
+
+
+#: Frames of the suite's machinery, cut from the traceback a failed case shows.
+_INTERNAL = ("/_pytest/", "/pluggy/", "/conformance/plugins/", "/conformance/reporting/", "/conformance/plugin.py")
+
+
+def check_frames(exc: BaseException) -> str:
+    """The failure's traceback without pytest's, pluggy's and the suite's hook frames."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if not any(part in f.filename.replace("\\", "/") for part in _INTERNAL)]
+    return "".join(traceback.format_list(frames))
 
 
 class AllureHooks:
@@ -66,6 +106,7 @@ class AllureHooks:
         self.devices: set[str] = set()
         self.backends: set[str] = set()
         self.reported: set[str] = set()  # on the controller (or without xdist)
+        self.frames: dict[str, str] = {}  # the running case's failure, cut to the check's frames
 
     def pytest_configure(self, config: pytest.Config) -> None:
         reporting.activate(True, figures=config.getoption(options.FIGURES))
@@ -89,14 +130,35 @@ class AllureHooks:
         report = yield
         if call.excinfo is not None and isinstance(call.excinfo.value, CaseError):
             reporting.attach_evidence(call.excinfo.value)
+        if call.excinfo is not None and report.failed:
+            self.frames[item.nodeid] = check_frames(call.excinfo.value)
         if call.when == "call":
             found = evidence.end()
             if found is not None:
                 reporting.attach_case_evidence(found)
-            reporting.label_levels(report_properties.property_of(report, report_properties.CHECKS) or [])
-            reporting.attach_timings(report_properties.property_of(report, report_properties.TIMINGS))
             reporting.attach_exploration(report_properties.property_of(report, report_properties.EXPLORE))
         return report
+
+    def _present(self, report: pytest.TestReport) -> None:
+        """The case as a reviewer reads it: a step per check, why it did not pass, how to run it again."""
+        config = self.config
+        wasxfail = getattr(report, "wasxfail", None)
+        not_gated = report_properties.property_of(report, report_properties.NOT_GATED)
+        outcome = reporting.NOT_GATED if wasxfail is not None and not_gated else \
+            reporting.KNOWN if wasxfail is not None else report.outcome
+        checks = report_properties.property_of(report, report_properties.CHECKS) or []
+        if report.when == "call":
+            reporting.label_levels(checks, outcome)
+            reporting.show_checks(config, checks, outcome)
+            reporting.not_judged(config, checks)
+            reporting.link_expectations(report_properties.property_of(report, report_properties.EXPECTATION) or [])
+        if wasxfail is not None:
+            reporting.show_reason(config, "failed but not gated" if not_gated else "known failure", wasxfail)
+        elif report.skipped and isinstance(report.longrepr, tuple):
+            reporting.show_reason(config, "skipped", str(report.longrepr[2]).removeprefix("Skipped: "))
+        if report.failed or wasxfail is not None:
+            reporting.show_failure(config, reproduce_command(config, report.nodeid),
+                                   self.frames.pop(report.nodeid, None))
 
     def _observe_device(self) -> None:
         """The device family and backend, where this process already has torch loaded."""
@@ -115,6 +177,8 @@ class AllureHooks:
                 "backends": sorted(self.backends)}
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.when == "call" or report.failed or report.skipped:
+            self._present(report)
         if not is_xdist_worker(self.config):
             self.reported.add(report.nodeid)
 
@@ -154,13 +218,13 @@ class AllureHooks:
 
     def _write_run_files(self) -> None:
         config = self.config
-        environment = {
-            **report_meta.base_environment(config.rootpath),
+        environment = {  # what the run judged, and where, first: the overview shows 8 entries
+            "implementation": options.impl_spec(config),
             "device": ", ".join(sorted(self.devices)) or "not used",
             "backend": ", ".join(sorted(self.backends)) or "not used",
             "launcher": config.getoption(options.LAUNCHER),
             "world_sizes": ", ".join(map(str, sorted(self.world_sizes))) or "none",
-            "implementation": options.impl_spec(config),
+            **report_meta.base_environment(config.rootpath),
             "xdist_workers": str(getattr(config.option, "numprocesses", None) or 0),
         }
         report_meta.write(Path(config.option.allure_report_dir), environment)

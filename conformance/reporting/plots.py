@@ -139,8 +139,8 @@ def diff_heatmap(abs_diff: np.ndarray, bound: np.ndarray, *, title: str) -> byte
     return _png(fig)
 
 
-def lanes(rows: Mapping[str, Sequence[Interval]], *, title: str) -> bytes | None:
-    """Gantt chart: one horizontal lane per entry of ``rows``, top to bottom, in microseconds."""
+def lanes(rows: Mapping[str, Sequence[Interval]], *, title: str, unit: str = "us") -> bytes | None:
+    """Gantt chart: one horizontal lane per entry of ``rows``, top to bottom, in ``unit``."""
     if not available():
         return None
     labels = list(rows)
@@ -157,7 +157,7 @@ def lanes(rows: Mapping[str, Sequence[Interval]], *, title: str) -> bytes | None
             for i, (start, width) in enumerate(spans):
                 ax.text(start + width / 2, y, str(i), ha="center", va="center", fontsize=7, color="white")
     ax.set_yticks(range(len(labels)), list(reversed(labels)), fontsize=8)
-    ax.set_xlabel("time (us)")
+    ax.set_xlabel(f"time ({unit})")
     ax.set_xlim(left=0)
     ax.set_title(title, fontsize=9)
     return _png(fig)

@@ -1,7 +1,8 @@
 """Allure results of the suite: labels, parameters, attachments, categories, environment, history.
 
 A small synthetic suite (a passing and a failing numerics case, a hang, a
-check failure raised on a rank, a missing error, a perf timeline) runs twice
+check failure raised on a rank, a missing error, a perf timeline, a case of
+named checks with a failed MUST one, a case whose one check was not judged) runs twice
 with ``--alluredir``: once in one process on device ``cpu``, once under
 ``-n 2`` on device ``npu:0``.  Both runs must describe every case the same
 way; the device must not change a history id.
@@ -9,7 +10,6 @@ way; the device must not change a history id.
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 import subprocess
@@ -36,6 +36,8 @@ from conformance.harness import case_errors as errors
 from conformance.judge import failures, numerics
 from conformance.reporting import allure as reporting
 from conformance.harness.case import RankOutcome, CapturedError
+from conformance.judge.levels import Level
+from conformance.judge.verdicts import NotJudged
 
 DEVICE = os.environ["SYNTH_DEVICE"]
 
@@ -90,6 +92,19 @@ def test_perf_timeline():
     measured = {"mm": [140.0] * 4, "comm": [(150, 260), (290, 400), (430, 540), (570, 690)]}
     reporting.describe_case(feature="row all-reduce", story="perf", tp=8)
     reporting.attach_timeline(predicted, measured, "row all-reduce")
+
+
+@pytest.mark.parametrize("tp", [2])
+def test_checked(verdicts, tp):
+    with verdicts.check("numerics", Level.MUST):
+        raise failures.NumericMismatch("out: 3 elements over the bound on rank 1")
+    with verdicts.check("warning", Level.SHOULD):
+        pass
+
+
+def test_nothing_to_judge(verdicts):
+    with verdicts.check("perf gate", Level.MUST):
+        raise NotJudged("no profile matches this machine")
 '''
 
 #: test function -> (status, category, attachment names)
@@ -102,6 +117,8 @@ EXPECTED = {
         "failed", "Determinism violation", {"rank 1 traceback", "rank 0 log", "rank 1 log"}),
     "test_missing_error": ("failed", "Missing or wrong error", set()),
     "test_perf_timeline[8]": ("passed", None, {"row all-reduce: timeline"}),
+    "test_checked[2]": ("failed", "Numeric mismatch", set()),
+    "test_nothing_to_judge": ("skipped", None, set()),
 }
 
 
@@ -145,7 +162,7 @@ def _run_synthetic(workdir: Path, device: str, *extra: str) -> Run:
          f"--alluredir={results}", *extra],
         cwd=workdir, env=env, capture_output=True, text=True, timeout=600,
     )
-    assert done.returncode == 1, done.stdout + done.stderr  # 4 failing cases
+    assert done.returncode == 1, done.stdout + done.stderr  # 5 failing cases
     return Run.load(results, device)
 
 
@@ -157,7 +174,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Iterator[t
     def make(root: Path) -> tuple[Run, Run]:
         if not (root / "done").exists():
             _run_synthetic(root / "single", "cpu")
-            _run_synthetic(root / "xdist", "npu:0", "-n", "2", "--coc-figures=all")
+            _run_synthetic(root / "xdist", "npu:0", "-n", "2", "--coc-figures=all", "--coc-launcher=process")
             (root / "done").touch()
         return Run.load(root / "single" / "allure-results", "cpu"), \
             Run.load(root / "xdist" / "allure-results", "npu:0")
@@ -191,14 +208,41 @@ def test_labels_titles_and_parameters(runs: tuple[Run, Run]) -> None:
     assert {name: p["value"] for name, p in params.items()} == {
         "op": "all_gather_matmul", "tp": "4", "device": "cpu", "chunks": "4", "dtype": "float32",
         "shape": "24x16x8", "implementation": "coc_impl.reference:ReferenceCoC"}
-    assert params["device"].get("excluded") is True
-    assert not any(p.get("excluded") for name, p in params.items() if name != "device")
+    assert params["device"].get("excluded") is True and params["implementation"].get("excluded") is True
+    assert not any(p.get("excluded") for name, p in params.items() if name not in ("device", "implementation"))
 
     derived = single.cases["test_hang[4]"]  # nothing described: defaults from names and parameters
     labels = _labels(derived)
     assert (labels["epic"], labels["feature"], labels["story"], labels["severity"]) == (
         ["CoC"], ["synth"], ["hang"], ["normal"])
-    assert derived["name"] == "Hang [4]"
+    assert derived["name"] == "Hang [tp=4]"
+
+
+def test_checks_as_steps_severity_and_reproduce_command(runs: tuple[Run, Run]) -> None:
+    """One step per check with its level and outcome; severity and tags from the failed level; the command."""
+    for run, options in zip(runs, ("", " --coc-launcher process"), strict=True):  # options given: repeated
+        case = run.cases["test_checked[2]"]
+        steps = [(step["name"], step["status"]) for step in case["steps"]]
+        assert steps == [("[MUST] numerics: failed", "failed"), ("[SHOULD] warning: passed", "passed")], steps
+        assert "3 elements over the bound" in case["steps"][0]["statusDetails"]["message"]
+        labels = _labels(case)
+        assert labels["severity"] == ["critical"] and labels["requirement"] == ["MUST"]
+        assert {"MUST failed", "SHOULD passed"} <= set(labels["tag"]), labels["tag"]
+        message = case["statusDetails"]["message"]
+        assert message.endswith("reproduce: pytest 'test_synth.py::test_checked[2]' --coc-impl "
+                                "coc_impl.reference:ReferenceCoC" + options), message
+        trace = case["statusDetails"]["trace"]
+        assert "test_checked" in trace and not any(internal in trace for internal in ("_pytest", "pluggy",
+                                                                                       "level_gate"))
+
+
+def test_not_judged_is_never_passed(runs: tuple[Run, Run]) -> None:
+    for run in runs:
+        case = run.cases["test_nothing_to_judge"]
+        assert case["status"] == "skipped"
+        assert case["statusDetails"]["message"] == "not judged: perf gate: no profile matches this machine"
+        assert [(s["name"], s["status"]) for s in case["steps"]] == [("[MUST] perf gate: not judged", "skipped")]
+        assert _labels(case)["requirement"] == ["not judged"]
 
 
 def test_attachments_present(runs: tuple[Run, Run]) -> None:
@@ -223,7 +267,9 @@ def test_figures_for_failures_unless_all_are_asked_for(runs: tuple[Run, Run]) ->
     assert "out: |diff| / bound" not in default_names
     assert "out: |diff| / bound" in every_names
     table = next(a for a in default.cases["test_numerics[2]"]["attachments"] if a["name"] == "out: error statistics")
-    rows = dict(csv.reader((default.results / table["source"]).read_text().splitlines()[1:]))
+    assert table["type"] == "text/markdown"
+    rows = dict(tuple(cell.strip().replace("\\|", "|") for cell in line.strip("|").split(" | "))
+                for line in (default.results / table["source"]).read_text().splitlines()[2:])
     decades = {k: int(v) for k, v in rows.items() if k.startswith("|diff|")}
     assert sum(decades.values()) == 24 * 8 and not decades["|diff| / bound > 1 (violations)"], rows
 

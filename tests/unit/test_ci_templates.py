@@ -196,3 +196,22 @@ def test_template_runs_a_nightly_exploration(path: Path) -> None:
     assert runs, "no exploration job"
     args = runs[0]
     assert args[args.index("--coc-explore") + 1] == "600" and "--coc-seed" in args and "--coc-explore-dir" in args
+
+
+def test_every_run_with_results_builds_its_report_with_history() -> None:
+    """Each job that writes Allure results builds the report from them, keeping the history for the trend
+    (never ``--no-history``), with options the builder has; the per-change job embeds the gate and the matrix."""
+    from conformance.reporting.build import argument_parser
+
+    known = {option for action in argument_parser()._actions for option in action.option_strings}
+    builds = {(template, job): module[1] for template, job, words in _invocations()
+              if (module := _python_module(words)) and module[0] == "conformance.reporting.build"}
+    with_results = {(template, job) for template, job, args in _pytest_runs()
+                    if any(arg.startswith("--alluredir") for arg in args)}
+    assert with_results and with_results <= set(builds), sorted(with_results - set(builds))
+    for (template, job), args in builds.items():
+        assert "--history" in args and "--no-history" not in args, f"{template} {job}: {args}"
+        assert {arg for arg in args if arg.startswith("--")} <= known, f"{template} {job}: {args}"
+    for template in {template for template, _ in builds}:
+        smoke = [args for (t, job), args in builds.items() if t == template and "smoke" in job]
+        assert smoke and sum(arg == "--attach" for arg in smoke[0]) == 2, f"{template}: {smoke}"

@@ -166,6 +166,8 @@ def test_expectations_writer_writes_one_entry_per_failed_check_and_round_trips(t
     path.write_text(written.dumps())
     again = expectations.Expectations.load(path)
     assert again.entries == written.entries
+    heads = [n for n, line in enumerate(path.read_text().splitlines(), 1) if line == "[[expect]]"]
+    assert [e.source for e in again.entries] == [f"{path.resolve()}:{n}" for n in heads]  # the report links there
     assert all(e.covers(c) for e, c in zip(again.entries, (case["checks"][0], case["checks"][2]), strict=True))
     assert expectations.from_summary([case], again).entries == written.entries
     fixed = {**case, "outcome": "passed", "checks": [_check(c["name"], c["level"], True) for c in case["checks"]]}

@@ -79,3 +79,72 @@ def test_report_config_and_analytics(tmp_path: Path) -> None:
     (other / "keep.txt").write_text("not a report")
     with pytest.raises(report_build.ReportBuildError, match="not a report directory"):
         report_build._prepare_output(other)
+
+
+def _check(name: str, level: str, outcome: str) -> dict[str, str]:
+    return {"name": name, "level": level, "outcome": outcome, "message": f"{name} says why"}
+
+
+def test_verdict_first_with_the_terminals_table() -> None:
+    """The overview's verdict and per-level lines, from the summary, through the terminal's own count."""
+    from conformance.judge import level_tally
+    from conformance.judge.levels import Level
+
+    cases = [{"nodeid": "t.py::a", "outcome": "failed",
+              "checks": [_check("numerics", "MUST", "passed"), _check("warning", "SHOULD", "failed")]},
+             {"nodeid": "t.py::b", "outcome": "not judged", "checks": [_check("perf gate", "MUST", "not judged")]},
+             {"nodeid": "t.py::c", "outcome": "not-gated", "checks": [_check("overlap", "STRUCTURE", "failed")]},
+             {"nodeid": "t.py::d", "outcome": "passed", "checks": [_check("odd", "SHOULD", "someday")]}]
+    summary = {"gate": "must,should", "implementation": "pkg:Impl", "missing": [], "cases": cases,
+               "outcomes": {"failed": 1, "not judged": 1, "not-gated": 1, "passed": 1}}
+    shown = report_build.verdict(summary, {"device": "cpu"})
+    assert list(shown) == ["verdict", "MUST", "SHOULD", "STRUCTURE", "implementation", "device", "profile", "cases"]
+    assert shown["verdict"] == "NOT CONFORMANT at MUST, SHOULD: 1 case(s) failed a gated check"
+    gate = frozenset({Level.MUST, Level.SHOULD})
+    counts = level_tally.tally((c for case in cases for c in case["checks"]), gate)
+    terminal = {line.split()[0]: line.split(None, 1)[1].strip() for line in level_tally.lines(counts, gate)}
+    assert {level: shown[level] for level in terminal} == terminal
+    assert " ".join(shown["MUST"].split()) == \
+        "1 checks passed, 0 failed, 0 failed but not gated, 1 not judged (gates)"
+    assert " ".join(shown["STRUCTURE"].split()) == \
+        "0 checks passed, 0 failed, 1 failed but not gated, 0 not judged (not gated)"
+    assert "1 someday" in shown["SHOULD"]  # an outcome the table does not know is shown by its name
+    assert shown["implementation"] == "pkg:Impl" and shown["profile"] == "no perf case ran"
+    assert "1 not judged" in shown["cases"]
+    text = report_build.verdict_markdown(shown, "passed", summary)
+    assert all(line in text for line in level_tally.lines(counts, gate)) and "[SHOULD] warning" in text
+
+    passing = {**summary, "gate": "all", "outcomes": {"passed": 4}, "cases": cases[1:]}
+    assert report_build.verdict(passing, {})["verdict"] == "CONFORMANT at MUST, SHOULD, STRUCTURE"
+    lost = {**passing, "missing": ["t.py::e"]}
+    assert report_build.verdict(lost, {})["verdict"].startswith("NOT CONFORMANT")
+    broken = {**passing, "outcomes": {"error": 1}}
+    assert report_build.verdict(broken, {})["verdict"].startswith("NOT DECIDED")
+
+
+def test_check_outcomes_as_shown() -> None:
+    """A failed check of a known or ungated case says so; only passed checks are passed."""
+    failed, not_judged = _check("n", "MUST", "failed"), _check("p", "MUST", "not judged")
+    assert reporting.check_outcome(failed, "failed") == "failed"
+    assert reporting.check_outcome(failed, reporting.KNOWN) == "known"
+    assert reporting.check_outcome(failed, reporting.NOT_GATED) == "failed, not gated"
+    assert reporting.check_outcome(not_judged, "passed") == "not judged"
+    assert reporting.LEVEL_SEVERITY == {"MUST": "critical", "STRUCTURE": "normal", "SHOULD": "minor"}
+
+
+def test_staged_results_leave_out_fixtures_and_add_the_globals(tmp_path: Path) -> None:
+    import json
+
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "a-result.json").write_text("{}")
+    (results / "b-container.json").write_text("{}")
+    staged = tmp_path / "staged"
+    report_build.stage_results(results, staged, {"verdict": "# NOT CONFORMANT"},
+                               [{"message": "NOT CONFORMANT", "trace": ""}])
+    assert sorted(p.name for p in staged.iterdir()) == ["a-result.json", "coc-global-0-attachment.md",
+                                                        "coc-run-globals.json"]
+    globals_ = json.loads((staged / "coc-run-globals.json").read_text())
+    assert globals_["attachments"] == [{"name": "verdict", "source": "coc-global-0-attachment.md",
+                                        "type": "text/markdown"}]
+    assert globals_["errors"][0]["message"] == "NOT CONFORMANT"
