@@ -140,6 +140,15 @@ def _outcome(spec: ConfigSpec) -> Any:
                             customized=CUSTOMIZED[spec.customized])
 
 
+def subject(spec: ConfigSpec) -> str:
+    """What a failure of ``spec`` is about: each setting that alone must (or may) be refused, else its chunk count."""
+    plain = ConfigSpec()
+    refused = [f"{d.name}={getattr(spec, d.name)}" for d in DIMENSIONS
+               if getattr(spec, d.name) != getattr(plain, d.name)
+               and _outcome(replace(plain, **{d.name: getattr(spec, d.name)})).refusals]
+    return ", ".join(refused) or f"chunks={spec.chunks}" + (", fused" if spec.fused else "")
+
+
 def judge_spec(ranks: Ranks, spec: ConfigSpec, scope: Scope, verdicts: Verdicts) -> Judged:
     """``configure`` with ``spec``'s setting, judged against the contract's model by the fixed suite's rules."""
     if _fit(spec, scope) != spec:
@@ -165,4 +174,4 @@ def from_dict(data: dict[str, Any]) -> ConfigSpec:
 
 
 KIND = Kind(KIND_NAME, weight=3.0, offered=offered, draw=draw, neighbours=neighbours, tags=tags, judge=judge_spec,
-            from_dict=from_dict, spec_type=ConfigSpec)
+            from_dict=from_dict, spec_type=ConfigSpec, subject=subject)

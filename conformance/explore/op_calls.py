@@ -21,7 +21,7 @@ from conformance.cases.groups import GROUP_LAYOUTS
 from conformance.cases.op_cases import op_sequence_task
 from conformance.contract.jobs import OPERAND_STRIDES, OpRun
 from conformance.contract.problems import Problem, exact_limit_ok
-from conformance.explore.kind import Judged, Kind, Ranks, Scope, read_spec, run_to_the_end
+from conformance.explore.kind import Judged, Kind, Ranks, Scope, read_spec, run_to_the_end, unoffered
 from conformance.explore.space import (
     Dimension,
     draw_fields,
@@ -36,15 +36,8 @@ from conformance.explore.space import (
 )
 from conformance.explore.spec import SpecError
 from conformance.judge import ops as judge
-from conformance.judge.checks import not_implemented
 from conformance.judge.levels import Level
-from conformance.judge.op_verdicts import (
-    STRIDE_NAMES,
-    check_bitwise_reproducible,
-    judge_op_runs,
-    judge_refusal,
-    refusal_names,
-)
+from conformance.judge.op_verdicts import check_bitwise_reproducible, judge_op_runs, judge_refusal
 from conformance.judge.verdicts import Verdicts
 from conformance.protocol import FUSED_OPS
 from golden.catalogue import DTYPES
@@ -118,6 +111,14 @@ class OpSpec:
     @property
     def capability(self) -> str:
         return f"op:{self.ops[0]}" if len(self.ops) == 1 else "op:sequence"
+
+    def modes(self, ops: Sequence[str] | None = None) -> frozenset[str]:
+        """What of the implementation a call of ``ops`` (default: every op called) needs: each op, and each mode
+        of this spec an implementation may lack (``NotImplementedError``)."""
+        modes = ["deterministic" if self.deterministic else "", "explicit tiling" if self.tiling != "own" else "",
+                 "weight [n, k]" if self.transpose_weight else "",
+                 f"{self.strides} operands" if self.strides != "contiguous" else ""]
+        return frozenset(ops or self.ops) | {m for m in modes if m}
 
     def problem(self, call: Call) -> str:
         """Why ``call`` cannot run in this spec ("" when it can)."""
@@ -321,9 +322,12 @@ def tags(spec: OpSpec) -> list[str]:
 def judge_spec(ranks: Ranks, spec: OpSpec, scope: Scope, verdicts: Verdicts) -> Judged:
     """Run ``spec`` on ``ranks`` and record the suite's checks of op runs into ``verdicts``.
 
-    A call that raised is judged as a refusal (``judge_refusal``: strided
-    operands, a token count: correct numbers or a clear refusal); a
-    deterministic case must also be bitwise reproducible.
+    A run whose every call raised ``NotImplementedError`` is a mode not
+    offered (``unoffered``); a call that raised where the one refusal rule
+    allows it (``judge_refusal``: strided operands, an odd number of rows per
+    rank) is judged as a refusal; any other call that raised fails "the op
+    ran on every rank".  A deterministic case must also be bitwise
+    reproducible.
     """
     if spec.tiling != "own" and not set(spec.ops) <= scope.blocks:
         return Judged(skipped=f"{spec.ops} take no explicit tiling (blocks=)")
@@ -332,18 +336,14 @@ def judge_spec(ranks: Ranks, spec: OpSpec, scope: Scope, verdicts: Verdicts) -> 
     if isinstance(outcomes, Judged):
         return outcomes
     judged = [(run, [o[i] for o in outcomes]) for i, run in enumerate(runs)]
-    skipped = not_implemented([e for _, run_outcomes in judged for e in judge.call_errors(run_outcomes)])
-    if skipped:
-        return Judged(skipped=skipped)
-    declared = scope.declarations
     for run, run_outcomes in judged:
-        strided = spec.strides != "contiguous"
-        names = STRIDE_NAMES + refusal_names(run.problems[0].m, spec.tp) if strided else \
-            [n for p in run.problems for n in refusal_names(p.m, spec.tp)]
-        if judge_refusal(verdicts, run, run_outcomes, declared, label=f"{spec.strides} operands" if strided
-                         else "token counts", names=names, kind="argument" if strided else "shape"):
+        not_offered = unoffered(judge.call_errors(run_outcomes), spec.modes((run.op,)))
+        if not_offered:
+            return not_offered
+    for run, run_outcomes in judged:
+        if judge_refusal(verdicts, run, run_outcomes, scope.declarations):
             return Judged.of(verdicts)
-    judge_op_runs(verdicts, judged, declared.in_place_ops, exact=spec.exact)
+    judge_op_runs(verdicts, judged, scope.declarations.in_place_ops, exact=spec.exact)
     if spec.deterministic:
         with verdicts.check("deterministic: bitwise reproducible", Level.MUST):
             for run, run_outcomes in judged:
@@ -362,4 +362,5 @@ def from_dict(data: dict[str, Any]) -> OpSpec:
 
 
 KIND = Kind(KIND_NAME, weight=6.0, offered=offered, draw=draw, neighbours=neighbours, tags=tags, judge=judge_spec,
-            from_dict=from_dict, spec_type=OpSpec)
+            from_dict=from_dict, spec_type=OpSpec, modes=lambda spec: spec.modes(),
+            subject=lambda spec: "+".join(spec.ops))

@@ -19,7 +19,7 @@ from typing import Any
 from conformance.cases.quant_cases import BAD_QUANT, quant_inputs, quant_task
 from conformance.contract.jobs import QuantRun
 from conformance.contract.problems import GRANULARITIES, QuantProblem
-from conformance.explore.kind import Judged, Kind, Ranks, Scope, read_spec, run_to_the_end
+from conformance.explore.kind import Judged, Kind, Ranks, Scope, read_spec, run_to_the_end, unoffered
 from conformance.explore.space import (
     Dimension,
     draw_fields,
@@ -33,7 +33,6 @@ from conformance.explore.space import (
     weighted,
 )
 from conformance.explore.spec import SpecError
-from conformance.judge.checks import not_implemented
 from conformance.judge.levels import Level
 from conformance.judge.quant_verdicts import check_w8a16, judge_bad_argument, quant_truth
 from conformance.judge.verdicts import Verdicts
@@ -169,15 +168,20 @@ def tags(spec: QuantSpec) -> list[str]:
     return field_tags(spec, DIMENSIONS) + [f"groups_per_rank={bucket}"]
 
 
+def modes(spec: QuantSpec) -> frozenset[str]:
+    """What of the implementation ``spec`` needs: w8A16 calls of its scales' granularity, with an offset or not."""
+    return frozenset({spec.capability, spec.granularity} | ({"antiquant offset"} if spec.offset else set()))
+
+
 def judge_spec(ranks: Ranks, spec: QuantSpec, scope: Scope, verdicts: Verdicts) -> Judged:
     """Run ``spec`` on ``ranks``: the numbers against the dequantised truth, or the refusal of its invalid argument."""
     run = spec.run()
     outcomes = run_to_the_end(ranks, spec, verdicts, quant_task, run=run)
     if isinstance(outcomes, Judged):
         return outcomes
-    skipped = not_implemented([o.error for o in outcomes])
-    if skipped:
-        return Judged(skipped=skipped)
+    not_offered = unoffered([o.error for o in outcomes], modes(spec))
+    if not_offered:
+        return not_offered
     if run.change is not None:
         judge_bad_argument(verdicts, outcomes, run.change, scope.declarations)
     else:
@@ -193,4 +197,5 @@ def from_dict(data: dict[str, Any]) -> QuantSpec:
 
 
 KIND = Kind(KIND_NAME, weight=1.5, offered=offered, draw=draw, neighbours=neighbours, tags=tags, judge=judge_spec,
-            from_dict=from_dict, spec_type=QuantSpec)
+            from_dict=from_dict, spec_type=QuantSpec, modes=modes,
+            subject=lambda spec: spec.change if spec.change != "none" else f"w8A16 {spec.granularity}")
