@@ -37,7 +37,7 @@ from conformance.explore.space import (
 from conformance.explore.spec import SpecError
 from conformance.judge import ops as judge
 from conformance.judge.levels import Level
-from conformance.judge.op_verdicts import check_bitwise_reproducible, judge_op_runs, judge_refusal
+from conformance.judge.op_verdicts import judge_deterministic, judge_op_runs, judge_refusal
 from conformance.judge.verdicts import Verdicts
 from conformance.protocol import FUSED_OPS
 from golden.catalogue import DTYPES
@@ -345,9 +345,7 @@ def judge_spec(ranks: Ranks, spec: OpSpec, scope: Scope, verdicts: Verdicts) -> 
             return Judged.of(verdicts)
     judge_op_runs(verdicts, judged, scope.declarations.in_place_ops, exact=spec.exact)
     if spec.deterministic:
-        with verdicts.check("deterministic: bitwise reproducible", Level.MUST):
-            for run, run_outcomes in judged:
-                check_bitwise_reproducible(run, run_outcomes)
+        judge_deterministic(verdicts, judged)
     return Judged.of(verdicts)
 
 

@@ -132,6 +132,14 @@ def judge_refusal(verdicts: Verdicts, run: OpRun, outcomes: Sequence[OpRunOutcom
     return True
 
 
+def judge_deterministic(verdicts: Verdicts, judged: Sequence[tuple[OpRun, Sequence[OpRunOutcome]]]) -> None:
+    """``deterministic=True`` (MUST): every run bitwise reproducible -- not judged where a call raised."""
+    with verdicts.check("deterministic: bitwise reproducible", Level.MUST):
+        for run, outcomes in judged:
+            _needs_every_result(outcomes)
+            check_bitwise_reproducible(run, outcomes)
+
+
 def check_bitwise_reproducible(run: OpRun, outcomes: Sequence[OpRunOutcome]) -> None:
     """``deterministic=True``: every result of a call (each tiling, each run) bitwise equal to the first, and, with
     ``run.reference``, to the serial deterministic reference.  Of exact data, up to the sign of a zero (which

@@ -1572,3 +1572,80 @@ class SerialGatherDeclaredOverlapsOutput(DeclaresOverlapsOutput):
         stack.enter_context(mock.patch.object(scripted, "all_gather_matmul", all_gather_matmul))
         stack.enter_context(super().patch_megatron(config))
         return stack
+
+
+# --- explorer honesty: refusals the rule does not allow, and a correct implementation lacking a mode ------------
+
+
+class _RefusesCalls(ReferenceCoC):
+    """Refuses the calls ``refuses`` picks, on every rank, before any collective, naming tp (a clear refusal in
+    form, of calls no refusal rule lets it refuse)."""
+
+    def refuses(self, op: str, x: Any, tp: int) -> bool:
+        raise NotImplementedError
+
+    def _checked(self, op: str, x: Any, w: Any, bias: Any, kw: dict[str, Any]) -> Any:
+        import torch.distributed as dist
+
+        tp = dist.get_world_size(kw["group"])
+        if self.refuses(op, x, tp):
+            raise ValueError(f"this build supports no {op} call of {x.shape[0]} rows at tp={tp}")
+        return getattr(super(), op)(x, w, bias, **kw)
+
+    def matmul_all_reduce(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
+        return self._checked("matmul_all_reduce", x, w, bias, kw)
+
+    def matmul_reduce_scatter(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
+        return self._checked("matmul_reduce_scatter", x, w, bias, kw)
+
+    def all_gather_matmul(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
+        return self._checked("all_gather_matmul", x, w, bias, kw)
+
+    def all_gather_matmul_v2(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
+        return self._checked("all_gather_matmul_v2", x, w, bias, kw)
+
+
+class RefusesEveryCall(_RefusesCalls):
+    """Refuses every call of every op ("this build supports no calls at tp=N"): nothing ever runs."""
+
+    name = "fault-refuses-every-call"
+
+    def refuses(self, op: str, x: Any, tp: int) -> bool:
+        return True
+
+
+class RefusesLargeGathers(_RefusesCalls):
+    """Refuses the all-gather ops once they gather 1024 rows or more: ordinary large gathers."""
+
+    name = "fault-refuses-large-gathers"
+
+    def refuses(self, op: str, x: Any, tp: int) -> bool:
+        return op.startswith("all_gather") and x.shape[0] * tp >= 1024
+
+
+class NoDeterministicMode(ReferenceCoC):
+    """Correct, without a deterministic mode: ``deterministic=True`` raises ``NotImplementedError`` (the protocol
+    lets an implementation lack a mode)."""
+
+    name = "variant-no-deterministic-mode"
+
+    def matmul_all_reduce(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
+        if kw.get("deterministic"):
+            raise NotImplementedError("no deterministic mode in this build")
+        return super().matmul_all_reduce(x, w, bias, **kw)
+
+    def matmul_reduce_scatter(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
+        if kw.get("deterministic"):
+            raise NotImplementedError("no deterministic mode in this build")
+        return super().matmul_reduce_scatter(x, w, bias, **kw)
+
+
+class OffersNoOp(ReferenceCoC):
+    """Correct, offering no fused op at all: every call raises ``NotImplementedError`` (nothing to judge)."""
+
+    name = "variant-offers-no-op"
+
+    def _absent(self, *args: Any, **kw: Any) -> Any:
+        raise NotImplementedError("no fused ops in this build")
+
+    matmul_all_reduce = matmul_reduce_scatter = all_gather_matmul = all_gather_matmul_v2 = _absent

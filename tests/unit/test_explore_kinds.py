@@ -12,16 +12,17 @@ from typing import Any
 import pytest
 
 from conformance.contract.config_rules import expected_outcome
-from conformance.explore import config_settings, layer_training, quant_calls
+from conformance.explore import config_settings, layer_training, op_calls, quant_calls
 from conformance.explore import explorer as explorer_module
 from conformance.explore.explorer import STORMED_DRAWS, Explorer
 from conformance.explore.kind import FINISHED, FailureKey, Judged, Kind, Scope
-from conformance.explore.op_calls import OpSpec
+from conformance.explore.op_calls import Call, OpSpec
 from conformance.explore.registry import KINDS, kind_of, spec_from_dict
 from conformance.explore.shrink import shrink
 from conformance.explore.spec import SpecError
 from conformance.harness.runner import CaseTimings
 from conformance.judge.levels import Level
+from conformance.judge.verdicts import NOT_JUDGED, Verdicts
 from conformance.protocol import declarations
 
 
@@ -190,6 +191,82 @@ def test_one_check_failing_in_one_kind_hides_no_kind_failing_it_later(scope: Sco
     ticks = itertools.count()
     explorer = Explorer(_NoRanks(), seed=2, budget_s=400.0, scope=scope, clock=lambda: next(ticks) * 0.01)
     report = explorer.explore()
-    assert sorted(kind_of(f.spec).name for f in report.findings) == ["layer", "op", "w8a16"]
-    assert {f.key for f in report.findings} == {crashed}
-    assert set(report.failing_cases) == {"layer: " + FINISHED, "op: " + FINISHED, "w8a16: " + FINISHED}
+    assert {kind_of(f.spec).name for f in report.findings} == {"layer", "op", "w8a16"}
+    assert {f.key.way for f in report.findings} == {crashed}
+    assert {name.split(": ")[0] for name in report.failing_cases} == {"layer", "op", "w8a16"}
+    assert all(name.endswith(": " + FINISHED) for name in report.failing_cases)
+
+
+# --------------------------------------------------------------------------- judged on ranks (a warm gloo pool)
+
+
+@pytest.fixture(scope="module")
+def on_ranks(pool: Any) -> Any:
+    """``on_ranks(fault)``: warm gloo ranks running ``fault`` of the faulty implementations, and its scope."""
+    from conformance.harness.runner import RankRunner
+    from tests.support import faulty_impls
+
+    def ranks_of(fault: str) -> tuple[Any, Scope]:
+        impl = getattr(faulty_impls, fault)()
+        ranks = RankRunner(pool, None, f"tests.support.faulty_impls:{fault}").for_case(CaseTimings())
+        return ranks, Scope.of(impl, declarations(impl), megatron="not drawn here")
+    return ranks_of
+
+
+def _op(m: int, op: str = "matmul_all_reduce", tp: int = 2, **modes: Any) -> OpSpec:
+    return OpSpec((Call(m, 64, 32, op=op),), tp=tp, **modes)
+
+
+def _failed(judged: Judged) -> set[tuple[str, Level]]:
+    return {(k.check, k.level) for k, _ in judged.failures}
+
+
+def test_a_refusal_no_rule_allows_fails_the_op_ran_at_must_and_an_uneven_one_is_judged_as_a_refusal(
+        on_ranks: Any) -> None:
+    """The fixed suite's refusal rule, through its function: an even token count refused fails "the op ran on
+    every rank"; an odd number of rows per rank may be refused, clearly."""
+    ranks, scope = on_ranks("RefusesEveryCall")
+    refused = op_calls.judge_spec(ranks, _op(64), scope, Verdicts())
+    assert ("the op ran on every rank", Level.MUST) in _failed(refused), refused
+    uneven = op_calls.judge_spec(ranks, _op(61), scope, Verdicts())
+    assert ("token counts: refused clearly", Level.MUST) in {(k.check, k.level) for k in uneven.judged}, uneven
+    assert ("token counts: refused clearly", Level.MUST) not in _failed(uneven), uneven
+    ranks, scope = on_ranks("RefusesLargeGathers")
+    large = op_calls.judge_spec(ranks, _op(2048, "all_gather_matmul"), scope, Verdicts())
+    assert ("the op ran on every rank", Level.MUST) in _failed(large), large
+
+
+def test_an_implementation_refusing_every_call_fails_the_explorer_at_must_at_once(on_ranks: Any) -> None:
+    ranks, scope = on_ranks("RefusesEveryCall")
+    report = Explorer(ranks, seed=1, budget_s=3.0, scope=scope, kinds=(op_calls.KIND,)).explore()
+    ran = [f for f in report.findings if f.key.check == "the op ran on every rank"]
+    assert ran and all(f.key.level is Level.MUST for f in ran), [f.key for f in report.findings]
+    assert min(f.found_after_s for f in ran) < 30
+
+
+def test_a_mode_raising_not_implemented_is_not_offered_and_no_longer_drawn(on_ranks: Any) -> None:
+    """A correct implementation without a deterministic mode passes, that mode reported "not offered" with the
+    reason, and no deterministic case is drawn after it."""
+    ranks, scope = on_ranks("NoDeterministicMode")
+    explorer = Explorer(ranks, seed=3, budget_s=6.0, scope=scope, kinds=(op_calls.KIND,))
+    report = explorer.explore()
+    assert report.findings == [], [(f.key, f.message) for f in report.findings]
+    unoffered = {k: v for k, v in report.not_offered.items() if "deterministic" in k}
+    assert unoffered and all("no deterministic mode" in why for why in unoffered.values()), report.not_offered
+    assert report.judged_cases > 0 and report.skipped, report
+    (modes,) = explorer.unoffered
+    ops = [op for op in ("matmul_all_reduce", "matmul_reduce_scatter") if op in modes]
+    again = OpSpec((Call(64, 64, 32, op=ops[0]),), tp=2, deterministic=True, transpose_weight=True, strides="offset")
+    assert explorer.not_offered(again).startswith("not offered"), explorer.unoffered
+
+
+def test_an_exploration_that_judged_nothing_is_not_judged_never_passed(on_ranks: Any) -> None:
+    from conformance.suite.test_explore import _record_judged
+
+    ranks, scope = on_ranks("OffersNoOp")
+    report = Explorer(ranks, seed=2, budget_s=3.0, scope=scope, kinds=(op_calls.KIND,)).explore()
+    assert report.judged_cases == 0 and report.findings == [] and report.not_offered, report
+    assert all("no fused ops in this build" in why for why in report.not_offered.values()), report.not_offered
+    verdicts = Verdicts()
+    _record_judged(verdicts, report)
+    assert [r.outcome for r in verdicts.results] == [NOT_JUDGED], verdicts.results
