@@ -120,6 +120,12 @@ class OpSpec:
                  f"{self.strides} operands" if self.strides != "contiguous" else ""]
         return frozenset(ops or self.ops) | {m for m in modes if m}
 
+    @property
+    def compares_bitwise(self) -> bool:
+        """Whether "deterministic: bitwise reproducible" has two results of a call to compare: a repeat, an explicit
+        tiling, or (exact data) the serial deterministic reference."""
+        return self.runs > 1 or self.tiling != "own" or self.exact
+
     def problem(self, call: Call) -> str:
         """Why ``call`` cannot run in this spec ("" when it can)."""
         if call.op not in FUSED_OPS:
@@ -233,7 +239,8 @@ MAX_WORLD = 4
 
 def fit(spec: OpSpec, up: bool) -> OpSpec:
     """``spec`` made runnable: every size its ops split over the TP ranks rounded to a multiple of ``tp`` (up or
-    down), modes only where they apply (a layout with replicas, determinism on its ops, a tiling where it fits)."""
+    down), modes only where they apply (a layout with replicas, determinism on its ops, a tiling where it fits),
+    and a deterministic case with something to compare (else two runs)."""
     def rounded(value: int) -> int:
         return max(spec.tp, -(-value // spec.tp) * spec.tp if up else value // spec.tp * spec.tp)
 
@@ -248,6 +255,8 @@ def fit(spec: OpSpec, up: bool) -> OpSpec:
         fitted = replace(fitted, exact=False)
     if fitted.tiling != "own" and fitted.invalid():
         fitted = replace(fitted, tiling="own")
+    if fitted.deterministic and not fitted.compares_bitwise:
+        fitted = replace(fitted, runs=2)
     return fitted
 
 

@@ -140,3 +140,13 @@ def test_every_explorer_only_fault_is_a_faulty_implementation() -> None:
     for row in EXPLORER_FAULTS:
         assert callable(getattr(faulty_impls, row.fault, None)), row.fault
         assert row.check, row
+
+
+def test_every_deterministic_draw_and_neighbour_has_two_results_to_compare_bitwise() -> None:
+    """A repeat, an explicit tiling or the deterministic reference (exact data): never one result alone."""
+    specs = [s for s in _drawn(5, 3000) if s.deterministic]
+    assert len(specs) > 100
+    assert all(s.runs > 1 or s.tiling != "own" or s.exact for s in specs), \
+        [s.describe() for s in specs if not s.compares_bitwise][:3]
+    for spec in specs[:40]:
+        assert all(n.compares_bitwise for n in ops.neighbours(spec) if n.deterministic)

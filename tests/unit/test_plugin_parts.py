@@ -156,3 +156,34 @@ def test_a_case_that_judged_nothing_is_not_judged_in_the_summary_never_passed(py
         assert [c["outcome"] for c in cases[name]["checks"]] == ["not judged"], cases[name]
     assert cases["test_own_assertions"]["outcome"] == "passed"
     assert doc["levels"] == {"MUST:not judged": 2, "MUST:passed": 1}, doc["levels"]
+
+
+def test_a_skipped_case_does_not_reset_the_storm_count(pytester: pytest.Pytester, tmp_path: Path) -> None:
+    """Hang, a case that skips (it declares it lacks a mode), hang: two hangs in a row of op:x -- the next case of
+    op:x that needs ranks fails unrun (``--coc-storm 2``)."""
+    pytester.makepyfile(test_storm="""
+        import pytest
+        from conformance.harness.case_errors import CaseTimeout
+
+        pytestmark = pytest.mark.coc_capability("op:x")
+
+        def test_1_hangs(coc_ranks):
+            raise CaseTimeout("hang 1")
+
+        def test_2_declares_it_lacks_a_mode(coc_ranks):
+            pytest.skip("declares no fused-kernel layers")
+
+        def test_3_hangs(coc_ranks):
+            raise CaseTimeout("hang 2")
+
+        def test_4_needs_ranks(coc_ranks):
+            from tests.support import rank_cases
+            coc_ranks.run(rank_cases.whoami, 2)
+    """)
+    summary = tmp_path / "summary.json"
+    pytester.runpytest("-p", "conformance.plugin", "--coc-impl", "coc_impl.reference:ReferenceCoC",
+                       "--coc-storm", "2", "--coc-summary", str(summary), "-q")
+    cases = {c["id"].rsplit("::", 1)[-1]: c for c in json.loads(summary.read_text())["cases"]}
+    assert cases["test_2_declares_it_lacks_a_mode"]["outcome"] == "skipped"
+    assert cases["test_4_needs_ranks"]["outcome"] == "failed", cases["test_4_needs_ranks"]
+    assert cases["test_4_needs_ranks"]["failure"]["type"] == "StormBroken", cases["test_4_needs_ranks"]
