@@ -1649,3 +1649,13 @@ class OffersNoOp(ReferenceCoC):
         raise NotImplementedError("no fused ops in this build")
 
     matmul_all_reduce = matmul_reduce_scatter = all_gather_matmul = all_gather_matmul_v2 = _absent
+
+
+class AcceptsTpZeroAndMc2(ReferenceCoC):
+    """Accepts both a TP size of 0 (as 1) and CoC with MC2: two configuration defects, one finding each."""
+
+    name = "fault-accepts-tp-zero-and-mc2"
+
+    def configure(self, argv: Sequence[str] | None, env: Mapping[str, str] | None, **kw: Any) -> CoCConfig:
+        kw.update(use_ascend_mc2=False, tp_size=kw.get("tp_size") or 1)
+        return super().configure(argv, env, **kw)

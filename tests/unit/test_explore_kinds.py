@@ -270,3 +270,33 @@ def test_an_exploration_that_judged_nothing_is_not_judged_never_passed(on_ranks:
     verdicts = Verdicts()
     _record_judged(verdicts, report)
     assert [r.outcome for r in verdicts.results] == [NOT_JUDGED], verdicts.results
+
+
+def test_the_warm_up_case_is_counted_alike_in_the_totals_the_kinds_and_the_dimensions(
+        scope: Scope, monkeypatch: pytest.MonkeyPatch) -> None:
+    passed = FailureKey("numerics", Level.MUST, "")
+
+    def passing(kind: Kind) -> Kind:
+        return replace(kind, judge=lambda ranks, spec, scope, verdicts: Judged(judged=(passed,)))
+
+    monkeypatch.setattr(explorer_module, "kind_of", lambda spec: passing(kind_of(spec)))
+    ticks = itertools.count()
+    report = Explorer(_NoRanks(), seed=4, budget_s=2.0, scope=scope, clock=lambda: next(ticks) * 0.01).explore()
+    assert report.warm_up_kind and sum(report.per_kind.values()) == report.cases == report.judged_cases
+    for name, count in report.per_kind.items():
+        tp_dimension = "layout" if name == "op" else "tp" if name != "config" else "tp_size"
+        tagged = sum(n for tag, n in report.per_dimension.items() if tag.startswith(f"{name}.{tp_dimension}="))
+        assert tagged == count, (name, count, tagged)
+
+
+def test_one_bad_setting_hides_no_other_each_finding_names_its_setting() -> None:
+    """TP 0 and CoC with MC2 both accepted: two findings of the same check, each keyed on its setting."""
+    from tests.support.faulty_impls import AcceptsTpZeroAndMc2
+
+    impl = AcceptsTpZeroAndMc2()
+    ticks = itertools.count()
+    report = Explorer(_NoRanks(), seed=1, budget_s=30.0, scope=Scope.of(impl, declarations(impl)),
+                      kinds=(config_settings.KIND,), clock=lambda: next(ticks) * 0.01).explore()
+    subjects = {f.key.subject for f in report.findings if f.key.level is Level.MUST}
+    assert {"tp_size=0", "incompatible=mc2"} <= subjects, [(f.key.name, f.spec.describe()) for f in report.findings]
+    assert all(f.key.name == f"{f.key.subject}: {f.key.check}" for f in report.findings)
