@@ -138,9 +138,10 @@ def test_the_configuration_model_predicts_the_fixed_tables() -> None:
                                        tp_size=bad.kwargs.get("tp_size", 2), incompatible=incompatible)
             assert outcome.must_refuse != bad.or_correct and bad.names in [r.names for r in outcome.refusals], bad
             modelled += 1
-    for _, cfgs, _ in USER_CFG_ERRORS:
+    for _, cfgs, names in USER_CFG_ERRORS:
         if "customized_coc" in cfgs:
-            assert expected_outcome("2", fused=False, tp_size=2, customized=cfgs["customized_coc"]).must_refuse
+            outcome = expected_outcome("2", fused=False, tp_size=2, customized=cfgs["customized_coc"])
+            assert outcome.must_refuse and [r.names for r in outcome.refusals] == [names], (cfgs, outcome)
             modelled += 1
     assert modelled >= 12
 
