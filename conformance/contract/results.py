@@ -71,7 +71,7 @@ def observed_collectives(log: Any, start: int = 0, end: int | None = None) -> Ob
         found.append(ObservedCollective(
             kind=call.kind, op=call.op, api=call.api, overlappable=call.overlappable,
             group_ranks=call.group_ranks, shapes=tuple(call.shapes),
-            overlapped=tuple(ObservedMatmul(e.shape, e.operands) for e in log.matmuls_while_in_flight(index)),
+            overlapped=tuple(ObservedMatmul(e.shape, e.operands) for e in log.matmuls_while_in_flight(index, end)),
             pending=call.overlappable and call.waited is None and not call.functional, group_state=call.group_state,
         ))
     fused = tuple(e.op for e in log.events[start:end] if e.what == "matmul" and e.label == "fused")
