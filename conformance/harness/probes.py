@@ -69,6 +69,9 @@ LIVE, GONE, UNKNOWN = "live", "gone", "unknown"
 
 _local = threading.local()
 _install_lock = threading.Lock()
+#: Thread ident -> the log it is recording into, for every thread recording now (a collective issued by another
+#: thread of the process is noted there: a helper thread's collectives are not recorded, and a reader must know).
+_recording: dict[int, CollectiveLog] = {}
 _installed = False
 #: Process group name -> its global ranks, for every group seen alive at a recording (groups are named once).
 _known_groups: dict[str, tuple[int, ...]] = {}
@@ -108,7 +111,8 @@ class CollectiveCall:
 
 @dataclass(frozen=True)
 class Event:
-    """One entry of the timeline: ``launch`` / ``wait`` (of ``call``), ``matmul``, ``mark``.
+    """One entry of the timeline: ``launch`` / ``wait`` (of ``call``), ``matmul``, ``mark``, ``other_thread`` (a
+    collective another thread issued, by entry point ``label``: not recorded).
 
     A matmul has its output ``shape`` and the ``operands``: the names its
     inputs carry (:meth:`CollectiveLog.name_operand`).
@@ -126,6 +130,8 @@ class Event:
 class CollectiveLog:
     calls: list[CollectiveCall] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
+    #: (event index, entry point) of each collective another thread issued while this one recorded: not recorded
+    other_threads: list[tuple[int, str]] = field(default_factory=list)
     _lazy: dict[int, int] = field(default_factory=dict)  # storage ptr of a functional result -> call
     #: id(Work or Future) -> (it, kept alive; the calls waiting on it completes)
     _works: dict[int, tuple[Any, tuple[int, ...]]] = field(default_factory=dict)
@@ -357,6 +363,16 @@ def _coalescing(original: Any) -> Any:
     return manager
 
 
+def _note_other_thread(name: str) -> None:
+    """A collective from a thread that has never recorded, while exactly one thread records (a rank's helper
+    thread): noted in that recording, whose structure then cannot be judged.  Ranks running as threads (several
+    recording) are not told apart, so nothing is noted then."""
+    if len(_recording) == 1 and not getattr(_local, "recorded", False):
+        for log in list(_recording.values()):
+            log.other_threads.append((len(log.events), name))
+            log.events.append(Event("other_thread", label=name))
+
+
 def _coalescing_now(group: Any) -> bool:
     """Whether ``group`` (None: the default) is inside ``_coalescing_manager``: a collective called now is only
     queued, and is issued (and recorded) once, coalesced, on the manager's exit."""
@@ -380,6 +396,7 @@ def _api_wrapper(name: str, original: Any) -> Any:
         log: CollectiveLog | None = getattr(_local, "log", None)
         delay: Callable[[], None] | None = getattr(_local, "delay", None)
         if log is None and delay is None:
+            _note_other_thread(name)
             return original(*args, **kwargs)
         stack: list[tuple[str, bool, Any]] = _local.api_stack
         outermost = not stack
@@ -458,12 +475,19 @@ def record_collectives(delay: Callable[[], None] | None = None) -> Iterator[Coll
             return out
 
     previous = (getattr(_local, "log", None), getattr(_local, "api_stack", None), getattr(_local, "delay", None))
-    _local.log, _local.api_stack, _local.delay = log, [], delay
+    _local.log, _local.api_stack, _local.delay, _local.recorded = log, [], delay, True
+    thread = threading.get_ident()
+    outer = _recording.get(thread)
+    _recording[thread] = log
     try:
         with _Mode():
             yield log
     finally:
         _local.log, _local.api_stack, _local.delay = previous
+        if outer is None:
+            _recording.pop(thread, None)
+        else:
+            _recording[thread] = outer
 
 
 def _dispatched_call(func: Any, args: Any, kwargs: Any, stack: list[tuple[str, bool, Any]]) -> CollectiveCall:

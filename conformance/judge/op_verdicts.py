@@ -96,9 +96,11 @@ def refusal_rule(run: OpRun, call: int = 0) -> MayRefuse | None:
 
 
 def issued(outcomes: Sequence[OpRunOutcome], call: int = 0) -> list[list[str]]:
-    """Per rank, the collectives its ``call`` issued (before it raised, when it did)."""
-    return [[c.kind for t in o.calls[call].timelines for c in t.collectives] if call < len(o.calls) else []
-            for o in outcomes]
+    """Per rank, the collectives its ``call`` issued (before it raised, when it did), those of another thread of
+    the rank too (not recorded, but issued)."""
+    return [[c.kind for t in o.calls[call].timelines for c in t.collectives]
+            + [f"{name} (another thread)" for t in o.calls[call].timelines for name in t.other_threads]
+            if call < len(o.calls) else [] for o in outcomes]
 
 
 def first_raised(run: OpRun, outcomes: Sequence[OpRunOutcome]) -> int | None:
