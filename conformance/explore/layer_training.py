@@ -166,7 +166,7 @@ DIMENSIONS: tuple[Dimension, ...] = (
     Dimension("bias", weighted((False, True), (1, 3)), towards(True, False)),
     Dimension("chunks", weighted(CHUNKS, (1, 3, 2, 1)), towards(*CHUNKS)),
     Dimension("main_grad", weighted((False, True), (3, 1)), towards(False, True)),
-    Dimension("autocast", weighted(AUTOCAST, (3, 1)), towards(*AUTOCAST)),
+    Dimension("autocast", weighted(AUTOCAST, (3, 2)), towards(*AUTOCAST)),
     Dimension("straggler_s", weighted((0.0, 0.002), (6, 1)), lambda s: [0.0] if s else []),
 )
 

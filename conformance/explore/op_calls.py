@@ -46,8 +46,8 @@ from golden.catalogue import DTYPES
 K_SPLIT = ("matmul_all_reduce", "matmul_reduce_scatter")
 #: The ops with a deterministic mode.
 DETERMINISTIC_OPS = ("matmul_all_reduce", "matmul_reduce_scatter")
-#: Explicit tilings of a deterministic case (``blocks=``), by recipe over a rank's result rows: the
-#: implementation's own, one block, equal halves, ragged blocks (1 row, the rest, 2 rows).
+#: Explicit tilings of a case of exact data (``blocks=``; its results are exact whatever the tiling), by recipe over
+#: a rank's result rows: the implementation's own, one block, equal halves, ragged blocks (1 row, the rest, 2 rows).
 TILINGS = ("own", "one", "halves", "ragged")
 
 
@@ -95,7 +95,7 @@ class OpSpec:
     strides: str = "contiguous"  #: how the operands lie in memory (:data:`OPERAND_STRIDES`)
     deterministic: bool = False
     exact: bool = False  #: small-integer data, every result judged bitwise (any summation order is exact)
-    tiling: str = "own"  #: deterministic with exact data: one of :data:`TILINGS`, besides the implementation's own
+    tiling: str = "own"  #: exact data: one of :data:`TILINGS`, besides the implementation's own
     runs: int = 1
     straggler_s: float = 0.0
 
@@ -148,8 +148,8 @@ class OpSpec:
         if self.deterministic and not set(self.ops) <= set(DETERMINISTIC_OPS):
             return f"deterministic=True is a mode of {DETERMINISTIC_OPS} only, not of {self.ops}"
         if self.tiling != "own":
-            if not (self.deterministic and self.exact):
-                return "an explicit tiling is drawn for deterministic calls of exact data only"
+            if not self.exact:
+                return "an explicit tiling is drawn for calls of exact data only (exact under any tiling)"
             if len({self._rows(c) for c in self.calls}) > 1:
                 return "an explicit tiling needs every call to have the same rows per rank"
             try:
@@ -213,7 +213,7 @@ SPEC_DIMENSIONS: tuple[Dimension, ...] = (
     Dimension("strides", weighted(OPERAND_STRIDES, (9,) + (1,) * (len(OPERAND_STRIDES) - 1)),
               towards(*OPERAND_STRIDES)),
     Dimension("deterministic", weighted((False, True), (3, 1)), towards(False, True)),
-    Dimension("exact", weighted((False, True), (3, 1)), towards(False, True)),
+    Dimension("exact", weighted((False, True), (2, 1)), towards(False, True)),
     Dimension("tiling", weighted(TILINGS, (1, 1, 1, 1)), towards(*TILINGS)),
     Dimension("runs", weighted((1, 2, 3), (8, 2, 1)), lambda r: list(range(1, r))),
     Dimension("straggler_s", weighted((0.0, 0.002), (6, 1)), lambda s: [0.0] if s else []),
@@ -232,6 +232,9 @@ CALL_DIMENSIONS: tuple[Dimension, ...] = (
 CALLS = weighted((1, 2, 3, 4, 5), (4, 2, 2, 1, 1))
 REPEAT_SHAPE = 0.5
 ANOTHER_OP = 0.15
+#: How often a call of another op takes the previous call's dtype and ``k``, and sizes so that its output has the
+#: previous output's shape: where a buffer shared across ops (sized by shape and dtype) shows.
+COINCIDE = 0.6
 #: The largest world a drawn case uses: pools of 1 to 4 ranks stay warm together (10 ranks); TP 8 is the fixed
 #: suite's, where a pool of 8 would evict the others at every draw.
 MAX_WORLD = 4
@@ -279,6 +282,8 @@ def draw(rng: random.Random, scope: Scope | None = None, ops: Sequence[str] | No
         call = Call(**draw_fields(rng, CALL_DIMENSIONS), seed=seed)
         if call.op not in ops or (calls and rng.random() >= ANOTHER_OP):
             call = replace(call, op=calls[-1].op if calls else rng.choice(ops))
+        elif calls and call.op != calls[-1].op and rng.random() < COINCIDE:
+            call = coinciding(call, calls[-1], values["tp"])
         calls.append(call)
     spec = fit(OpSpec(calls=tuple(calls), **values), up=True)
     if spec.tiling != "own" and not set(spec.ops) <= scope_blocks(scope):
@@ -288,7 +293,26 @@ def draw(rng: random.Random, scope: Scope | None = None, ops: Sequence[str] | No
 
 def scope_blocks(scope: Scope | None) -> set[str]:
     """The ops an explicit tiling may be drawn for."""
-    return set(scope.blocks) if scope is not None else set(DETERMINISTIC_OPS)
+    return set(scope.blocks) if scope is not None else set(FUSED_OPS)
+
+
+def output_rows(op: str, m: int, tp: int) -> int:
+    """The rows of a call's result on a rank: a reduce-scatter's share, all ``m`` otherwise."""
+    return m // tp if op == "matmul_reduce_scatter" else m
+
+
+def coinciding(call: Call, previous: Call, tp: int) -> Call:
+    """``call`` (of another op) with ``previous``'s dtype, ``k`` and ``n``, and ``m`` such that its result has the
+    shape of ``previous``'s (and the same inputs' shape where the ops allow)."""
+    rows = output_rows(previous.op, previous.m, tp)
+    m = rows * tp if call.op == "matmul_reduce_scatter" else rows
+    return replace(call, m=m, k=previous.k, n=previous.n, dtype=previous.dtype)
+
+
+def shares_an_output_shape(spec: OpSpec) -> bool:
+    """Whether two calls of different ops give results of one shape and dtype (a buffer shared across ops shows)."""
+    outputs = {(c.op, output_rows(c.op, c.m, spec.tp), c.n, c.dtype) for c in spec.calls}
+    return any(a[1:] == b[1:] and a[0] != b[0] for a in outputs for b in outputs)
 
 
 def neighbours(spec: OpSpec) -> Iterator[OpSpec]:
@@ -323,6 +347,8 @@ def _steps(spec: OpSpec) -> Iterable[OpSpec]:
 def tags(spec: OpSpec) -> list[str]:
     """``dimension=bucket`` of each dimension of ``spec`` (the explored counts per dimension)."""
     found = field_tags(spec, SPEC_DIMENSIONS) + [f"calls={len(spec.calls)}"]
+    if len(spec.ops) > 1:
+        found.append(f"ops_share_an_output_shape={shares_an_output_shape(spec)}")
     for call in spec.calls:
         found.extend(field_tags(call, CALL_DIMENSIONS))
     return found

@@ -4,6 +4,7 @@ the corners each reaches, shrinking steps; the configuration model against the f
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 import json
 import random
 from dataclasses import fields, replace
@@ -301,3 +302,34 @@ def test_one_bad_setting_hides_no_other_each_finding_names_its_setting() -> None
     subjects = {f.key.subject for f in report.findings if f.key.level is Level.MUST}
     assert {"tp_size=0", "incompatible=mc2"} <= subjects, [(f.key.name, f.spec.describe()) for f in report.findings]
     assert all(f.key.name == f"{f.key.subject}: {f.key.check}" for f in report.findings)
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.name)
+def test_every_dimension_value_is_drawn_in_at_least_two_percent_of_its_kinds_draws(kind: Kind, scope: Scope) -> None:
+    """What a night covers: each value (report bucket) of each dimension, explicit tilings of every op, sequences
+    of ops whose results share a shape and dtype (micro-batch token counts are tagged as one composite bucket)."""
+    specs = _drawn(kind, scope, seed=0, count=3000)
+    counts: Counter[str] = Counter(tag for spec in specs for tag in set(kind.tags(spec)))
+    rare = {tag: n for tag, n in counts.items() if n < 0.02 * len(specs) and not tag.startswith("tokens=")}
+    assert not rare, rare
+    if kind.name == "op":
+        assert {op for s in specs if s.tiling != "own" for op in s.ops} == set(scope.ops)
+        assert counts["ops_share_an_output_shape=True"] >= 0.02 * len(specs), counts
+
+
+def test_one_chunk_is_judged_by_its_count_not_by_whether_coc_is_called_enabled(scope: Scope) -> None:
+    """``--coc-parallel-num 1`` (one chunk, no overlap; the legacy variable's 1 is off): reporting CoC off for it
+    fails its effective settings at SHOULD only."""
+    from coc_impl.reference import ReferenceCoC
+
+    class OneIsOff(ReferenceCoC):
+        name = "one-is-off"
+
+        def configure(self, argv: Any, env: Any, **kw: Any) -> Any:
+            config = super().configure(argv, env, **kw)
+            return replace(config, enabled=False) if "1" in (argv or []) else config
+
+    impl = OneIsOff()
+    one = replace(config_settings.ConfigSpec(), chunks="1")
+    judged = config_settings.judge_spec(_NoRanks(), one, replace(scope, impl=impl), Verdicts())
+    assert [(k.check, k.level) for k, _ in judged.failures] == [("effective settings", Level.SHOULD)]
