@@ -32,7 +32,7 @@ from conformance.explore.space import (
     valid_neighbours,
     weighted,
 )
-from conformance.explore.spec import SpecError
+from conformance.explore.spec import OnReplicas, SpecError
 from conformance.judge import layers as judge
 from conformance.judge.layer_verdicts import judge_layer_refusal, judge_training, layer_refusal_names
 from conformance.judge.levels import Level
@@ -49,7 +49,7 @@ MAX_WORLD = 4
 
 
 @dataclass(frozen=True)
-class LayerSpec:
+class LayerSpec(OnReplicas):
     """A layer trained for ``steps`` optimizer steps of one micro-batch per entry of ``tokens``, CoC and serial."""
 
     layer: str
@@ -69,10 +69,6 @@ class LayerSpec:
     autocast: str | None = None
     straggler_s: float = 0.0
     seed: int = 0
-
-    @property
-    def world(self) -> int:
-        return self.tp * self.replicas
 
     @property
     def capability(self) -> str:

@@ -34,7 +34,7 @@ from conformance.explore.space import (
     valid_neighbours,
     weighted,
 )
-from conformance.explore.spec import SpecError
+from conformance.explore.spec import OnReplicas, SpecError
 from conformance.judge import ops as judge
 from conformance.judge.levels import Level
 from conformance.judge.op_verdicts import judge_deterministic, judge_op_runs, judge_refusal
@@ -83,7 +83,7 @@ class Call:
 
 
 @dataclass(frozen=True)
-class OpSpec:
+class OpSpec(OnReplicas):
     """Calls back to back (of one op, or several: a sequence) on a TP group of ``tp`` ranks in a world of
     ``tp * replicas``; every result kept and judged once the last call returned."""
 
@@ -98,10 +98,6 @@ class OpSpec:
     tiling: str = "own"  #: exact data: one of :data:`TILINGS`, besides the implementation's own
     runs: int = 1
     straggler_s: float = 0.0
-
-    @property
-    def world(self) -> int:
-        return self.tp * self.replicas
 
     @property
     def ops(self) -> tuple[str, ...]:
