@@ -37,7 +37,7 @@ from conformance.explore.space import (
 from conformance.explore.spec import OnReplicas, SpecError
 from conformance.judge import ops as judge
 from conformance.judge.levels import Level
-from conformance.judge.op_verdicts import judge_deterministic, judge_op_runs, judge_refusal
+from conformance.judge.op_verdicts import judge_deterministic, judge_op_runs, judge_refusal, rows_per_rank
 from conformance.judge.verdicts import Verdicts
 from conformance.protocol import FUSED_OPS
 from golden.catalogue import DTYPES
@@ -155,7 +155,7 @@ class OpSpec(OnReplicas):
         return next(filter(None, map(self.problem, self.calls)), "")
 
     def _rows(self, call: Call) -> int:
-        return call.m // self.tp if call.op == "matmul_reduce_scatter" else call.m
+        return rows_per_rank(call.op, call.m, self.tp)
 
     def _problem(self, call: Call) -> Problem:
         return Problem(call.m, call.k, call.n, call.dtype, call.bias, seed=call.seed, exact=self.exact)
@@ -210,7 +210,7 @@ SPEC_DIMENSIONS: tuple[Dimension, ...] = (
               towards(*OPERAND_STRIDES)),
     Dimension("deterministic", weighted((False, True), (3, 1)), towards(False, True)),
     Dimension("exact", weighted((False, True), (2, 1)), towards(False, True)),
-    Dimension("tiling", weighted(TILINGS, (1, 1, 1, 1)), towards(*TILINGS)),
+    Dimension("tiling", weighted(TILINGS, (1, 1, 2, 1)), towards(*TILINGS)),
     Dimension("runs", weighted((1, 2, 3), (8, 2, 1)), lambda r: list(range(1, r))),
     Dimension("straggler_s", weighted((0.0, 0.002), (6, 1)), lambda s: [0.0] if s else []),
 )
