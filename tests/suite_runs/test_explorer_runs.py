@@ -87,3 +87,25 @@ def test_a_configuration_fault_is_found_shrunk_and_replayed_in_process(run_suite
     replay = run_suite("test_explore", fault, "--coc-replay", str(spec_file), "--coc-summary",
                        str(tmp_path / "replay.json"), *_own_leases(tmp_path))
     assert replay.ret == 1, replay.output
+
+
+def test_refusing_every_call_fails_at_must_and_lacking_a_mode_passes_with_it_not_offered(
+        run_suite: Callable[..., SuiteRun], tmp_path: Path) -> None:
+    """The refusal rule and the NotImplementedError rule end to end, on the JSON summary."""
+    run = run_suite("test_explore", "tests.support.faulty_impls:RefusesEveryCall", "--coc-explore", "5",
+                    "--coc-seed", "1", "--coc-explore-dir", str(tmp_path / "found"),
+                    "--coc-summary", str(tmp_path / "refuses.json"), *_own_leases(tmp_path))
+    assert run.ret == 1, run.output
+    case, explored = _exploration(tmp_path / "refuses.json")
+    failed = [(c["name"].split(": ")[-1], c["level"]) for c in case["checks"] if c["outcome"] == "failed"]
+    assert ("the op ran on every rank", "MUST") in failed, failed
+    ran = [f for f in explored["findings"] if f["check"] == "the op ran on every rank"]  # type: ignore[attr-defined]
+    assert ran and min(f["found_after_s"] for f in ran) < 30, explored["findings"]
+
+    lacking = run_suite("test_explore", "tests.support.faulty_impls:NoDeterministicMode", "--coc-explore", "8",
+                        "--coc-seed", "3", "--coc-explore-dir", str(tmp_path / "found2"),
+                        "--coc-summary", str(tmp_path / "lacking.json"), *_own_leases(tmp_path))
+    assert lacking.ret == 0, lacking.output
+    case, explored = _exploration(tmp_path / "lacking.json")
+    assert case["outcome"] == "passed" and explored["findings"] == [], explored
+    assert any("deterministic" in modes for modes in explored["not_offered"]), explored["not_offered"]
