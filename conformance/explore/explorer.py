@@ -79,7 +79,8 @@ class Finding:
 
     def as_dict(self) -> dict[str, Any]:
         return {"check": self.key.check, "name": self.key.name, "subject": self.key.subject,
-                "level": self.key.level.value, "category": self.key.category, "proof": self.proof, "unproved": list(self.unproved),
+                "level": self.key.level.value, "category": self.key.category, "proof": self.proof,
+                "unproved": list(self.unproved),
                 "message": self.message, "minimal": self.minimal, "spec": self.spec.as_dict(),
                 "case": self.spec.describe(), "first_failing_case": self.first_spec.describe(),
                 "found_after_s": round(self.found_after_s, 2), "cases_before": self.cases_before,

@@ -36,7 +36,6 @@ from conformance.explore.space import (
 )
 from conformance.explore.spec import OnReplicas, SpecError
 from conformance.judge import ops as judge
-from conformance.judge.levels import Level
 from conformance.judge.op_verdicts import judge_deterministic, judge_op_runs, judge_refusal, rows_per_rank
 from conformance.judge.verdicts import Verdicts
 from conformance.protocol import FUSED_OPS

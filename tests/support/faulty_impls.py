@@ -1574,7 +1574,7 @@ class SerialGatherDeclaredOverlapsOutput(DeclaresOverlapsOutput):
         return stack
 
 
-# --- explorer honesty: refusals the rule does not allow, and a correct implementation lacking a mode ------------
+# --- explorer honesty: refusals the rule does not allow, an implementation offering no op ---------------------
 
 
 class _RefusesCalls(ReferenceCoC):
@@ -1621,23 +1621,6 @@ class RefusesLargeGathers(_RefusesCalls):
 
     def refuses(self, op: str, x: Any, tp: int) -> bool:
         return op.startswith("all_gather") and x.shape[0] * tp >= 1024
-
-
-class NoDeterministicMode(ReferenceCoC):
-    """Correct, without a deterministic mode: ``deterministic=True`` raises ``NotImplementedError`` (the protocol
-    lets an implementation lack a mode)."""
-
-    name = "variant-no-deterministic-mode"
-
-    def matmul_all_reduce(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
-        if kw.get("deterministic"):
-            raise NotImplementedError("no deterministic mode in this build")
-        return super().matmul_all_reduce(x, w, bias, **kw)
-
-    def matmul_reduce_scatter(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
-        if kw.get("deterministic"):
-            raise NotImplementedError("no deterministic mode in this build")
-        return super().matmul_reduce_scatter(x, w, bias, **kw)
 
 
 class OffersNoOp(ReferenceCoC):
