@@ -1577,32 +1577,20 @@ class SerialGatherDeclaredOverlapsOutput(DeclaresOverlapsOutput):
 # --- explorer honesty: refusals the rule does not allow, an implementation offering no op ---------------------
 
 
-class _RefusesCalls(ReferenceCoC):
+class _RefusesCalls(_EveryOp):
     """Refuses the calls ``refuses`` picks, on every rank, before any collective, naming tp (a clear refusal in
     form, of calls no refusal rule lets it refuse)."""
 
     def refuses(self, op: str, x: Any, tp: int) -> bool:
         raise NotImplementedError
 
-    def _checked(self, op: str, x: Any, w: Any, bias: Any, kw: dict[str, Any]) -> Any:
+    def through(self, op: str, x: Any, w: Any, bias: Any, kw: dict[str, Any]) -> Any:
         import torch.distributed as dist
 
         tp = dist.get_world_size(kw["group"])
         if self.refuses(op, x, tp):
             raise ValueError(f"this build supports no {op} call of {x.shape[0]} rows at tp={tp}")
-        return getattr(super(), op)(x, w, bias, **kw)
-
-    def matmul_all_reduce(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
-        return self._checked("matmul_all_reduce", x, w, bias, kw)
-
-    def matmul_reduce_scatter(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
-        return self._checked("matmul_reduce_scatter", x, w, bias, kw)
-
-    def all_gather_matmul(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
-        return self._checked("all_gather_matmul", x, w, bias, kw)
-
-    def all_gather_matmul_v2(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
-        return self._checked("all_gather_matmul_v2", x, w, bias, kw)
+        return super().through(op, x, w, bias, kw)
 
 
 class RefusesEveryCall(_RefusesCalls):
