@@ -253,8 +253,9 @@ class Explorer:
                 known.add((kind.name, key))
                 left = report.budget_s * SHRINK_SHARE - report.shrink_s
                 finding = self._shrunk(key, spec, message, self.clock() - start, left)
+                if (kind.name, finding.key) not in {(kind_of(f.spec).name, f.key) for f in report.findings}:
+                    report.findings.append(finding)  # else it shrank to a case failing as one found before
                 known.add((kind.name, finding.key))
-                report.findings.append(finding)
         self._break_storms()
 
     def _shrunk(self, key: FailureKey, spec: Spec, message: str, after: float, budget: float) -> Finding:

@@ -333,3 +333,15 @@ def test_one_chunk_is_judged_by_its_count_not_by_whether_coc_is_called_enabled(s
     one = replace(config_settings.ConfigSpec(), chunks="1")
     judged = config_settings.judge_spec(_NoRanks(), one, replace(scope, impl=impl), Verdicts())
     assert [(k.check, k.level) for k, _ in judged.failures] == [("effective settings", Level.SHOULD)]
+
+
+def test_a_failure_that_shrinks_to_one_found_before_is_no_second_finding(scope: Scope) -> None:
+    """Chunk counts 0 and -1 both clamped: -1 shrinks to the case 0 already found -- one finding, not two."""
+    from tests.support.faulty_impls import ClampsChunkCountBelowOne
+
+    impl = ClampsChunkCountBelowOne()
+    ticks = itertools.count()
+    report = Explorer(_NoRanks(), seed=3, budget_s=30.0, scope=Scope.of(impl, declarations(impl)),
+                      kinds=(config_settings.KIND,), clock=lambda: next(ticks) * 0.01).explore()
+    names = [f.key.name for f in report.findings]
+    assert len(names) == len(set(names)) and any(n.startswith("chunks=0") for n in names), names
