@@ -43,6 +43,8 @@ from conformance.judge.verdicts import Verdicts
 
 #: Share of the budget that shrinking may use, over all failures.
 SHRINK_SHARE = 0.5
+#: Cases the warm-up may take to reach one on ranks (cases in the test process come before it at no cost).
+WARM_UP_DRAWS = 20
 #: Draws in a row that may land on a capability the storm breaker stopped, or out of the run's reach
 #: (``Scope.outside``), before the exploration ends.
 STORMED_DRAWS = 50
@@ -110,8 +112,9 @@ class Exploration:
     kind_s: defaultdict[str, float] = field(default_factory=lambda: defaultdict(float))
     findings: list[Finding] = field(default_factory=list)
     wall_s: float = 0.0
-    warm_up_s: float = 0.0  #: the first case, which starts the rank processes (before the budget's clock)
-    warm_up_kind: str = ""  #: the first case's kind (counted as a case; its time is not a rate's)
+    warm_up_s: float = 0.0  #: the first cases, up to one on ranks, which starts their processes (off the clock)
+    #: The warm-up cases by kind (counted as cases; their time is no rate's)
+    warm_up: Counter[str] = field(default_factory=Counter)
     explore_s: float = 0.0  #: judging drawn cases after the warm-up
     shrink_s: float = 0.0
     judging_s: float = 0.0
@@ -124,7 +127,7 @@ class Exploration:
 
     def kind_rate(self, name: str) -> float:
         """Cases of kind ``name`` per second of exploring (the warm-up case not counted)."""
-        count = self.per_kind[name] - (name == self.warm_up_kind)
+        count = self.per_kind[name] - self.warm_up[name]
         return count / self.kind_s[name] if self.kind_s[name] > 0 else 0.0
 
     def as_dict(self) -> dict[str, Any]:
@@ -136,7 +139,7 @@ class Exploration:
                               for (kind, name, level), count in sorted(self.judged_checks.items())},
             "shrink_cases": self.shrink_cases,
             "cases_per_s": round(self.cases_per_s, 2), "skipped": dict(self.skipped),
-            "warm_up_kind": self.warm_up_kind,
+            "warm_up_cases": dict(self.warm_up),
             "per_kind": {name: {"cases": count, "seconds": round(self.kind_s[name], 2),
                                 "cases_per_s": round(self.kind_rate(name), 2)}
                          for name, count in sorted(self.per_kind.items())},
@@ -216,9 +219,14 @@ class Explorer:
         began = self.clock()
         known: set[tuple[str, FailureKey]] = set()
         spec = self.draw() if self.kinds else None
-        if spec is not None:
-            self._explored(spec, began, known)  # starts the rank processes: not on the clock
-            report.warm_up_kind = kind_of(spec).name
+        for _ in range(WARM_UP_DRAWS):  # up to the first case on ranks, which starts their processes: off the clock
+            if spec is None:
+                break
+            self._explored(spec, began, known)
+            report.warm_up[kind_of(spec).name] += 1
+            if spec.world:
+                break
+            spec = self.draw()
         start = self.clock()
         report.warm_up_s, report.explore_s = start - began, 0.0
         report.kind_s.clear()

@@ -284,7 +284,8 @@ def test_the_warm_up_case_is_counted_alike_in_the_totals_the_kinds_and_the_dimen
     monkeypatch.setattr(explorer_module, "kind_of", lambda spec: passing(kind_of(spec)))
     ticks = itertools.count()
     report = Explorer(_NoRanks(), seed=4, budget_s=2.0, scope=scope, clock=lambda: next(ticks) * 0.01).explore()
-    assert report.warm_up_kind and sum(report.per_kind.values()) == report.cases == report.judged_cases
+    assert report.warm_up and sum(report.per_kind.values()) == report.cases == report.judged_cases
+    assert sum(report.warm_up.values()) == report.warm_up["config"] + 1  # in-process cases, then one on ranks
     for name, count in report.per_kind.items():
         tp_dimension = "layout" if name == "op" else "tp" if name != "config" else "tp_size"
         tagged = sum(n for tag, n in report.per_dimension.items() if tag.startswith(f"{name}.{tp_dimension}="))
