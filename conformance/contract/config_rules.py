@@ -55,14 +55,15 @@ class Outcome:
         return any(not r.optional for r in self.refusals)
 
 
-def customized_problem(entries: Mapping[str, Any]) -> str:
-    """Why ``customized_coc`` entries break the contract ("" when they keep it)."""
+def customized_refusal(entries: Mapping[str, Any]) -> Refusal | None:
+    """The refusal ``customized_coc`` entries that break the contract must meet (None when they keep it): it names
+    ``customized_coc``, or the malformed key itself."""
     for key, value in entries.items():
         if not isinstance(key, str) or not _SHAPE_KEY.match(key):
-            return f"key {key!r} is not of the form '[m, k, n]'"
+            return Refusal(r"customized_coc|" + re.escape(str(key)), "config")
         if isinstance(value, bool) or value not in (1, 2, 4, 8):
-            return f"{key} -> {value!r} is no chunk count"
-    return ""
+            return Refusal(r"customized_coc", "config")
+    return None
 
 
 def expected_outcome(chunks: str | None, *, fused: bool, tp_size: int, incompatible: str | None = None,
@@ -78,8 +79,9 @@ def expected_outcome(chunks: str | None, *, fused: bool, tp_size: int, incompati
         refusals.append(Refusal(r"--coc-fused-kernel", "incompatible"))
     if incompatible is not None:
         refusals.append(Refusal(INCOMPATIBLE[incompatible][2], "incompatible", optional=incompatible in MAY_ACCEPT))
-    if customized and customized_problem(customized):
-        refusals.append(Refusal(r"customized_coc", "config"))
+    refused = customized_refusal(customized or {})
+    if refused is not None:
+        refusals.append(refused)
     effective: dict[str, Any] = {"enabled": True, "fused_kernel": fused}
     if not fused:
         value = (chunks or "1").strip().lower()

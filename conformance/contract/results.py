@@ -50,6 +50,8 @@ class ObservedCollectives:
 
     collectives: tuple[ObservedCollective, ...] = ()
     fused_ops: tuple[str, ...] = ()  #: vendor ops that multiply and communicate in one
+    #: Collectives another thread of the rank issued meanwhile (entry points): not recorded, so not judged.
+    other_threads: tuple[str, ...] = ()
 
     def of_kind(self, kind: str) -> list[ObservedCollective]:
         return [c for c in self.collectives if c.kind == kind]
@@ -71,11 +73,12 @@ def observed_collectives(log: Any, start: int = 0, end: int | None = None) -> Ob
         found.append(ObservedCollective(
             kind=call.kind, op=call.op, api=call.api, overlappable=call.overlappable,
             group_ranks=call.group_ranks, shapes=tuple(call.shapes),
-            overlapped=tuple(ObservedMatmul(e.shape, e.operands) for e in log.matmuls_while_in_flight(index)),
+            overlapped=tuple(ObservedMatmul(e.shape, e.operands) for e in log.matmuls_while_in_flight(index, end)),
             pending=call.overlappable and call.waited is None and not call.functional, group_state=call.group_state,
         ))
     fused = tuple(e.op for e in log.events[start:end] if e.what == "matmul" and e.label == "fused")
-    return ObservedCollectives(tuple(found), fused)
+    others = tuple(name for index, name in log.other_threads if start <= index < end)
+    return ObservedCollectives(tuple(found), fused, others)
 
 
 @dataclass(frozen=True)

@@ -1,14 +1,19 @@
 """The exploration loop: draw a case, run it on the warm pool, judge it with the suite's checks, shrink failures.
 
 A failure is identified by its kind of case and what failed -- the check's
-name, its level and the failure's category -- never by its message (sizes
-differ from case to case); a crash of the layers is not hidden by a crash of
-the ops found first.  The first case that fails a new way is shrunk, within a
-share of the time budget, to a case that fails the same way and whose every
-one-step-simpler neighbour passes; later cases failing only in known ways are
-counted, not shrunk again.  A hang or a crash is a failure too (check
+name, its level, the failure's category and what of the case it is about
+(the op, the setting, the argument, the layer) -- never by its message
+(sizes differ from case to case); a crash of the layers is not hidden by a
+crash of the ops found first, nor one op's wrong numbers by another's.  The
+first case that fails a new way is shrunk, within a share of the time
+budget, to a case that fails the same way and whose every one-step-simpler
+neighbour ran and recorded no failure (else it is minimal *within reach*, and
+says why); later cases failing only in known ways are counted, not shrunk
+again.  A hang or a crash is a failure too (check
 :data:`~conformance.explore.kind.FINISHED`), and after ``storm`` of them in a row a capability (an op,
-the layers) is no longer drawn.
+the layers) is no longer drawn; a case not judged neither counts towards
+that nor resets it.  A mode the implementation raises ``NotImplementedError``
+for is not offered: it is reported so, and no longer drawn.
 
 Each case is of one kind (``conformance/explore/registry.py``): the kind is drawn
 by weight among those the implementation offers, then the case; its kind
@@ -23,8 +28,8 @@ import json
 import random
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,10 +38,13 @@ from conformance.explore.registry import KINDS, kind_of
 from conformance.explore.shrink import shrink
 from conformance.explore.spec import SPEC_SCHEMA, Spec, spec_key
 from conformance.harness.runner import CaseTimings
+from conformance.judge.levels import Level
 from conformance.judge.verdicts import Verdicts
 
 #: Share of the budget that shrinking may use, over all failures.
 SHRINK_SHARE = 0.5
+#: Cases the warm-up may take to reach one on ranks (cases in the test process come before it at no cost).
+WARM_UP_DRAWS = 20
 #: Draws in a row that may land on a capability the storm breaker stopped, or out of the run's reach
 #: (``Scope.outside``), before the exploration ends.
 STORMED_DRAWS = 50
@@ -57,9 +65,24 @@ class Finding:
     shrink_s: float = 0.0
     path: str = ""
     command: str = ""
+    unproved: tuple[str, ...] = ()  #: why some neighbour of the case proves nothing (minimal within reach)
+    cut_short: bool = False  #: shrinking's share of the budget ran out
+
+    @property
+    def proof(self) -> str:
+        """What is proved of the case: minimal, minimal within reach (and why), or shrinking cut short."""
+        if self.cut_short:
+            return "shrinking cut short by the time budget, not proved minimal"
+        if self.unproved:
+            reasons = sorted(set(self.unproved))
+            return (f"minimal within reach: {len(self.unproved)} simpler neighbour(s) proved nothing ("
+                    + "; ".join(reasons[:3]) + (f"; and {len(reasons) - 3} more" if len(reasons) > 3 else "") + ")")
+        return "minimal"
 
     def as_dict(self) -> dict[str, Any]:
-        return {"check": self.key.check, "level": self.key.level.value, "category": self.key.category,
+        return {"check": self.key.check, "name": self.key.name, "subject": self.key.subject,
+                "level": self.key.level.value, "category": self.key.category, "proof": self.proof,
+                "unproved": list(self.unproved),
                 "message": self.message, "minimal": self.minimal, "spec": self.spec.as_dict(),
                 "case": self.spec.describe(), "first_failing_case": self.first_spec.describe(),
                 "found_after_s": round(self.found_after_s, 2), "cases_before": self.cases_before,
@@ -74,18 +97,24 @@ class Exploration:
     seed: int
     budget_s: float
     cases: int = 0
+    judged_cases: int = 0  #: cases that recorded a passed or failed check (not every case skipped)
+    #: Every check judged (passed or failed), as (kind, "subject: check", level), and how many cases judged it.
+    judged_checks: Counter[tuple[str, str, Level]] = field(default_factory=Counter)
     shrink_cases: int = 0
     skipped: Counter[str] = field(default_factory=Counter)
     per_dimension: Counter[str] = field(default_factory=Counter)
     failing_cases: Counter[str] = field(default_factory=Counter)
     stormed: list[str] = field(default_factory=list)  #: capabilities the storm breaker stopped drawing
     outside: Counter[str] = field(default_factory=Counter)  #: draws set aside as out of reach, by why
-    not_offered: dict[str, str] = field(default_factory=dict)  #: kinds the implementation offers no case of, why
+    #: kinds the implementation offers no case of, and modes it raised ``NotImplementedError`` for: why
+    not_offered: dict[str, str] = field(default_factory=dict)
     per_kind: Counter[str] = field(default_factory=Counter)
     kind_s: defaultdict[str, float] = field(default_factory=lambda: defaultdict(float))
     findings: list[Finding] = field(default_factory=list)
     wall_s: float = 0.0
-    warm_up_s: float = 0.0  #: the first case, which starts the rank processes (before the budget's clock)
+    warm_up_s: float = 0.0  #: the first cases, up to one on ranks, which starts their processes (off the clock)
+    #: The warm-up cases by kind (counted as cases; their time is no rate's)
+    warm_up: Counter[str] = field(default_factory=Counter)
     explore_s: float = 0.0  #: judging drawn cases after the warm-up
     shrink_s: float = 0.0
     judging_s: float = 0.0
@@ -96,14 +125,23 @@ class Exploration:
         """Cases drawn per second of exploring (shrinking and the warm-up case not counted)."""
         return (self.cases - 1) / self.explore_s if self.explore_s > 0 else 0.0
 
+    def kind_rate(self, name: str) -> float:
+        """Cases of kind ``name`` per second of exploring (the warm-up case not counted)."""
+        count = self.per_kind[name] - self.warm_up[name]
+        return count / self.kind_s[name] if self.kind_s[name] > 0 else 0.0
+
     def as_dict(self) -> dict[str, Any]:
         t = self.timings
         ranks = t.lease_wait + t.ranks
         return {
-            "seed": self.seed, "budget_s": self.budget_s, "cases": self.cases, "shrink_cases": self.shrink_cases,
+            "seed": self.seed, "budget_s": self.budget_s, "cases": self.cases, "judged_cases": self.judged_cases,
+            "judged_checks": {f"{kind}: {name} [{level.value}]": count
+                              for (kind, name, level), count in sorted(self.judged_checks.items())},
+            "shrink_cases": self.shrink_cases,
             "cases_per_s": round(self.cases_per_s, 2), "skipped": dict(self.skipped),
+            "warm_up_cases": dict(self.warm_up),
             "per_kind": {name: {"cases": count, "seconds": round(self.kind_s[name], 2),
-                                "cases_per_s": round(count / self.kind_s[name], 2) if self.kind_s[name] else 0.0}
+                                "cases_per_s": round(self.kind_rate(name), 2)}
                          for name, count in sorted(self.per_kind.items())},
             "not_offered": self.not_offered,
             "per_dimension": dict(sorted(self.per_dimension.items())), "failing_cases": dict(self.failing_cases),
@@ -133,16 +171,34 @@ class Explorer:
         self.report.not_offered = {k.name: k.offered(scope) for k in kinds if k.offered(scope)}
         self.rng = random.Random(seed)
         self.hangs_in_a_row: Counter[str] = Counter()
+        self.unoffered: dict[frozenset[str], str] = {}  #: modes raising ``NotImplementedError``, and why
 
     def judge(self, spec: Spec) -> Judged:
-        """The case judged by its kind, its judging time and its hangs counted."""
+        """The case judged by its kind (each failure keyed on what it is about), its judging time and its hangs
+        counted; a case not judged leaves the count of hangs in a row as it was."""
         timings = self.ranks.timings
+        kind = kind_of(spec)
         start, on_ranks = self.clock(), timings.lease_wait + timings.ranks
-        judged = kind_of(spec).judge(self.ranks, spec, self.scope, Verdicts())
+        judged = kind.judge(self.ranks, spec, self.scope, Verdicts())
         self.report.judging_s += self.clock() - start - (timings.lease_wait + timings.ranks - on_ranks)
+        subject = kind.subject(spec)
+        judged = replace(judged, failures=tuple((k.about(subject), m) for k, m in judged.failures),
+                         judged=tuple(k.about(subject) for k in judged.judged))
         hung = any(k.category == "hang" for k, _ in judged.failures)
-        self.hangs_in_a_row[spec.capability] = self.hangs_in_a_row[spec.capability] + 1 if hung else 0
+        if hung:
+            self.hangs_in_a_row[spec.capability] += 1
+        elif judged.failures or judged.judged:
+            self.hangs_in_a_row[spec.capability] = 0
+        if judged.not_offered and judged.not_offered not in self.unoffered:
+            self.unoffered[judged.not_offered] = judged.skipped
+            self.report.not_offered[f"{kind.name}: {', '.join(sorted(judged.not_offered))}"] = judged.skipped
         return judged
+
+    def not_offered(self, spec: Spec) -> str:
+        """Why ``spec`` needs a mode the implementation raised ``NotImplementedError`` for ("" when it does not)."""
+        modes = kind_of(spec).modes(spec)
+        found = next((key for key in self.unoffered if key <= modes), None)
+        return "" if found is None else f"not offered: {', '.join(sorted(found))}"
 
     def draw(self) -> Spec | None:
         """The next case: a kind by weight, then a case of it; None once every draw lands on a stormed capability
@@ -150,7 +206,7 @@ class Explorer:
         for _ in range(STORMED_DRAWS):
             kind = self.rng.choices(self.kinds, [k.weight for k in self.kinds])[0]
             spec = kind.draw(self.rng, self.scope)
-            why = self.scope.outside(spec)
+            why = self.scope.outside(spec) or self.not_offered(spec)
             if why:
                 self.report.outside[why] += 1
             elif spec.capability not in self.report.stormed:
@@ -163,11 +219,16 @@ class Explorer:
         began = self.clock()
         known: set[tuple[str, FailureKey]] = set()
         spec = self.draw() if self.kinds else None
-        if spec is not None:
-            self._explored(spec, began, known)  # starts the rank processes: not on the clock
+        for _ in range(WARM_UP_DRAWS):  # up to the first case on ranks, which starts their processes: off the clock
+            if spec is None:
+                break
+            self._explored(spec, began, known)
+            report.warm_up[kind_of(spec).name] += 1
+            if spec.world:
+                break
+            spec = self.draw()
         start = self.clock()
         report.warm_up_s, report.explore_s = start - began, 0.0
-        report.per_kind.clear()
         report.kind_s.clear()
         deadline = start + report.budget_s
         while spec is not None and self.clock() < deadline:
@@ -191,33 +252,49 @@ class Explorer:
         report.per_dimension.update(f"{kind.name}.{tag}" for tag in kind.tags(spec))
         if judged.skipped:
             report.skipped[judged.skipped] += 1
-        report.failing_cases.update(f"{kind.name}: {k.check}" for k, _ in judged.failures)
+        if judged.judged:
+            report.judged_cases += 1
+            report.judged_checks.update({(kind.name, k.name, k.level) for k in judged.judged})
+        report.failing_cases.update(f"{kind.name}: {k.name}" for k, _ in judged.failures)
         for key, message in judged.failures:
             if (kind.name, key) not in known:
                 known.add((kind.name, key))
                 left = report.budget_s * SHRINK_SHARE - report.shrink_s
-                report.findings.append(self._shrunk(key, spec, message, self.clock() - start, left))
+                finding = self._shrunk(key, spec, message, self.clock() - start, left)
+                if (kind.name, finding.key) not in {(kind_of(f.spec).name, f.key) for f in report.findings}:
+                    report.findings.append(finding)  # else it shrank to a case failing as one found before
+                known.add((kind.name, finding.key))
         self._break_storms()
 
     def _shrunk(self, key: FailureKey, spec: Spec, message: str, after: float, budget: float) -> Finding:
+        """``spec`` shrunk to a simplest case failing the same way (``key.way``: on any subject, so a sequence may
+        shrink to one op), and what is proved of it."""
         began = self.clock()
-        messages = {spec: message}
+        found_as = {spec: (key, message)}
 
-        def fails(candidate: Spec) -> bool:
+        def fails(candidate: Spec) -> bool | str:
+            why = self.scope.outside(candidate) or self.not_offered(candidate)
+            if why:
+                return why
             self.report.shrink_cases += 1
-            found = dict(self.judge(candidate).failures)
-            if key in found:
-                messages[candidate] = found[key]
-            return key in found
+            judged = self.judge(candidate)
+            same = [(k, m) for k, m in judged.failures if k.way == key.way]
+            if same:
+                found_as[candidate] = same[0]
+                return True
+            if judged.failures:
+                return f"{candidate.describe()} failed another way ({judged.failures[0][0].name})"
+            if not judged.judged:
+                return f"{candidate.describe()} was not judged ({judged.skipped or 'no check recorded'})"
+            return False
 
-        def neighbours(case: Spec) -> Iterator[Spec]:
-            return (n for n in kind_of(case).neighbours(case) if not self.scope.outside(n))
-
-        result = shrink(spec, fails, neighbours, began + max(0.0, budget), self.clock)
+        result = shrink(spec, fails, lambda case: kind_of(case).neighbours(case), began + max(0.0, budget),
+                        self.clock)
         took = self.clock() - began
         self.report.shrink_s += took
-        return Finding(key, result.case, messages[result.case], result.minimal, after, self.report.cases, spec,
-                       result.steps, result.tried, took)
+        final_key, final_message = found_as[result.case]
+        return Finding(final_key, result.case, final_message, result.minimal, after, self.report.cases, spec,
+                       result.steps, result.tried, took, unproved=result.unproved, cut_short=result.cut_short)
 
     def _break_storms(self) -> None:
         for capability, count in self.hangs_in_a_row.items():

@@ -15,17 +15,19 @@ kind of case -- never by its message, whose sizes differ from case to case.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from conformance.explore.spec import Spec, SpecError
+from conformance.harness.case import CapturedError
 from conformance.harness.case_errors import HANGS, CaseError
 from conformance.harness.impl_loader import accepts_keyword, missing_capability
 from conformance.harness.runner import CaseTimings
+from conformance.judge.checks import not_implemented
 from conformance.judge.failures import CheckFailure
 from conformance.judge.levels import Level
-from conformance.judge.verdicts import Verdicts
+from conformance.judge.verdicts import FAILED, PASSED, Verdicts
 from conformance.protocol import FUSED_OPS, Declarations
 
 #: The check a case fails when it does not finish on every rank (hang, crash, unexpected rank error).
@@ -77,34 +79,61 @@ class Scope:
 
 @dataclass(frozen=True)
 class FailureKey:
-    """What failed: the check, its level, the failure's category."""
+    """What failed: the check, its level, the failure's category, and what of the case it failed on (``subject``:
+    the op, the setting, the argument, the layer -- so one op's defect hides no other op's)."""
 
     check: str
     level: Level
     category: str
+    subject: str = ""
+
+    @property
+    def name(self) -> str:
+        """The check's name as the explorer records it: ``subject: check``."""
+        return f"{self.subject}: {self.check}" if self.subject else self.check
+
+    @property
+    def way(self) -> FailureKey:
+        """The way it failed, whatever it failed on (what shrinking keeps: a sequence may shrink to one op)."""
+        return replace(self, subject="")
+
+    def about(self, subject: str) -> FailureKey:
+        return replace(self, subject=subject)
 
     def slug(self) -> str:
-        return "".join(c if c.isalnum() else "-" for c in self.check.lower()).strip("-")
+        return "".join(c if c.isalnum() else "-" for c in self.name.lower()).strip("-")
 
 
 @dataclass(frozen=True)
 class Judged:
-    """One case's verdict: each failed check's key and message ("skipped" says why nothing was judged)."""
+    """One case's verdict: each failed check's key and message, and each check judged ("skipped" says why nothing
+    was judged; ``not_offered``: the modes a case needed that the implementation does not offer)."""
 
     failures: tuple[tuple[FailureKey, str], ...] = ()
     skipped: str = ""
+    not_offered: frozenset[str] = frozenset()
+    judged: tuple[FailureKey, ...] = ()  #: every check recorded with an outcome (passed or failed), by key
 
     @classmethod
     def of(cls, verdicts: Verdicts) -> Judged:
-        """The failures ``verdicts`` recorded."""
-        return cls(tuple((FailureKey(r.name, r.level, r.category), r.message) for r in verdicts.results if r.failed))
+        """The failures ``verdicts`` recorded, and the checks it judged."""
+        return cls(tuple((FailureKey(r.name, r.level, r.category), r.message) for r in verdicts.results if r.failed),
+                   judged=tuple(FailureKey(r.name, r.level, r.category) for r in verdicts.results
+                                if r.outcome in (PASSED, FAILED)))
+
+
+def unoffered(errors: Sequence[CapturedError | None], modes: Iterable[str]) -> Judged | None:
+    """The one rule of ``NotImplementedError`` (the fixed suite's ``skip_if_not_implemented``): when every entry
+    of ``errors`` raised it, the case is not judged and its ``modes`` are not offered (None otherwise)."""
+    why = not_implemented(errors)
+    return Judged(skipped=why, not_offered=frozenset(modes)) if why else None
 
 
 def record(verdicts: Verdicts, key: FailureKey, message: str) -> None:
     """Record into ``verdicts`` that check ``key`` failed with ``message`` (its category kept)."""
     failure = CheckFailure(message, level=key.level)
     failure.category = key.category
-    with verdicts.check(key.check, key.level):
+    with verdicts.check(key.name, key.level):
         raise failure
 
 
@@ -157,3 +186,7 @@ class Kind:
     judge: Callable[[Ranks, Any, Scope, Verdicts], Judged]
     from_dict: Callable[[dict[str, Any]], Spec]
     spec_type: type = object
+    #: The modes of the implementation a spec needs (a ``NotImplementedError`` marks them not offered).
+    modes: Callable[[Any], frozenset[str]] = lambda spec: frozenset({spec.capability})
+    #: What of a spec a failure is about (:attr:`FailureKey.subject`): its op, setting, argument or layer.
+    subject: Callable[[Any], str] = lambda spec: ""

@@ -19,7 +19,7 @@ from typing import Any
 from conformance.cases.layer_cases import AUTOCAST_LAYERS, layer_task
 from conformance.contract.jobs import LayerJob, coc_argv
 from conformance.contract.problems import LAYER_KINDS, LayerProblem
-from conformance.explore.kind import Judged, Kind, Ranks, Scope, read_spec, run_to_the_end
+from conformance.explore.kind import Judged, Kind, Ranks, Scope, read_spec, run_to_the_end, unoffered
 from conformance.explore.space import (
     Dimension,
     draw_fields,
@@ -32,9 +32,8 @@ from conformance.explore.space import (
     valid_neighbours,
     weighted,
 )
-from conformance.explore.spec import SpecError
+from conformance.explore.spec import OnReplicas, SpecError
 from conformance.judge import layers as judge
-from conformance.judge.checks import not_implemented
 from conformance.judge.layer_verdicts import judge_layer_refusal, judge_training, layer_refusal_names
 from conformance.judge.levels import Level
 from conformance.judge.verdicts import Verdicts
@@ -50,7 +49,7 @@ MAX_WORLD = 4
 
 
 @dataclass(frozen=True)
-class LayerSpec:
+class LayerSpec(OnReplicas):
     """A layer trained for ``steps`` optimizer steps of one micro-batch per entry of ``tokens``, CoC and serial."""
 
     layer: str
@@ -70,10 +69,6 @@ class LayerSpec:
     autocast: str | None = None
     straggler_s: float = 0.0
     seed: int = 0
-
-    @property
-    def world(self) -> int:
-        return self.tp * self.replicas
 
     @property
     def capability(self) -> str:
@@ -167,7 +162,7 @@ DIMENSIONS: tuple[Dimension, ...] = (
     Dimension("bias", weighted((False, True), (1, 3)), towards(True, False)),
     Dimension("chunks", weighted(CHUNKS, (1, 3, 2, 1)), towards(*CHUNKS)),
     Dimension("main_grad", weighted((False, True), (3, 1)), towards(False, True)),
-    Dimension("autocast", weighted(AUTOCAST, (3, 1)), towards(*AUTOCAST)),
+    Dimension("autocast", weighted(AUTOCAST, (3, 2)), towards(*AUTOCAST)),
     Dimension("straggler_s", weighted((0.0, 0.002), (6, 1)), lambda s: [0.0] if s else []),
 )
 
@@ -224,6 +219,13 @@ def tags(spec: LayerSpec) -> list[str]:
 RAN = "the patched layers ran on every rank"
 
 
+def modes(spec: LayerSpec) -> frozenset[str]:
+    """What of the implementation ``spec`` needs: its layer, and each mode an implementation may lack."""
+    optional = ["sequence parallel" if spec.sequence_parallel else "", "main_grad" if spec.main_grad else "",
+                f"autocast {spec.autocast}" if spec.autocast else ""]
+    return frozenset({spec.capability} | {m for m in optional if m})
+
+
 def judge_spec(ranks: Ranks, spec: LayerSpec, scope: Scope, verdicts: Verdicts) -> Judged:
     """Run ``spec`` on ``ranks`` and record the suite's checks of a training job into ``verdicts``."""
     job = spec.job()
@@ -231,9 +233,9 @@ def judge_spec(ranks: Ranks, spec: LayerSpec, scope: Scope, verdicts: Verdicts) 
     if isinstance(outcomes, Judged):
         return outcomes
     errors = [o.error for o in outcomes]
-    skipped = not_implemented(errors)
-    if skipped:
-        return Judged(skipped=skipped)
+    not_offered = unoffered(errors, modes(spec))
+    if not_offered:
+        return not_offered
     if any(e is not None for e in errors) and spec.uneven():
         m, rows = max(spec.tokens) * spec.b, min(spec.rows())
         judge_layer_refusal(verdicts, outcomes, scope.declarations, label="token counts",
@@ -253,4 +255,5 @@ def from_dict(data: dict[str, Any]) -> LayerSpec:
 
 
 KIND = Kind(KIND_NAME, weight=1.0, offered=offered, draw=draw, neighbours=neighbours, tags=tags, judge=judge_spec,
-            from_dict=from_dict, spec_type=LayerSpec)
+            from_dict=from_dict, spec_type=LayerSpec, modes=modes,
+            subject=lambda spec: spec.layer + (" SP" if spec.sequence_parallel else ""))

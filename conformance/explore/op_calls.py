@@ -21,7 +21,7 @@ from conformance.cases.groups import GROUP_LAYOUTS
 from conformance.cases.op_cases import op_sequence_task
 from conformance.contract.jobs import OPERAND_STRIDES, OpRun
 from conformance.contract.problems import Problem, exact_limit_ok
-from conformance.explore.kind import Judged, Kind, Ranks, Scope, read_spec, run_to_the_end
+from conformance.explore.kind import Judged, Kind, Ranks, Scope, read_spec, run_to_the_end, unoffered
 from conformance.explore.space import (
     Dimension,
     draw_fields,
@@ -34,17 +34,9 @@ from conformance.explore.space import (
     valid_neighbours,
     weighted,
 )
-from conformance.explore.spec import SpecError
+from conformance.explore.spec import OnReplicas, SpecError
 from conformance.judge import ops as judge
-from conformance.judge.checks import not_implemented
-from conformance.judge.levels import Level
-from conformance.judge.op_verdicts import (
-    STRIDE_NAMES,
-    check_bitwise_reproducible,
-    judge_op_runs,
-    judge_refusal,
-    refusal_names,
-)
+from conformance.judge.op_verdicts import judge_deterministic, judge_op_runs, judge_refusal, rows_per_rank
 from conformance.judge.verdicts import Verdicts
 from conformance.protocol import FUSED_OPS
 from golden.catalogue import DTYPES
@@ -53,8 +45,8 @@ from golden.catalogue import DTYPES
 K_SPLIT = ("matmul_all_reduce", "matmul_reduce_scatter")
 #: The ops with a deterministic mode.
 DETERMINISTIC_OPS = ("matmul_all_reduce", "matmul_reduce_scatter")
-#: Explicit tilings of a deterministic case (``blocks=``), by recipe over a rank's result rows: the
-#: implementation's own, one block, equal halves, ragged blocks (1 row, the rest, 2 rows).
+#: Explicit tilings of a case of exact data (``blocks=``; its results are exact whatever the tiling), by recipe over
+#: a rank's result rows: the implementation's own, one block, equal halves, ragged blocks (1 row, the rest, 2 rows).
 TILINGS = ("own", "one", "halves", "ragged")
 
 
@@ -90,7 +82,7 @@ class Call:
 
 
 @dataclass(frozen=True)
-class OpSpec:
+class OpSpec(OnReplicas):
     """Calls back to back (of one op, or several: a sequence) on a TP group of ``tp`` ranks in a world of
     ``tp * replicas``; every result kept and judged once the last call returned."""
 
@@ -102,13 +94,9 @@ class OpSpec:
     strides: str = "contiguous"  #: how the operands lie in memory (:data:`OPERAND_STRIDES`)
     deterministic: bool = False
     exact: bool = False  #: small-integer data, every result judged bitwise (any summation order is exact)
-    tiling: str = "own"  #: deterministic with exact data: one of :data:`TILINGS`, besides the implementation's own
+    tiling: str = "own"  #: exact data: one of :data:`TILINGS`, besides the implementation's own
     runs: int = 1
     straggler_s: float = 0.0
-
-    @property
-    def world(self) -> int:
-        return self.tp * self.replicas
 
     @property
     def ops(self) -> tuple[str, ...]:
@@ -118,6 +106,20 @@ class OpSpec:
     @property
     def capability(self) -> str:
         return f"op:{self.ops[0]}" if len(self.ops) == 1 else "op:sequence"
+
+    def modes(self, ops: Sequence[str] | None = None) -> frozenset[str]:
+        """What of the implementation a call of ``ops`` (default: every op called) needs: each op, and each mode
+        of this spec an implementation may lack (``NotImplementedError``)."""
+        modes = ["deterministic" if self.deterministic else "", "explicit tiling" if self.tiling != "own" else "",
+                 "weight [n, k]" if self.transpose_weight else "",
+                 f"{self.strides} operands" if self.strides != "contiguous" else ""]
+        return frozenset(ops or self.ops) | {m for m in modes if m}
+
+    @property
+    def compares_bitwise(self) -> bool:
+        """Whether "deterministic: bitwise reproducible" has two results of a call to compare: a repeat, an explicit
+        tiling, or (exact data) the serial deterministic reference."""
+        return self.runs > 1 or self.tiling != "own" or self.exact
 
     def problem(self, call: Call) -> str:
         """Why ``call`` cannot run in this spec ("" when it can)."""
@@ -141,8 +143,8 @@ class OpSpec:
         if self.deterministic and not set(self.ops) <= set(DETERMINISTIC_OPS):
             return f"deterministic=True is a mode of {DETERMINISTIC_OPS} only, not of {self.ops}"
         if self.tiling != "own":
-            if not (self.deterministic and self.exact):
-                return "an explicit tiling is drawn for deterministic calls of exact data only"
+            if not self.exact:
+                return "an explicit tiling is drawn for calls of exact data only (exact under any tiling)"
             if len({self._rows(c) for c in self.calls}) > 1:
                 return "an explicit tiling needs every call to have the same rows per rank"
             try:
@@ -152,7 +154,7 @@ class OpSpec:
         return next(filter(None, map(self.problem, self.calls)), "")
 
     def _rows(self, call: Call) -> int:
-        return call.m // self.tp if call.op == "matmul_reduce_scatter" else call.m
+        return rows_per_rank(call.op, call.m, self.tp)
 
     def _problem(self, call: Call) -> Problem:
         return Problem(call.m, call.k, call.n, call.dtype, call.bias, seed=call.seed, exact=self.exact)
@@ -206,8 +208,8 @@ SPEC_DIMENSIONS: tuple[Dimension, ...] = (
     Dimension("strides", weighted(OPERAND_STRIDES, (9,) + (1,) * (len(OPERAND_STRIDES) - 1)),
               towards(*OPERAND_STRIDES)),
     Dimension("deterministic", weighted((False, True), (3, 1)), towards(False, True)),
-    Dimension("exact", weighted((False, True), (3, 1)), towards(False, True)),
-    Dimension("tiling", weighted(TILINGS, (1, 1, 1, 1)), towards(*TILINGS)),
+    Dimension("exact", weighted((False, True), (2, 1)), towards(False, True)),
+    Dimension("tiling", weighted(TILINGS, (1, 1, 2, 1)), towards(*TILINGS)),
     Dimension("runs", weighted((1, 2, 3), (8, 2, 1)), lambda r: list(range(1, r))),
     Dimension("straggler_s", weighted((0.0, 0.002), (6, 1)), lambda s: [0.0] if s else []),
 )
@@ -225,6 +227,9 @@ CALL_DIMENSIONS: tuple[Dimension, ...] = (
 CALLS = weighted((1, 2, 3, 4, 5), (4, 2, 2, 1, 1))
 REPEAT_SHAPE = 0.5
 ANOTHER_OP = 0.15
+#: How often a call of another op takes the previous call's dtype and ``k``, and sizes so that its output has the
+#: previous output's shape: where a buffer shared across ops (sized by shape and dtype) shows.
+COINCIDE = 0.6
 #: The largest world a drawn case uses: pools of 1 to 4 ranks stay warm together (10 ranks); TP 8 is the fixed
 #: suite's, where a pool of 8 would evict the others at every draw.
 MAX_WORLD = 4
@@ -232,7 +237,8 @@ MAX_WORLD = 4
 
 def fit(spec: OpSpec, up: bool) -> OpSpec:
     """``spec`` made runnable: every size its ops split over the TP ranks rounded to a multiple of ``tp`` (up or
-    down), modes only where they apply (a layout with replicas, determinism on its ops, a tiling where it fits)."""
+    down), modes only where they apply (a layout with replicas, determinism on its ops, a tiling where it fits),
+    and a deterministic case with something to compare (else two runs)."""
     def rounded(value: int) -> int:
         return max(spec.tp, -(-value // spec.tp) * spec.tp if up else value // spec.tp * spec.tp)
 
@@ -247,6 +253,8 @@ def fit(spec: OpSpec, up: bool) -> OpSpec:
         fitted = replace(fitted, exact=False)
     if fitted.tiling != "own" and fitted.invalid():
         fitted = replace(fitted, tiling="own")
+    if fitted.deterministic and not fitted.compares_bitwise:
+        fitted = replace(fitted, runs=2)
     return fitted
 
 
@@ -269,6 +277,8 @@ def draw(rng: random.Random, scope: Scope | None = None, ops: Sequence[str] | No
         call = Call(**draw_fields(rng, CALL_DIMENSIONS), seed=seed)
         if call.op not in ops or (calls and rng.random() >= ANOTHER_OP):
             call = replace(call, op=calls[-1].op if calls else rng.choice(ops))
+        elif calls and call.op != calls[-1].op and rng.random() < COINCIDE:
+            call = coinciding(call, calls[-1], values["tp"])
         calls.append(call)
     spec = fit(OpSpec(calls=tuple(calls), **values), up=True)
     if spec.tiling != "own" and not set(spec.ops) <= scope_blocks(scope):
@@ -278,7 +288,26 @@ def draw(rng: random.Random, scope: Scope | None = None, ops: Sequence[str] | No
 
 def scope_blocks(scope: Scope | None) -> set[str]:
     """The ops an explicit tiling may be drawn for."""
-    return set(scope.blocks) if scope is not None else set(DETERMINISTIC_OPS)
+    return set(scope.blocks) if scope is not None else set(FUSED_OPS)
+
+
+def output_rows(op: str, m: int, tp: int) -> int:
+    """The rows of a call's result on a rank: a reduce-scatter's share, all ``m`` otherwise."""
+    return m // tp if op == "matmul_reduce_scatter" else m
+
+
+def coinciding(call: Call, previous: Call, tp: int) -> Call:
+    """``call`` (of another op) with ``previous``'s dtype, ``k`` and ``n``, and ``m`` such that its result has the
+    shape of ``previous``'s (and the same inputs' shape where the ops allow)."""
+    rows = output_rows(previous.op, previous.m, tp)
+    m = rows * tp if call.op == "matmul_reduce_scatter" else rows
+    return replace(call, m=m, k=previous.k, n=previous.n, dtype=previous.dtype)
+
+
+def shares_an_output_shape(spec: OpSpec) -> bool:
+    """Whether two calls of different ops give results of one shape and dtype (a buffer shared across ops shows)."""
+    outputs = {(c.op, output_rows(c.op, c.m, spec.tp), c.n, c.dtype) for c in spec.calls}
+    return any(a[1:] == b[1:] and a[0] != b[0] for a in outputs for b in outputs)
 
 
 def neighbours(spec: OpSpec) -> Iterator[OpSpec]:
@@ -313,6 +342,8 @@ def _steps(spec: OpSpec) -> Iterable[OpSpec]:
 def tags(spec: OpSpec) -> list[str]:
     """``dimension=bucket`` of each dimension of ``spec`` (the explored counts per dimension)."""
     found = field_tags(spec, SPEC_DIMENSIONS) + [f"calls={len(spec.calls)}"]
+    if len(spec.ops) > 1:
+        found.append(f"ops_share_an_output_shape={shares_an_output_shape(spec)}")
     for call in spec.calls:
         found.extend(field_tags(call, CALL_DIMENSIONS))
     return found
@@ -321,9 +352,12 @@ def tags(spec: OpSpec) -> list[str]:
 def judge_spec(ranks: Ranks, spec: OpSpec, scope: Scope, verdicts: Verdicts) -> Judged:
     """Run ``spec`` on ``ranks`` and record the suite's checks of op runs into ``verdicts``.
 
-    A call that raised is judged as a refusal (``judge_refusal``: strided
-    operands, a token count: correct numbers or a clear refusal); a
-    deterministic case must also be bitwise reproducible.
+    A run whose every call raised ``NotImplementedError`` is a mode not
+    offered (``unoffered``); a call that raised where the one refusal rule
+    allows it (``judge_refusal``: strided operands, an odd number of rows per
+    rank) is judged as a refusal; any other call that raised fails "the op
+    ran on every rank".  A deterministic case must also be bitwise
+    reproducible.
     """
     if spec.tiling != "own" and not set(spec.ops) <= scope.blocks:
         return Judged(skipped=f"{spec.ops} take no explicit tiling (blocks=)")
@@ -332,22 +366,16 @@ def judge_spec(ranks: Ranks, spec: OpSpec, scope: Scope, verdicts: Verdicts) -> 
     if isinstance(outcomes, Judged):
         return outcomes
     judged = [(run, [o[i] for o in outcomes]) for i, run in enumerate(runs)]
-    skipped = not_implemented([e for _, run_outcomes in judged for e in judge.call_errors(run_outcomes)])
-    if skipped:
-        return Judged(skipped=skipped)
-    declared = scope.declarations
     for run, run_outcomes in judged:
-        strided = spec.strides != "contiguous"
-        names = STRIDE_NAMES + refusal_names(run.problems[0].m, spec.tp) if strided else \
-            [n for p in run.problems for n in refusal_names(p.m, spec.tp)]
-        if judge_refusal(verdicts, run, run_outcomes, declared, label=f"{spec.strides} operands" if strided
-                         else "token counts", names=names, kind="argument" if strided else "shape"):
+        not_offered = unoffered(judge.call_errors(run_outcomes), spec.modes((run.op,)))
+        if not_offered:
+            return not_offered
+    for run, run_outcomes in judged:
+        if judge_refusal(verdicts, run, run_outcomes, scope.declarations):
             return Judged.of(verdicts)
-    judge_op_runs(verdicts, judged, declared.in_place_ops, exact=spec.exact)
+    judge_op_runs(verdicts, judged, scope.declarations.in_place_ops, exact=spec.exact)
     if spec.deterministic:
-        with verdicts.check("deterministic: bitwise reproducible", Level.MUST):
-            for run, run_outcomes in judged:
-                check_bitwise_reproducible(run, run_outcomes)
+        judge_deterministic(verdicts, judged)
     return Judged.of(verdicts)
 
 
@@ -362,4 +390,5 @@ def from_dict(data: dict[str, Any]) -> OpSpec:
 
 
 KIND = Kind(KIND_NAME, weight=6.0, offered=offered, draw=draw, neighbours=neighbours, tags=tags, judge=judge_spec,
-            from_dict=from_dict, spec_type=OpSpec)
+            from_dict=from_dict, spec_type=OpSpec, modes=lambda spec: spec.modes(),
+            subject=lambda spec: "+".join(spec.ops))

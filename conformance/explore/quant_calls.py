@@ -19,7 +19,7 @@ from typing import Any
 from conformance.cases.quant_cases import BAD_QUANT, quant_inputs, quant_task
 from conformance.contract.jobs import QuantRun
 from conformance.contract.problems import GRANULARITIES, QuantProblem
-from conformance.explore.kind import Judged, Kind, Ranks, Scope, read_spec, run_to_the_end
+from conformance.explore.kind import Judged, Kind, Ranks, Scope, read_spec, run_to_the_end, unoffered
 from conformance.explore.space import (
     Dimension,
     draw_fields,
@@ -33,7 +33,6 @@ from conformance.explore.space import (
     weighted,
 )
 from conformance.explore.spec import SpecError
-from conformance.judge.checks import not_implemented
 from conformance.judge.levels import Level
 from conformance.judge.quant_verdicts import check_w8a16, judge_bad_argument, quant_truth
 from conformance.judge.verdicts import Verdicts
@@ -146,9 +145,11 @@ def offered(scope: Scope) -> str:
     return "" if scope.w8a16 else "matmul_all_reduce takes no w8A16 arguments"
 
 
-#: Groups per rank of a per-group draw, above the least two: mostly a few, sometimes a dozen or two (a scale cache
-#: or a tiling sized for a few groups breaks only past them).
-MORE_GROUPS = size(4, 12, 24)
+#: Groups per rank of a per-group draw, above the least two: mostly a few, often a dozen or two (a scale cache
+#: or a tiling sized for a few groups breaks only past them; each bucket of the report is drawn often enough).
+def MORE_GROUPS(rng: random.Random) -> int:  # noqa: N802 - a drawing line, named as the space's others
+    low, high = rng.choices(((1, 3), (4, 7), (8, 15), (16, 24)), (50, 20, 15, 15))[0]
+    return rng.randint(low, high)
 
 
 def draw(rng: random.Random, scope: Scope | None = None) -> QuantSpec:
@@ -169,15 +170,20 @@ def tags(spec: QuantSpec) -> list[str]:
     return field_tags(spec, DIMENSIONS) + [f"groups_per_rank={bucket}"]
 
 
+def modes(spec: QuantSpec) -> frozenset[str]:
+    """What of the implementation ``spec`` needs: w8A16 calls of its scales' granularity, with an offset or not."""
+    return frozenset({spec.capability, spec.granularity} | ({"antiquant offset"} if spec.offset else set()))
+
+
 def judge_spec(ranks: Ranks, spec: QuantSpec, scope: Scope, verdicts: Verdicts) -> Judged:
     """Run ``spec`` on ``ranks``: the numbers against the dequantised truth, or the refusal of its invalid argument."""
     run = spec.run()
     outcomes = run_to_the_end(ranks, spec, verdicts, quant_task, run=run)
     if isinstance(outcomes, Judged):
         return outcomes
-    skipped = not_implemented([o.error for o in outcomes])
-    if skipped:
-        return Judged(skipped=skipped)
+    not_offered = unoffered([o.error for o in outcomes], modes(spec))
+    if not_offered:
+        return not_offered
     if run.change is not None:
         judge_bad_argument(verdicts, outcomes, run.change, scope.declarations)
     else:
@@ -193,4 +199,5 @@ def from_dict(data: dict[str, Any]) -> QuantSpec:
 
 
 KIND = Kind(KIND_NAME, weight=1.5, offered=offered, draw=draw, neighbours=neighbours, tags=tags, judge=judge_spec,
-            from_dict=from_dict, spec_type=QuantSpec)
+            from_dict=from_dict, spec_type=QuantSpec, modes=modes,
+            subject=lambda spec: spec.change if spec.change != "none" else f"w8A16 {spec.granularity}")

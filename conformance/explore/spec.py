@@ -47,6 +47,17 @@ class Spec(Hashable, Protocol):
         """One line a person reads: the case, its sizes and modes."""
 
 
+class OnReplicas:
+    """A spec whose case runs on ``replicas`` TP groups of ``tp`` ranks each (its ``world``)."""
+
+    tp: int
+    replicas: int
+
+    @property
+    def world(self) -> int:
+        return self.tp * self.replicas
+
+
 def spec_key(spec: Spec) -> str:
     """A short stable hash of ``spec`` (file names)."""
     return hashlib.sha256(json.dumps(spec.as_dict(), sort_keys=True).encode()).hexdigest()[:10]

@@ -2,10 +2,12 @@
 
 Reads either run's compact JSON summary (``coc-summary.json``, written by the
 suite) or, failing that, an Allure results directory.  Red when the current
-run has a new failure (a case that passed or did not exist in the baseline),
-a hang, an unexpected pass, or a perf regression whose interval is clear of
-the threshold; fixes, new skips and missing cases are reported without
-turning it red.
+run has a new failure (a case that passed or did not exist in the baseline,
+or a failed case with a failed check -- name and level, at a level the run
+gates -- that the baseline's same case did not fail), a hang, an unexpected
+pass, or a perf regression whose interval is clear of the threshold; fixes,
+new skips, cases no longer judged (a failure or a pass that became ``not
+judged`` is no fix) and missing cases are reported without turning it red.
 
 Perf regressions compare the per-round *paired* gains of each CoC variant
 (``(serial - coc) / serial``, measured back to back) of the two runs: a
@@ -29,9 +31,10 @@ import numpy as np
 
 from conformance.caseids import case_id
 from conformance.harness.case_errors import HANGS, WorkerLost
+from conformance.judge.levels import Level
 from conformance.judge.perf import CI_LEVEL
 from conformance.judge.verdicts import FAILED as CHECK_FAILED
-from conformance.judge.verdicts import outcome_of
+from conformance.judge.verdicts import NOT_JUDGED, outcome_of
 
 #: Drop of the median paired gain (fraction of the serial time) that counts as a perf regression.
 PERF_THRESHOLD = 0.03
@@ -51,6 +54,7 @@ class Run:
     source: str
     implementation: str
     cases: Mapping[str, Mapping[str, Any]]
+    gate: frozenset[str] = frozenset(level.value for level in Level)  #: the levels whose failures failed a case
 
 
 def load_run(path: Path) -> Run:
@@ -67,7 +71,11 @@ def load_run(path: Path) -> Run:
                 cases.setdefault(case_id(nodeid), {"id": case_id(nodeid), "outcome": "error", "failure": {
                     "category": HANG, "type": WorkerLost.__name__, "message": f"{WorkerLost.__name__}: no result "
                     "(the worker running it died, or the run ended before it ran)"}})
-            return Run(str(candidate), doc.get("implementation", "?"), cases)
+            try:
+                gated = frozenset(level.value for level in Level.parse_many(str(doc.get("gate") or "all")))
+            except ValueError as exc:
+                raise RunError(f"{candidate}: gate: {exc}") from None
+            return Run(str(candidate), doc.get("implementation", "?"), cases, gated)
     if path.is_dir() and any(path.glob("*-result.json")):
         return _allure_run(path)
     raise RunError(f"{path}: neither a coc-summary.json nor an Allure results directory")
@@ -127,6 +135,9 @@ class RunDiff:
     baseline: Run
     current: Run
     new_failures: list[Mapping[str, Any]] = field(default_factory=list)
+    #: Cases that failed in both runs, each with the failed checks (name, level) the baseline's did not fail.
+    new_checks: list[tuple[Mapping[str, Any], list[tuple[str, str]]]] = field(default_factory=list)
+    no_longer_judged: list[str] = field(default_factory=list)
     hangs: list[Mapping[str, Any]] = field(default_factory=list)
     unexpected_passes: list[Mapping[str, Any]] = field(default_factory=list)
     fixes: list[str] = field(default_factory=list)
@@ -140,7 +151,7 @@ class RunDiff:
 
     @property
     def red(self) -> bool:
-        return bool(self.new_failures or self.hangs or self.unexpected_passes
+        return bool(self.new_failures or self.new_checks or self.hangs or self.unexpected_passes
                     or any(p.clear for p in self.perf_regressions))
 
 
@@ -157,14 +168,26 @@ def diff_runs(baseline: Run, current: Run, *, threshold: float = PERF_THRESHOLD,
                 result.hangs.append(case)
             elif before not in FAILED:
                 result.new_failures.append(case)
+            else:
+                new = sorted(failed_checks(case, current.gate) - failed_checks(baseline.cases[cid], current.gate))
+                if new:
+                    result.new_checks.append((case, new))
         elif outcome == "passed" and before in FAILED:
             result.fixes.append(cid)
+        elif outcome == NOT_JUDGED and before in (*FAILED, "passed"):
+            result.no_longer_judged.append(cid)
         elif outcome == "skipped" and before == "passed":
             result.new_skips.append(cid)
         if "perf" in case and "perf" in baseline.cases.get(cid, {}):
             result.perf.extend(_perf_changes(cid, baseline.cases[cid]["perf"], case["perf"], threshold, seed))
     result.missing = sorted(set(baseline.cases) - set(current.cases))
     return result
+
+
+def failed_checks(case: Mapping[str, Any], levels: frozenset[str]) -> set[tuple[str, str]]:
+    """The (name, level) of every check ``case`` failed at one of ``levels``."""
+    return {(c["name"], c["level"]) for c in case.get("checks", ()) if outcome_of(c) == CHECK_FAILED
+            and c["level"] in levels}
 
 
 def _perf_changes(cid: str, before: Mapping[str, Any], now: Mapping[str, Any], threshold: float,
@@ -221,6 +244,13 @@ def markdown(result: RunDiff) -> str:
         lines.append("")
 
     table("New failures", result.new_failures)
+    if result.new_checks:
+        lines.extend([f"### New failing checks in cases that already failed ({len(result.new_checks)})", "",
+                      "| case | new failed checks |", "|---|---|"])
+        for case, new in result.new_checks:
+            checks = "; ".join(f"{name} ({level})" for name, level in new).replace("|", "\\|")
+            lines.append(f"| `{case['id']}` | {checks} |")
+        lines.append("")
     table("Hangs and crashes", result.hangs)
     table("Unexpected passes (update the expectations file)", result.unexpected_passes)
     regressions = result.perf_regressions
@@ -233,13 +263,15 @@ def markdown(result: RunDiff) -> str:
                          f"[{p.interval[0]:+.1%}, {p.interval[1]:+.1%}] | {p.verdict} |")
         lines.append("")
     for title, names in (("Fixes", result.fixes), ("Newly skipped", result.new_skips),
+                         ("No longer judged (not a fix)", result.no_longer_judged),
                          ("Missing from the current run", result.missing)):
         if names:
             lines.extend([f"### {title} ({len(names)})", ""] + [f"- `{n}`" for n in names[:50]])
             if len(names) > 50:
                 lines.append(f"- ... and {len(names) - 50} more")
             lines.append("")
-    if not (result.red or result.fixes or result.new_skips or result.missing or regressions):
+    if not (result.red or result.fixes or result.new_skips or result.no_longer_judged or result.missing
+            or regressions):
         lines.append("No change in conformance or performance.")
     return "\n".join(lines).rstrip() + "\n"
 

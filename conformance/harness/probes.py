@@ -50,8 +50,11 @@ PY_COLLECTIVES = (
     "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_single", "_all_gather_base",
     "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single", "_reduce_scatter_base",
     "all_to_all", "all_to_all_single", "broadcast", "reduce", "barrier", "all_gather_object",
-    "broadcast_object_list", "gather", "scatter", "send", "recv", "isend", "irecv",
-)
+    "broadcast_object_list", "gather", "scatter", "send", "recv",
+)  # not isend / irecv: torch compares them by identity (``P2POp``), so a wrapper would break an implementation
+#    holding the original; their collectives are seen in the dispatcher
+#: Ops of the collective namespaces that are no collective.
+NOT_COLLECTIVES = frozenset({"_wrap_tensor_autograd"})
 #: Dispatcher namespaces of collective ops.
 COLLECTIVE_NAMESPACES = ("c10d", "_c10d_functional", "c10d_functional")
 #: aten ops counted as matmuls.
@@ -66,6 +69,9 @@ LIVE, GONE, UNKNOWN = "live", "gone", "unknown"
 
 _local = threading.local()
 _install_lock = threading.Lock()
+#: Thread ident -> the log it is recording into, for every thread recording now (a collective issued by another
+#: thread of the process is noted there: a helper thread's collectives are not recorded, and a reader must know).
+_recording: dict[int, CollectiveLog] = {}
 _installed = False
 #: Process group name -> its global ranks, for every group seen alive at a recording (groups are named once).
 _known_groups: dict[str, tuple[int, ...]] = {}
@@ -105,7 +111,8 @@ class CollectiveCall:
 
 @dataclass(frozen=True)
 class Event:
-    """One entry of the timeline: ``launch`` / ``wait`` (of ``call``), ``matmul``, ``mark``.
+    """One entry of the timeline: ``launch`` / ``wait`` (of ``call``), ``matmul``, ``mark``, ``other_thread`` (a
+    collective another thread issued, by entry point ``label``: not recorded).
 
     A matmul has its output ``shape`` and the ``operands``: the names its
     inputs carry (:meth:`CollectiveLog.name_operand`).
@@ -123,8 +130,11 @@ class Event:
 class CollectiveLog:
     calls: list[CollectiveCall] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
+    #: (event index, entry point) of each collective another thread issued while this one recorded: not recorded
+    other_threads: list[tuple[int, str]] = field(default_factory=list)
     _lazy: dict[int, int] = field(default_factory=dict)  # storage ptr of a functional result -> call
-    _works: dict[int, tuple[Any, int]] = field(default_factory=dict)  # id(Work) -> (the Work, kept alive; call)
+    #: id(Work or Future) -> (it, kept alive; the calls waiting on it completes)
+    _works: dict[int, tuple[Any, tuple[int, ...]]] = field(default_factory=dict)
     _names: dict[int, tuple[Any, frozenset[str]]] = field(default_factory=dict)  # storage ptr -> (storage; names)
 
     def of_kind(self, kind: str) -> list[CollectiveCall]:
@@ -162,29 +172,56 @@ class CollectiveLog:
             self.events.append(Event("wait", call=index))
             COMPLETED.note()
 
-    def matmuls_while_in_flight(self, index: int) -> list[Event]:
-        """Matmuls that ran after collective ``index`` was launched and before it was waited for."""
+    def matmuls_while_in_flight(self, index: int, end: int | None = None) -> list[Event]:
+        """Matmuls that ran after collective ``index`` was launched and before it was waited for -- or, never
+        seen waited, before ``end`` (the end of the phase it belongs to; default: of the recording)."""
         call = self.calls[index]
-        end = call.waited if call.waited is not None else len(self.events)
-        return [e for e in self.events[call.launched + 1:end] if e.what == "matmul"]
+        bound = len(self.events) if end is None else end
+        stop = min(call.waited, bound) if call.waited is not None else bound
+        return [e for e in self.events[call.launched + 1:stop] if e.what == "matmul"]
 
     def _work_waited(self, work: Any) -> None:
         entry = self._works.get(id(work))
         if entry is not None and entry[0] is work:
             del self._works[id(work)]
-            self.waited(entry[1])
+            for index in entry[1]:
+                self.waited(index)
+
+    def _waits_for(self, handle: Any, calls: tuple[int, ...]) -> None:
+        """Waiting on ``handle`` (a Work, or a Future) completes ``calls``."""
+        if calls:
+            self._works[id(handle)] = (handle, calls)
+
+    def _calls_of(self, work: Any) -> tuple[int, ...]:
+        entry = self._works.get(id(work))
+        return entry[1] if entry is not None and entry[0] is work else ()
 
 
 class _TrackedWork:
-    """The handle of a call the dispatcher never saw: marks the timeline when waited for."""
+    """The handle of a call the dispatcher never saw: marks the timeline when waited for (``wait``, ``synchronize``,
+    ``result``, or the future it gives)."""
 
     def __init__(self, work: Any, log: CollectiveLog, index: int) -> None:
         self._work, self._log, self._index = work, log, index
 
-    def wait(self, *args: Any, **kwargs: Any) -> Any:
-        result = self._work.wait(*args, **kwargs)
+    def _done(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        result = getattr(self._work, method)(*args, **kwargs)
         self._log.waited(self._index)
         return result
+
+    def wait(self, *args: Any, **kwargs: Any) -> Any:
+        return self._done("wait", *args, **kwargs)
+
+    def synchronize(self, *args: Any, **kwargs: Any) -> Any:
+        return self._done("synchronize", *args, **kwargs)
+
+    def result(self, *args: Any, **kwargs: Any) -> Any:
+        return self._done("result", *args, **kwargs)
+
+    def get_future(self) -> Any:
+        future = self._work.get_future()
+        self._log._waits_for(future, (self._index,))
+        return future
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._work, name)
@@ -243,30 +280,37 @@ def _group_ranks(group: Any) -> tuple[tuple[int, ...] | None, str]:
 def _install() -> None:
     """Patch ``Work``'s waits and wrap torch.distributed's Python collectives, once per process."""
     global _installed
+    import torch
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
 
     with _install_lock:
         if _installed:
             return
-        work = dist.distributed_c10d.Work
-        original_wait, original_completed = work.wait, work.is_completed
+        _patch_waits(dist.distributed_c10d.Work)
+        _patch_waits(torch._C.Future, ("wait", "value"))
+        original_get_future = dist.distributed_c10d.Work.get_future
 
-        def wait(self: Any, *args: Any, **kwargs: Any) -> Any:
-            result = original_wait(self, *args, **kwargs)
+        def get_future(self: Any) -> Any:
+            future = original_get_future(self)
             log: CollectiveLog | None = getattr(_local, "log", None)
             if log is not None:
-                log._work_waited(self)
+                log._waits_for(future, log._calls_of(self))
+            return future
+
+        dist.distributed_c10d.Work.get_future = get_future  # type: ignore[method-assign]
+        original_wait_all = torch.futures.wait_all
+
+        @functools.wraps(original_wait_all)
+        def wait_all(futures: Any) -> Any:
+            result = original_wait_all(futures)
+            log: CollectiveLog | None = getattr(_local, "log", None)
+            for future in futures if log is not None else ():
+                log._work_waited(future)  # type: ignore[union-attr]
             return result
 
-        def is_completed(self: Any) -> bool:
-            done = bool(original_completed(self))
-            log: CollectiveLog | None = getattr(_local, "log", None)
-            if done and log is not None:
-                log._work_waited(self)
-            return done
-
-        work.wait, work.is_completed = wait, is_completed  # type: ignore[method-assign]
+        torch.futures.wait_all = wait_all
+        c10d._coalescing_manager = _coalescing(c10d._coalescing_manager)
         for name in PY_COLLECTIVES:
             original = getattr(c10d, name, None)
             if original is None:
@@ -276,6 +320,69 @@ def _install() -> None:
             if getattr(dist, name, None) is original:
                 setattr(dist, name, wrapped)
         _installed = True
+
+
+def _patch_waits(cls: Any, methods: tuple[str, ...] = ("wait", "synchronize", "result", "is_completed")) -> None:
+    """Patch each of ``methods`` on ``cls`` (a Work, a Future) so that a handle waited on through it marks the
+    calls it completes waited (``is_completed`` only when it answers True)."""
+    for method in methods:
+        original = getattr(cls, method, None)
+        if original is None:
+            continue
+
+        def patched(self: Any, *args: Any, _original: Any = original, _method: str = method, **kwargs: Any) -> Any:
+            result = _original(self, *args, **kwargs)
+            log: CollectiveLog | None = getattr(_local, "log", None)
+            if log is not None and (_method != "is_completed" or result):
+                log._work_waited(self)
+            return result
+
+        setattr(cls, method, patched)
+
+
+def _coalescing(original: Any) -> Any:
+    """``_coalescing_manager`` that counts each collective inside it once, and waited when the manager's handle is
+    (``cm.wait()``, which replaces the handles of the calls inside; ``batch_isend_irecv`` takes this path)."""
+    @contextmanager
+    @functools.wraps(original)
+    def manager(*args: Any, **kwargs: Any) -> Iterator[Any]:
+        log: CollectiveLog | None = getattr(_local, "log", None)
+        start = len(log.calls) if log is not None else 0
+        with original(*args, **kwargs) as cm:
+            yield cm
+        if log is None:
+            return
+        inside = tuple(range(start, len(log.calls)))
+        for work in getattr(cm, "works", ()):
+            log._waits_for(work, inside)
+        if not getattr(cm, "works", ()):  # not async: the manager waited (or the backend synchronised) on exit
+            for index in inside:
+                log.waited(index)
+
+    manager._coalescing_probe = True  # type: ignore[attr-defined]
+    return manager
+
+
+def _note_other_thread(name: str) -> None:
+    """A collective from a thread that has never recorded, while exactly one thread records (a rank's helper
+    thread): noted in that recording, whose structure then cannot be judged.  Ranks running as threads (several
+    recording) are not told apart, so nothing is noted then."""
+    if len(_recording) == 1 and not getattr(_local, "recorded", False):
+        for log in list(_recording.values()):
+            log.other_threads.append((len(log.events), name))
+            log.events.append(Event("other_thread", label=name))
+
+
+def _coalescing_now(group: Any) -> bool:
+    """Whether ``group`` (None: the default) is inside ``_coalescing_manager``: a collective called now is only
+    queued, and is issued (and recorded) once, coalesced, on the manager's exit."""
+    try:
+        import torch.distributed.distributed_c10d as c10d
+
+        state = c10d._world.pg_coalesce_state
+        return bool(state) and (group or c10d._get_default_group()) in state
+    except Exception:  # noqa: BLE001 - no default group, or another torch's internals
+        return False
 
 
 def _api_wrapper(name: str, original: Any) -> Any:
@@ -289,6 +396,7 @@ def _api_wrapper(name: str, original: Any) -> Any:
         log: CollectiveLog | None = getattr(_local, "log", None)
         delay: Callable[[], None] | None = getattr(_local, "delay", None)
         if log is None and delay is None:
+            _note_other_thread(name)
             return original(*args, **kwargs)
         stack: list[tuple[str, bool, Any]] = _local.api_stack
         outermost = not stack
@@ -309,8 +417,8 @@ def _api_wrapper(name: str, original: Any) -> Any:
             result = original(*args, **kwargs)
         finally:
             stack.pop()
-        if log is None or not outermost or len(log.calls) > seen:
-            return result  # the dispatcher saw it: its Work's wait is seen on the class
+        if log is None or not outermost or len(log.calls) > seen or _coalescing_now(group):
+            return result  # the dispatcher saw it (its Work's wait is seen on the class), or it is only queued
         index = log.launch(CollectiveCall(f"api.{name}", _shapes(args), name, async_op, *_group_ranks(group)))
         return _TrackedWork(result, log, index) if async_op and result is not None else result
 
@@ -336,7 +444,7 @@ def record_collectives(delay: Callable[[], None] | None = None) -> Iterator[Coll
             if log._lazy:
                 _note_lazy_waits(log, args, kwargs)
             names = _names_of(log, args, kwargs) if log._names else frozenset()
-            if func.namespace in COLLECTIVE_NAMESPACES:
+            if func.namespace in COLLECTIVE_NAMESPACES and func._opname not in NOT_COLLECTIVES:
                 if "wait" in func._opname:
                     _note_lazy_waits(log, args, kwargs)
                     return func(*args, **kwargs)
@@ -347,7 +455,7 @@ def record_collectives(delay: Callable[[], None] | None = None) -> Iterator[Coll
                 out = func(*args, **kwargs)
                 index = log.launch(call)
                 for work in _works(out):
-                    log._works[id(work)] = (work, index)
+                    log._waits_for(work, (index,))
                 if call.functional:
                     for ptr in _storages(out):
                         log._lazy[ptr] = index
@@ -367,12 +475,19 @@ def record_collectives(delay: Callable[[], None] | None = None) -> Iterator[Coll
             return out
 
     previous = (getattr(_local, "log", None), getattr(_local, "api_stack", None), getattr(_local, "delay", None))
-    _local.log, _local.api_stack, _local.delay = log, [], delay
+    _local.log, _local.api_stack, _local.delay, _local.recorded = log, [], delay, True
+    thread = threading.get_ident()
+    outer = _recording.get(thread)
+    _recording[thread] = log
     try:
         with _Mode():
             yield log
     finally:
         _local.log, _local.api_stack, _local.delay = previous
+        if outer is None:
+            _recording.pop(thread, None)
+        else:
+            _recording[thread] = outer
 
 
 def _dispatched_call(func: Any, args: Any, kwargs: Any, stack: list[tuple[str, bool, Any]]) -> CollectiveCall:

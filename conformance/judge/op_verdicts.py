@@ -9,6 +9,7 @@ fails the same named check as a suite test would.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -60,34 +61,85 @@ def refusal_names(m: int, tp: int) -> list[str]:
             r"tokens?", r"chunk", r"tile|tiling|block"]
 
 
+def rows_per_rank(op: str, m: int, tp: int) -> int:
+    """The rows of a call of ``op`` each rank's matmul tiles: all of ``m`` for the all-reduce, ``m / tp`` else."""
+    return m if op == "matmul_all_reduce" else m // tp
+
+
+@dataclass(frozen=True)
+class MayRefuse:
+    """Why a call may be refused, and how its refusal is judged: what it must name, the declared error kind."""
+
+    label: str
+    names: tuple[str, ...]
+    kind: str
+
+
+def refusal_rule(run: OpRun, call: int = 0) -> MayRefuse | None:
+    """Whether call ``call`` of ``run`` may be refused, and how (None: it must run, and a refusal fails
+    "the op ran on every rank").
+
+    The one refusal rule of the op checks, the fixed suite's and the
+    explorer's: strided operands (a kernel may need contiguous ones), and a
+    token count no even tiling divides -- an odd number of rows per rank (1,
+    3, 7, 13, 61 in the fixed suite).  Any other call must give correct
+    numbers: a build refusing ordinary calls does not conform.
+    """
+    problem = run.problems[call]
+    uneven = rows_per_rank(run.op, problem.m, run.tp) % 2 == 1
+    token_names = tuple(refusal_names(problem.m, run.tp)) if uneven else ()
+    if run.strides != "contiguous":
+        return MayRefuse(f"{run.strides} operands", tuple(STRIDE_NAMES) + token_names, "argument")
+    if uneven:
+        return MayRefuse("token counts", token_names, "shape")
+    return None
+
+
 def issued(outcomes: Sequence[OpRunOutcome], call: int = 0) -> list[list[str]]:
-    """Per rank, the collectives its ``call`` issued (before it raised, when it did)."""
-    return [[c.kind for t in o.calls[call].timelines for c in t.collectives] if call < len(o.calls) else []
-            for o in outcomes]
+    """Per rank, the collectives its ``call`` issued (before it raised, when it did), those of another thread of
+    the rank too (not recorded, but issued)."""
+    return [[c.kind for t in o.calls[call].timelines for c in t.collectives]
+            + [f"{name} (another thread)" for t in o.calls[call].timelines for name in t.other_threads]
+            if call < len(o.calls) else [] for o in outcomes]
+
+
+def first_raised(run: OpRun, outcomes: Sequence[OpRunOutcome]) -> int | None:
+    """The first call of ``run`` that raised on some rank (None: every call returned on every rank)."""
+    return next((i for i in range(len(run.problems))
+                 if any(i < len(o.calls) and o.calls[i].error is not None for o in outcomes)), None)
 
 
 def judge_refusal(verdicts: Verdicts, run: OpRun, outcomes: Sequence[OpRunOutcome], declared: Declarations, *,
-                  label: str, names: list[str], kind: str) -> bool:
-    """Whether a call of ``run`` raised; if one did, judge it as a refusal: clear on every rank (MUST), of the
-    declared ``kind`` of error (SHOULD).
+                  label: str = "") -> bool:
+    """Whether a call of ``run`` raised where :func:`refusal_rule` allows a refusal; if one did, judge it as a
+    refusal: clear on every rank (MUST), of the declared kind of error (SHOULD).
 
-    The one rule for every case an implementation may refuse (token counts no
-    tiling divides, strided operands): correct numbers or a clear refusal,
-    never silent wrong rows -- the numbers are judged where nothing raised.
+    Correct numbers or a clear refusal, never silent wrong rows -- the
+    numbers are judged where nothing raised.  A call that raised where no
+    refusal is allowed is left to the op checks ("the op ran on every rank").
+    ``label`` names the checks (default: the rule's).
     """
-    raised = [i for i in range(len(run.problems)) if any(i < len(o.calls) and o.calls[i].error is not None
-                                                         for o in outcomes)]
-    if not raised:
+    call = first_raised(run, outcomes)
+    rule = None if call is None else refusal_rule(run, call)
+    if call is None or rule is None:
         return False
-    call = raised[0]
     errors = [o.calls[call].error if call < len(o.calls) else None for o in outcomes]
+    label = label or rule.label
     what = f"{run.op} {label}" + (f" (call {call})" if call else "")
     with verdicts.check(f"{label}: refused clearly", Level.MUST):
-        checks.check_clear_refusal(errors, issued(outcomes, call), what=what, names=names)
-    with verdicts.check(f"{label}: declared {kind} error", Level.SHOULD):
+        checks.check_clear_refusal(errors, issued(outcomes, call), what=what, names=rule.names)
+    with verdicts.check(f"{label}: declared {rule.kind} error", Level.SHOULD):
         first = next(e for e in errors if e is not None)
-        checks.check_declared_error(first, declared.error_type(kind), kind=kind, what=what)
+        checks.check_declared_error(first, declared.error_type(rule.kind), kind=rule.kind, what=what)
     return True
+
+
+def judge_deterministic(verdicts: Verdicts, judged: Sequence[tuple[OpRun, Sequence[OpRunOutcome]]]) -> None:
+    """``deterministic=True`` (MUST): every run bitwise reproducible -- not judged where a call raised."""
+    with verdicts.check("deterministic: bitwise reproducible", Level.MUST):
+        for run, outcomes in judged:
+            _needs_every_result(outcomes)
+            check_bitwise_reproducible(run, outcomes)
 
 
 def check_bitwise_reproducible(run: OpRun, outcomes: Sequence[OpRunOutcome]) -> None:

@@ -54,8 +54,9 @@ def truth_of(problem: Problem, replica: int) -> tuple[np.ndarray, tuple[np.ndarr
 
 
 def call_errors(outcomes: Sequence[OpRunOutcome]) -> list[CapturedError | None]:
-    """What every call raised on every rank (None where it returned)."""
-    return [c.error for o in outcomes for c in o.calls]
+    """What every call made raised on every rank (None where it returned; a call after one that raised is never
+    made, and is left out: it neither raised nor returned)."""
+    return [c.error for o in outcomes for c in o.calls if c.timelines or c.error is not None]
 
 
 def check_ran(run: OpRun, outcomes: Sequence[OpRunOutcome]) -> None:

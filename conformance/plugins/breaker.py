@@ -7,7 +7,7 @@ row of one capability (its op, or its layer kind), the remaining cases of that
 capability fail at once, without running: each names the earlier hangs and is
 filed under "hang / timeout".  Nothing is skipped silently, and other
 capabilities keep running.  A case of the capability that finishes (pass or an
-ordinary failure) resets the count.
+ordinary failure) resets the count; one that skips neither counts nor resets.
 
 Under xdist every worker sees the same count: outcomes are appended to one
 file in a directory the controller shares with its workers.
@@ -97,6 +97,8 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
     except HANGS as exc:
         if not isinstance(exc, StormBroken):
             breaker.note(what, item.nodeid, True)
+        raise
+    except pytest.skip.Exception:  # not judged: neither a hang nor a finished case
         raise
     except BaseException:
         _note_finished(breaker, what, item)

@@ -17,7 +17,11 @@ may hang or die, whatever it declares.  Any other exception from a test body
 as :class:`~conformance.judge.failures.SuiteError` and reported as an *error*
 of the run, never as a failed check of the implementation.  A test body
 raising :class:`~conformance.judge.verdicts.NotJudged` records its check as
-not judged.
+not judged.  A test that passes with no check recorded is one check passed
+only when it judges by its own assertions (no ``verdicts``); one that judges
+through ``verdicts`` and recorded nothing was not judged, and a case whose
+every check was not judged is reported as such (outcome ``not judged`` in
+the JSON summary), never as a pass.
 """
 
 from __future__ import annotations
@@ -140,7 +144,12 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     recorded = item.stash.get(verdicts_key, None)
     results = list(recorded.results) if recorded is not None else []
     if not results and report.passed:
-        results = [CheckResult(getattr(item, "originalname", item.name), default_level(item), True)]
+        name = getattr(item, "originalname", item.name)
+        if recorded is None:  # a test that judges by its own assertions: its body is its one check
+            results = [CheckResult(name, default_level(item), True)]
+        else:  # it judges through ``verdicts`` and recorded nothing: nothing was judged, which is no pass
+            results = [CheckResult(name, default_level(item), False, "the test recorded no check",
+                                   outcome=NOT_JUDGED)]
     if results:
         report.user_properties.append((report_properties.CHECKS, [r.as_dict() for r in results]))
     gate = item.config.stash[gate_key]

@@ -8,7 +8,9 @@ skips by reason, and the count of cases collected against cases reported (and
 against Allure result files), so a lost result is visible.
 
 Read by ``coc-gate``, ``coc-matrix`` and
-``coc-expectations``; the format is :data:`SCHEMA`.
+``coc-expectations``; the format is :data:`SCHEMA`.  A case's ``outcome`` is
+``passed``, ``failed``, ``error``, ``skipped``, ``known``, ``not-gated`` or
+``not judged`` (it passed, and every check it recorded was not judged).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import pytest
 
 from conformance import options, report_properties
 from conformance.caseids import area, case_id
-from conformance.judge.verdicts import outcome_of
+from conformance.judge.verdicts import NOT_JUDGED, outcome_of
 from conformance.options import impl_spec
 from conformance.report_properties import property_of
 from conformance.roster import is_xdist_worker, roster
@@ -59,11 +61,17 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     return report
 
 
+def not_judged(report: pytest.TestReport) -> bool:
+    """Whether a case that passed judged nothing: it recorded checks, and every one was not judged."""
+    checks = property_of(report, report_properties.CHECKS) or []
+    return bool(checks) and all(outcome_of(c) == NOT_JUDGED for c in checks)
+
+
 def record_of(report: pytest.TestReport) -> dict[str, Any]:
     """One case's line of the summary."""
     wasxfail = getattr(report, "wasxfail", None)
     if report.passed:
-        outcome = "passed"
+        outcome = NOT_JUDGED if not_judged(report) else "passed"
     elif report.failed:
         outcome = "failed" if report.when == "call" and not property_of(report, report_properties.SUITE_ERROR) \
             else "error"

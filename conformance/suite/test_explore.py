@@ -11,15 +11,17 @@ both are deselected (``conformance/plugins/exploring.py``).
 from __future__ import annotations
 
 import shlex
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from conformance import options, report_properties
-from conformance.explore.explorer import Explorer, write_finding
+from conformance.explore.explorer import Exploration, Explorer, write_finding
 from conformance.explore.kind import Scope, record
 from conformance.explore.registry import kind_of, load_finding
+from conformance.judge.levels import Level
 from conformance.protocol import Declarations
 
 
@@ -55,13 +57,26 @@ def test_explore(coc_ranks: Any, verdicts: Any, coc_impl: Any, coc_declarations:
     directory = Path(config.getoption(options.EXPLORE_DIR))
     for finding in report.findings:
         path = write_finding(finding, directory, lambda p: _replay_command(config, p), report)
-        proved = "minimal" if finding.minimal else "shrinking cut short by the time budget, not proved minimal"
-        record(verdicts, finding.key, f"{finding.spec.describe()} ({proved}; found after "
+        record(verdicts, finding.key, f"{finding.spec.describe()} ({finding.proof}; found after "
                                       f"{finding.found_after_s:.1f} s, {finding.cases_before} case(s)): "
                                       f"{finding.message}\nreplay: {finding.command}  (spec {path})")
+    _record_judged(verdicts, report)
     request.node.user_properties.append((report_properties.EXPLORE, report.as_dict()))
-    if not report.cases:
-        pytest.skip(f"no case drawn was within this run's reach: {dict(report.outside)}")
+
+
+def _record_judged(verdicts: Any, report: Exploration) -> None:
+    """Every check the exploration judged and never saw fail, as passed; nothing judged, as not judged (never as
+    a pass): every case drawn skipped, was out of reach or needed a mode not offered."""
+    failed = {name.split(": ", 1)[1] for name in report.failing_cases}
+    for name, level in sorted({(name, level) for _, name, level in report.judged_checks}):
+        if name not in failed:
+            with verdicts.check(name, level):
+                pass
+    if not report.judged_cases and not report.findings:
+        verdicts.not_judged("the exploration judged a case", Level.MUST,
+                            f"no case drawn was judged: {report.cases} case(s) run, skipped "
+                            f"{dict(report.skipped)}; out of reach {dict(report.outside)}; not offered "
+                            f"{report.not_offered}")
 
 
 @pytest.mark.coc_capability("explorer")
@@ -76,5 +91,7 @@ def test_replay(coc_ranks: Any, verdicts: Any, coc_impl: Any, coc_declarations: 
     if why:
         pytest.skip(why)
     judged = kind.judge(coc_ranks, spec, scope, verdicts)
+    subject = kind.subject(spec)  # named as the explorer names them: what each check is about
+    verdicts.results[:] = [replace(r, name=f"{subject}: {r.name}") if subject else r for r in verdicts.results]
     if judged.skipped:
         pytest.skip(judged.skipped)

@@ -30,9 +30,11 @@ def test_a_fault_is_explored_to_a_minimal_case_that_replays(run_suite: Callable[
     assert run.ret == 1, run.output
     case, explored = _exploration(tmp_path / "explore.json")
     failed = [c for c in case["checks"] if c["outcome"] == "failed"]
-    assert ("numerics", "MUST", "numeric mismatch") in [(c["name"], c["level"], c["category"]) for c in failed]
-    (spec_file,) = found.glob("numerics-*.json")
-    finding = json.loads(spec_file.read_text())
+    assert ("numerics", "MUST", "numeric mismatch") in [(c["name"].split(": ")[-1], c["level"], c["category"])
+                                                         for c in failed]
+    findings = [json.loads(f.read_text()) for f in sorted(found.glob("*numerics-*.json"))]
+    finding = next((f for f in findings if f["minimal"]), findings[0])  # one per op it is found in
+    spec_file = Path(finding["path"])
     # Minimal: a bias and a k no multiple of 4 is the corner; every simpler neighbour ran and passed.
     assert finding["minimal"] and finding["case"].endswith(" tp1 [1x1x1 float32 +bias]"), finding
     assert f"--coc-replay {spec_file}" in finding["command"] and explored["cases"] >= 1  # type: ignore[operator]
@@ -43,7 +45,8 @@ def test_a_fault_is_explored_to_a_minimal_case_that_replays(run_suite: Callable[
     replayed = json.loads((tmp_path / "replay.json").read_text())["cases"][0]
     assert replayed["id"].endswith("test_replay")
     assert [(c["name"], c["category"]) for c in replayed["checks"] if c["outcome"] == "failed"] == \
-        [("numerics", "numeric mismatch")]  # the one check its minimal case was shrunk to fail
+        [(finding["name"], "numeric mismatch")]  # the one check its minimal case was shrunk to fail
+    assert finding["name"] == f"{finding['subject']}: numerics" and finding["subject"], finding
 
 
 def test_the_reference_passes_an_exploration(run_suite: Callable[..., SuiteRun], tmp_path: Path) -> None:
@@ -77,10 +80,33 @@ def test_a_configuration_fault_is_found_shrunk_and_replayed_in_process(run_suite
     assert explored["per_kind"]["config"]["cases"] > 0, explored  # type: ignore[index]
     assert set(explored["not_offered"]) == {"op", "layer", "w8a16"}, explored  # type: ignore[arg-type]
     assert len(explored["findings"]) == 1, explored  # type: ignore[arg-type]
-    (spec_file,) = found.glob("refused--naming-the-setting-*.json")
+    (spec_file,) = found.glob("*refused--naming-the-setting-*.json")
     finding = json.loads(spec_file.read_text())
     assert finding["minimal"] and finding["spec"]["kind"] == "config", finding
     assert finding["spec"]["chunks"] in ("0", "-1") and finding["spec"]["incompatible"] == "none", finding
     replay = run_suite("test_explore", fault, "--coc-replay", str(spec_file), "--coc-summary",
                        str(tmp_path / "replay.json"), *_own_leases(tmp_path))
     assert replay.ret == 1, replay.output
+
+
+def test_refusing_every_call_fails_at_must_and_lacking_a_mode_passes_with_it_not_offered(
+        run_suite: Callable[..., SuiteRun], tmp_path: Path) -> None:
+    """The refusal rule and the NotImplementedError rule end to end, on the JSON summary."""
+    run = run_suite("test_explore", "tests.support.faulty_impls:RefusesEveryCall", "--coc-explore", "5",
+                    "--coc-seed", "1", "--coc-explore-dir", str(tmp_path / "found"),
+                    "--coc-summary", str(tmp_path / "refuses.json"), *_own_leases(tmp_path))
+    assert run.ret == 1, run.output
+    case, explored = _exploration(tmp_path / "refuses.json")
+    failed = [(c["name"].split(": ")[-1], c["level"]) for c in case["checks"] if c["outcome"] == "failed"]
+    assert ("the op ran on every rank", "MUST") in failed, failed
+    ran = [f for f in explored["findings"] if f["check"] == "the op ran on every rank"]  # type: ignore[attr-defined]
+    assert ran and min(f["found_after_s"] for f in ran) < 30, explored["findings"]
+
+    lacking = run_suite("test_explore", "tests.support.faulty_impls:NoDeterministicMode", "--coc-explore", "8",
+                        "--coc-seed", "3", "--coc-explore-dir", str(tmp_path / "found2"),
+                        "--coc-summary", str(tmp_path / "lacking.json"), *_own_leases(tmp_path))
+    assert lacking.ret == 0, lacking.output
+    case, explored = _exploration(tmp_path / "lacking.json")
+    assert case["outcome"] == "passed" and explored["findings"] == [], explored
+    drew = explored["per_dimension"].get("op.deterministic=True", 0)  # type: ignore[attr-defined]
+    assert not drew or any("deterministic" in modes for modes in explored["not_offered"]), explored

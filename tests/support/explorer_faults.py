@@ -71,7 +71,7 @@ def explore(row: ExplorerFault, seconds: float, seed: int, work: Path) -> dict[s
             "check": finding["check"], "expected": finding["check"] == row.check,
             "first_failure_s": finding["found_after_s"], "cases_before": finding["cases_before"],
             "minimal_case": finding["case"], "minimal": finding["minimal"],
-            "replay_fails_it": finding["check"] in _failed_checks(replayed), "spec": finding["path"]})
+            "replay_fails_it": finding["name"] in _failed_checks(replayed), "spec": finding["path"]})
     return figures
 
 

@@ -1572,3 +1572,61 @@ class SerialGatherDeclaredOverlapsOutput(DeclaresOverlapsOutput):
         stack.enter_context(mock.patch.object(scripted, "all_gather_matmul", all_gather_matmul))
         stack.enter_context(super().patch_megatron(config))
         return stack
+
+
+# --- explorer honesty: refusals the rule does not allow, an implementation offering no op ---------------------
+
+
+class _RefusesCalls(_EveryOp):
+    """Refuses the calls ``refuses`` picks, on every rank, before any collective, naming tp (a clear refusal in
+    form, of calls no refusal rule lets it refuse)."""
+
+    def refuses(self, op: str, x: Any, tp: int) -> bool:
+        raise NotImplementedError
+
+    def through(self, op: str, x: Any, w: Any, bias: Any, kw: dict[str, Any]) -> Any:
+        import torch.distributed as dist
+
+        tp = dist.get_world_size(kw["group"])
+        if self.refuses(op, x, tp):
+            raise ValueError(f"this build supports no {op} call of {x.shape[0]} rows at tp={tp}")
+        return super().through(op, x, w, bias, kw)
+
+
+class RefusesEveryCall(_RefusesCalls):
+    """Refuses every call of every op ("this build supports no calls at tp=N"): nothing ever runs."""
+
+    name = "fault-refuses-every-call"
+
+    def refuses(self, op: str, x: Any, tp: int) -> bool:
+        return True
+
+
+class RefusesLargeGathers(_RefusesCalls):
+    """Refuses the all-gather ops once they gather 1024 rows or more: ordinary large gathers."""
+
+    name = "fault-refuses-large-gathers"
+
+    def refuses(self, op: str, x: Any, tp: int) -> bool:
+        return op.startswith("all_gather") and x.shape[0] * tp >= 1024
+
+
+class OffersNoOp(ReferenceCoC):
+    """Correct, offering no fused op at all: every call raises ``NotImplementedError`` (nothing to judge)."""
+
+    name = "variant-offers-no-op"
+
+    def _absent(self, *args: Any, **kw: Any) -> Any:
+        raise NotImplementedError("no fused ops in this build")
+
+    matmul_all_reduce = matmul_reduce_scatter = all_gather_matmul = all_gather_matmul_v2 = _absent
+
+
+class AcceptsTpZeroAndMc2(ReferenceCoC):
+    """Accepts both a TP size of 0 (as 1) and CoC with MC2: two configuration defects, one finding each."""
+
+    name = "fault-accepts-tp-zero-and-mc2"
+
+    def configure(self, argv: Sequence[str] | None, env: Mapping[str, str] | None, **kw: Any) -> CoCConfig:
+        kw.update(use_ascend_mc2=False, tp_size=kw.get("tp_size") or 1)
+        return super().configure(argv, env, **kw)

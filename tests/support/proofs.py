@@ -178,6 +178,9 @@ FAULT_TABLE = [
 
 #: (suite module, check name template) -> why no fault proves it.  ``{}`` stands for a formatted value.
 UNPROVEN: dict[tuple[str, str], str] = {
+    ("test_explore", "the exploration judged a case"):
+        "never failed, only recorded as not judged when no drawn case was judged (OffersNoOp, in "
+        "tests/unit/test_explore_kinds.py)",
     ("test_config", "test_user_cfgs_defaults"): "SHOULD of documented defaults: a fault would only restate them",
     ("test_config", "a clear refusal, or correct results"):
         "AcceptsMoE proves the refusal SHOULD with this MUST left unfailed; a clear refusal is proven by the "

@@ -137,3 +137,59 @@ def through_an_alias(ctx: RankContext) -> dict[str, object]:
     return {"calls": [(c.kind, c.overlappable, c.pending, c.group_state) for c in seen.collectives],
             "overlapped": [[(m.shape, sorted(m.operands)) for m in c.overlapped] for c in seen.collectives[:1]],
             "gone_ranks": seen.collectives[2].group_ranks, "completed": log.completed}
+
+
+def probe_corners(ctx: RankContext) -> dict[str, object]:
+    """What the probes make of: ``P2POp`` with ``isend`` bound before them, a functional collective, every way of
+    waiting on a handle, the coalescing manager, a never-waited collective's phase, a helper thread's collective."""
+    import threading
+
+    import torch
+    import torch.distributed as dist
+    import torch.distributed._functional_collectives as funcol
+    from torch.distributed import isend
+
+    from conformance.contract.results import observed_collectives
+    from conformance.harness.probes import record_collectives
+
+    seen: dict[str, object] = {}
+    with record_collectives():
+        try:
+            dist.P2POp(isend, torch.ones(1), (ctx.rank + 1) % ctx.world_size, group=ctx.group)
+            seen["p2pop"] = "ok"
+        except ValueError as exc:
+            seen["p2pop"] = str(exc)
+    with record_collectives() as log:
+        y = funcol.all_reduce(torch.ones(4), "sum", ctx.group) + 1
+    seen["functional"] = [c.op for c in log.calls]
+    waits = {"get_future().wait()": lambda w: w.get_future().wait(),
+             "torch.futures.wait_all": lambda w: torch.futures.wait_all([w.get_future()]),
+             "synchronize()": lambda w: w.synchronize()}
+    for how, wait in waits.items():
+        with record_collectives() as log:
+            wait(dist.all_reduce(torch.ones(4), group=ctx.group, async_op=True))
+        seen[how] = [c.waited is not None for c in log.calls]
+    with record_collectives() as log:
+        dist.all_reduce_coalesced([torch.ones(4), torch.ones(2)], group=ctx.group, async_op=True).wait()
+    seen["all_reduce_coalesced"] = [c.waited is not None for c in log.calls]
+    with record_collectives() as log:
+        with dist.distributed_c10d._coalescing_manager(ctx.group, async_ops=True) as cm:
+            dist.all_reduce(torch.ones(4), group=ctx.group)
+            dist.all_reduce(torch.ones(3), group=ctx.group)
+        cm.wait()
+    seen["coalescing_manager"] = [(c.kind, c.waited is not None) for c in log.calls]
+    with record_collectives() as log:
+        left = dist.all_reduce(torch.ones(4), group=ctx.group, async_op=True)
+        _ = torch.ones(2, 2) @ torch.ones(2, 2)
+        log.mark("phase end")
+        end = len(log.events)
+        _ = torch.ones(3, 3) @ torch.ones(3, 3)
+    left.wait()
+    seen["phase_overlapped"] = [[m.shape for m in c.overlapped] for c in observed_collectives(log, 0, end).collectives]
+    with record_collectives() as log:
+        helper = threading.Thread(target=lambda: dist.all_reduce(torch.ones(4), group=ctx.group))
+        helper.start()
+        helper.join()
+    seen["helper_thread"] = observed_collectives(log).other_threads
+    del y
+    return seen

@@ -6,22 +6,24 @@ from __future__ import annotations
 import itertools
 import json
 import random
+from collections import Counter
 from dataclasses import fields, replace
 from typing import Any
 
 import pytest
 
 from conformance.contract.config_rules import expected_outcome
-from conformance.explore import config_settings, layer_training, quant_calls
+from conformance.explore import config_settings, layer_training, op_calls, quant_calls
 from conformance.explore import explorer as explorer_module
 from conformance.explore.explorer import STORMED_DRAWS, Explorer
 from conformance.explore.kind import FINISHED, FailureKey, Judged, Kind, Scope
-from conformance.explore.op_calls import OpSpec
+from conformance.explore.op_calls import Call, OpSpec
 from conformance.explore.registry import KINDS, kind_of, spec_from_dict
 from conformance.explore.shrink import shrink
 from conformance.explore.spec import SpecError
 from conformance.harness.runner import CaseTimings
 from conformance.judge.levels import Level
+from conformance.judge.verdicts import NOT_JUDGED, Verdicts
 from conformance.protocol import declarations
 
 
@@ -137,9 +139,10 @@ def test_the_configuration_model_predicts_the_fixed_tables() -> None:
                                        tp_size=bad.kwargs.get("tp_size", 2), incompatible=incompatible)
             assert outcome.must_refuse != bad.or_correct and bad.names in [r.names for r in outcome.refusals], bad
             modelled += 1
-    for _, cfgs, _ in USER_CFG_ERRORS:
+    for _, cfgs, names in USER_CFG_ERRORS:
         if "customized_coc" in cfgs:
-            assert expected_outcome("2", fused=False, tp_size=2, customized=cfgs["customized_coc"]).must_refuse
+            outcome = expected_outcome("2", fused=False, tp_size=2, customized=cfgs["customized_coc"])
+            assert outcome.must_refuse and [r.names for r in outcome.refusals] == [names], (cfgs, outcome)
             modelled += 1
     assert modelled >= 12
 
@@ -190,6 +193,157 @@ def test_one_check_failing_in_one_kind_hides_no_kind_failing_it_later(scope: Sco
     ticks = itertools.count()
     explorer = Explorer(_NoRanks(), seed=2, budget_s=400.0, scope=scope, clock=lambda: next(ticks) * 0.01)
     report = explorer.explore()
-    assert sorted(kind_of(f.spec).name for f in report.findings) == ["layer", "op", "w8a16"]
-    assert {f.key for f in report.findings} == {crashed}
-    assert set(report.failing_cases) == {"layer: " + FINISHED, "op: " + FINISHED, "w8a16: " + FINISHED}
+    assert {kind_of(f.spec).name for f in report.findings} == {"layer", "op", "w8a16"}
+    assert {f.key.way for f in report.findings} == {crashed}
+    assert {name.split(": ")[0] for name in report.failing_cases} == {"layer", "op", "w8a16"}
+    assert all(name.endswith(": " + FINISHED) for name in report.failing_cases)
+
+
+# --------------------------------------------------------------------------- judged on ranks (a warm gloo pool)
+
+
+@pytest.fixture(scope="module")
+def on_ranks(pool: Any) -> Any:
+    """``on_ranks(fault)``: warm gloo ranks running ``fault`` of the faulty implementations, and its scope."""
+    from conformance.harness.runner import RankRunner
+    from tests.support import faulty_impls
+
+    def ranks_of(fault: str) -> tuple[Any, Scope]:
+        impl = getattr(faulty_impls, fault)()
+        ranks = RankRunner(pool, None, f"tests.support.faulty_impls:{fault}").for_case(CaseTimings())
+        return ranks, Scope.of(impl, declarations(impl), megatron="not drawn here")
+    return ranks_of
+
+
+def _op(m: int, op: str = "matmul_all_reduce", tp: int = 2, **modes: Any) -> OpSpec:
+    return OpSpec((Call(m, 64, 32, op=op),), tp=tp, **modes)
+
+
+def _failed(judged: Judged) -> set[tuple[str, Level]]:
+    return {(k.check, k.level) for k, _ in judged.failures}
+
+
+def test_a_refusal_no_rule_allows_fails_the_op_ran_at_must_and_an_uneven_one_is_judged_as_a_refusal(
+        on_ranks: Any) -> None:
+    """The fixed suite's refusal rule, through its function: an even token count refused fails "the op ran on
+    every rank"; an odd number of rows per rank may be refused, clearly."""
+    ranks, scope = on_ranks("RefusesEveryCall")
+    refused = op_calls.judge_spec(ranks, _op(64), scope, Verdicts())
+    assert ("the op ran on every rank", Level.MUST) in _failed(refused), refused
+    uneven = op_calls.judge_spec(ranks, _op(61), scope, Verdicts())
+    assert ("token counts: refused clearly", Level.MUST) in {(k.check, k.level) for k in uneven.judged}, uneven
+    assert ("token counts: refused clearly", Level.MUST) not in _failed(uneven), uneven
+    ranks, scope = on_ranks("RefusesLargeGathers")
+    large = op_calls.judge_spec(ranks, _op(2048, "all_gather_matmul"), scope, Verdicts())
+    assert ("the op ran on every rank", Level.MUST) in _failed(large), large
+
+
+def test_an_implementation_refusing_every_call_fails_the_explorer_at_must_at_once(on_ranks: Any) -> None:
+    ranks, scope = on_ranks("RefusesEveryCall")
+    report = Explorer(ranks, seed=1, budget_s=3.0, scope=scope, kinds=(op_calls.KIND,)).explore()
+    ran = [f for f in report.findings if f.key.check == "the op ran on every rank"]
+    assert ran and all(f.key.level is Level.MUST for f in ran), [f.key for f in report.findings]
+    assert min(f.found_after_s for f in ran) < 30
+
+
+def test_a_mode_raising_not_implemented_is_not_offered_and_no_longer_drawn(on_ranks: Any) -> None:
+    """A correct implementation without a deterministic mode: that mode is reported "not offered" with the
+    reason, no case needing it is drawn again, and the exploration passes."""
+    ranks, scope = on_ranks("NoDeterministicMode")
+    explorer = Explorer(ranks, seed=3, budget_s=4.0, scope=scope, kinds=(op_calls.KIND,))
+    deterministic = OpSpec((Call(64, 64, 32),), tp=2, deterministic=True, runs=2)
+    judged = explorer.judge(deterministic)
+    assert judged.skipped and not judged.failures and not judged.judged, judged
+    assert explorer.report.not_offered == {
+        "op: deterministic, matmul_all_reduce": "not implemented: deterministic reduction is not implemented"}
+    assert explorer.not_offered(replace(deterministic, transpose_weight=True)).startswith("not offered")
+    assert explorer.not_offered(replace(deterministic, deterministic=False, runs=1)) == ""
+    report = explorer.explore()
+    assert report.findings == [] and report.judged_cases > 0, [(f.key, f.message) for f in report.findings]
+
+
+def test_an_exploration_that_judged_nothing_is_not_judged_never_passed(on_ranks: Any) -> None:
+    from conformance.suite.test_explore import _record_judged
+
+    ranks, scope = on_ranks("OffersNoOp")
+    report = Explorer(ranks, seed=2, budget_s=3.0, scope=scope, kinds=(op_calls.KIND,)).explore()
+    assert report.judged_cases == 0 and report.findings == [] and report.not_offered, report
+    assert all("no fused ops in this build" in why for why in report.not_offered.values()), report.not_offered
+    verdicts = Verdicts()
+    _record_judged(verdicts, report)
+    assert [r.outcome for r in verdicts.results] == [NOT_JUDGED], verdicts.results
+
+
+def test_the_warm_up_case_is_counted_alike_in_the_totals_the_kinds_and_the_dimensions(
+        scope: Scope, monkeypatch: pytest.MonkeyPatch) -> None:
+    passed = FailureKey("numerics", Level.MUST, "")
+
+    def passing(kind: Kind) -> Kind:
+        return replace(kind, judge=lambda ranks, spec, scope, verdicts: Judged(judged=(passed,)))
+
+    monkeypatch.setattr(explorer_module, "kind_of", lambda spec: passing(kind_of(spec)))
+    ticks = itertools.count()
+    report = Explorer(_NoRanks(), seed=4, budget_s=2.0, scope=scope, clock=lambda: next(ticks) * 0.01).explore()
+    assert report.warm_up and sum(report.per_kind.values()) == report.cases == report.judged_cases
+    assert sum(report.warm_up.values()) == report.warm_up["config"] + 1  # in-process cases, then one on ranks
+    for name, count in report.per_kind.items():
+        tp_dimension = "layout" if name == "op" else "tp" if name != "config" else "tp_size"
+        tagged = sum(n for tag, n in report.per_dimension.items() if tag.startswith(f"{name}.{tp_dimension}="))
+        assert tagged == count, (name, count, tagged)
+
+
+def test_one_bad_setting_hides_no_other_each_finding_names_its_setting() -> None:
+    """TP 0 and CoC with MC2 both accepted: two findings of the same check, each keyed on its setting."""
+    from tests.support.faulty_impls import AcceptsTpZeroAndMc2
+
+    impl = AcceptsTpZeroAndMc2()
+    ticks = itertools.count()
+    report = Explorer(_NoRanks(), seed=1, budget_s=30.0, scope=Scope.of(impl, declarations(impl)),
+                      kinds=(config_settings.KIND,), clock=lambda: next(ticks) * 0.01).explore()
+    subjects = {f.key.subject for f in report.findings if f.key.level is Level.MUST}
+    assert {"tp_size=0", "incompatible=mc2"} <= subjects, [(f.key.name, f.spec.describe()) for f in report.findings]
+    assert all(f.key.name == f"{f.key.subject}: {f.key.check}" for f in report.findings)
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.name)
+def test_every_dimension_value_is_drawn_in_at_least_two_percent_of_its_kinds_draws(kind: Kind, scope: Scope) -> None:
+    """What a night covers: each value (report bucket) of each dimension, explicit tilings of every op, sequences
+    of ops whose results share a shape and dtype (micro-batch token counts are tagged as one composite bucket)."""
+    specs = _drawn(kind, scope, seed=0, count=3000)
+    counts: Counter[str] = Counter(tag for spec in specs for tag in set(kind.tags(spec)))
+    rare = {tag: n for tag, n in counts.items() if n < 0.02 * len(specs) and not tag.startswith("tokens=")}
+    assert not rare, rare
+    if kind.name == "op":
+        assert {op for s in specs if s.tiling != "own" for op in s.ops} == set(scope.ops)
+        assert counts["ops_share_an_output_shape=True"] >= 0.02 * len(specs), counts
+
+
+def test_one_chunk_is_judged_by_its_count_not_by_whether_coc_is_called_enabled(scope: Scope) -> None:
+    """``--coc-parallel-num 1`` (one chunk, no overlap; the legacy variable's 1 is off): reporting CoC off for it
+    fails its effective settings at SHOULD only."""
+    from coc_impl.reference import ReferenceCoC
+
+    class OneIsOff(ReferenceCoC):
+        name = "one-is-off"
+
+        def configure(self, argv: Any, env: Any, **kw: Any) -> Any:
+            config = super().configure(argv, env, **kw)
+            return replace(config, enabled=False) if "1" in (argv or []) else config
+
+    impl = OneIsOff()
+    one = replace(config_settings.ConfigSpec(), chunks="1")
+    judged = config_settings.judge_spec(_NoRanks(), one, replace(scope, impl=impl), Verdicts())
+    assert [(k.check, k.level) for k, _ in judged.failures] == [("effective settings", Level.SHOULD)]
+
+
+def test_a_failure_that_shrinks_to_one_found_before_is_no_second_finding(scope: Scope) -> None:
+    """Chunk counts below one clamped: cases failing on other settings too shrink to the case already found (chunk
+    count 0) -- one finding, not one per way there."""
+    from tests.support.faulty_impls import ClampsChunkCountConfigureOnly
+
+    impl = ClampsChunkCountConfigureOnly()
+    ticks = itertools.count()
+    report = Explorer(_NoRanks(), seed=3, budget_s=200.0, scope=Scope.of(impl, declarations(impl)),
+                      kinds=(config_settings.KIND,), clock=lambda: next(ticks) * 0.01).explore()
+    names = [f.key.name for f in report.findings]
+    assert len(names) == len(set(names)) and any(n.startswith("chunks=0") for n in names), names

@@ -140,3 +140,28 @@ def test_every_explorer_only_fault_is_a_faulty_implementation() -> None:
     for row in EXPLORER_FAULTS:
         assert callable(getattr(faulty_impls, row.fault, None)), row.fault
         assert row.check, row
+
+
+def test_every_deterministic_draw_and_neighbour_has_two_results_to_compare_bitwise() -> None:
+    """A repeat, an explicit tiling or the deterministic reference (exact data): never one result alone."""
+    specs = [s for s in _drawn(5, 3000) if s.deterministic]
+    assert len(specs) > 100
+    assert all(s.runs > 1 or s.tiling != "own" or s.exact for s in specs), \
+        [s.describe() for s in specs if not s.compares_bitwise][:3]
+    for spec in specs[:40]:
+        assert all(n.compares_bitwise for n in ops.neighbours(spec) if n.deterministic)
+
+
+def test_a_case_is_minimal_only_when_every_neighbour_ran_and_recorded_no_failure() -> None:
+    """A neighbour not judged, failing another way or out of reach proves nothing: minimal within reach, why."""
+    start = OpSpec((Call(1001, 1, 1, "float32", True, 9, "matmul_all_reduce"),), tp=1)
+    unreachable = {n: "out of reach: TP 1 is not among --coc-tp 2" for n in ops.neighbours(start)
+                         if not n.calls[0].bias}
+
+    def fails(spec: OpSpec) -> bool | str:
+        return _long_odd(spec) or unreachable.get(spec, False)
+
+    result = shrink(start, fails, ops.neighbours, deadline=float("inf"))
+    assert unreachable and result.case == start
+    assert not result.minimal and not result.cut_short
+    assert set(result.unproved) == {"out of reach: TP 1 is not among --coc-tp 2"}

@@ -197,3 +197,30 @@ def test_shipped_expectations_name_the_checks_they_know(path: Path) -> None:
     assert entries, path
     whole = [e.pattern for e in entries if e.whole_case and e.outcome == "fail"]
     assert not whole, f"{path.name}: entries naming no check and no level: {whole}"
+
+
+def _case(outcome: str, failed: tuple[tuple[str, str], ...] = (), passed: tuple[str, ...] = ()) -> dict[str, Any]:
+    checks = [{"name": n, "level": level, "passed": False, "outcome": "failed"} for n, level in failed]
+    checks += [{"name": n, "level": "MUST", "passed": outcome == "passed",
+                "outcome": "not judged" if outcome == "not judged" else "passed"} for n in passed]
+    return {"id": "test_explore.py::test_explore", "area": "explore", "outcome": outcome, "checks": checks}
+
+
+def test_a_new_failing_check_in_a_case_that_already_failed_turns_the_gate_red(tmp_path: Path) -> None:
+    baseline = _summary(tmp_path, "base", [_case("failed", (("all_gather_matmul: numerics", "MUST"),))])
+    current = _summary(tmp_path, "cur", [_case("failed", (("all_gather_matmul: numerics", "MUST"),
+                                                          ("matmul_all_reduce: numerics", "MUST")))])
+    result = gate.diff_runs(gate.load_run(baseline), gate.load_run(current))
+    assert result.red and result.new_failures == []
+    [(case, new)] = result.new_checks
+    assert case["id"] == "test_explore.py::test_explore" and new == [("matmul_all_reduce: numerics", "MUST")]
+    same = gate.diff_runs(gate.load_run(baseline), gate.load_run(baseline))
+    assert not same.red and same.new_checks == []
+
+
+def test_a_failure_that_became_not_judged_is_no_fix(tmp_path: Path) -> None:
+    baseline = _summary(tmp_path, "base", [_case("failed", (("numerics", "MUST"),))])
+    current = _summary(tmp_path, "cur", [_case("not judged", passed=("the exploration judged a case",))])
+    result = gate.diff_runs(gate.load_run(baseline), gate.load_run(current))
+    assert result.fixes == [] and result.no_longer_judged == ["test_explore.py::test_explore"]
+    assert not result.red

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from coc_impl.reference import ReferenceCoC
@@ -124,3 +127,63 @@ def test_gate_and_expectations_can_be_pinned_in_the_ini(pytester: pytest.Pyteste
     result = pytester.runpytest("-p", "conformance.plugin", "-rs")
     result.assert_outcomes(skipped=1)
     assert "known skip" in result.stdout.str()
+
+
+def test_a_case_that_judged_nothing_is_not_judged_in_the_summary_never_passed(pytester: pytest.Pytester,
+                                                                              tmp_path: Path) -> None:
+    """No invented passed check: a test judging through ``verdicts`` that recorded nothing, or whose body raised
+    ``NotJudged``, is a case ``not judged`` with a check not judged; a test judging by its own assertions passes."""
+    pytester.makepyfile(test_nothing="""
+        import pytest
+        from conformance.judge.verdicts import NotJudged
+
+        def test_records_nothing(verdicts):
+            pass
+
+        def test_swallowed(verdicts):
+            raise NotJudged("nothing here to judge")
+
+        @pytest.mark.coc_level("MUST")
+        def test_own_assertions():
+            assert 1 + 1 == 2
+    """)
+    summary = tmp_path / "summary.json"
+    pytester.runpytest("-p", "conformance.plugin", "--coc-summary", str(summary), "-q")
+    doc = json.loads(summary.read_text())
+    cases = {c["id"].rsplit("::", 1)[-1]: c for c in doc["cases"]}
+    for name in ("test_records_nothing", "test_swallowed"):
+        assert cases[name]["outcome"] == "not judged", cases[name]
+        assert [c["outcome"] for c in cases[name]["checks"]] == ["not judged"], cases[name]
+    assert cases["test_own_assertions"]["outcome"] == "passed"
+    assert doc["levels"] == {"MUST:not judged": 2, "MUST:passed": 1}, doc["levels"]
+
+
+def test_a_skipped_case_does_not_reset_the_storm_count(pytester: pytest.Pytester, tmp_path: Path) -> None:
+    """Hang, a case that skips (it declares it lacks a mode), hang: two hangs in a row of op:x -- the next case of
+    op:x that needs ranks fails unrun (``--coc-storm 2``)."""
+    pytester.makepyfile(test_storm="""
+        import pytest
+        from conformance.harness.case_errors import CaseTimeout
+
+        pytestmark = pytest.mark.coc_capability("op:x")
+
+        def test_1_hangs(coc_ranks):
+            raise CaseTimeout("hang 1")
+
+        def test_2_declares_it_lacks_a_mode(coc_ranks):
+            pytest.skip("declares no fused-kernel layers")
+
+        def test_3_hangs(coc_ranks):
+            raise CaseTimeout("hang 2")
+
+        def test_4_needs_ranks(coc_ranks):
+            from tests.support import rank_cases
+            coc_ranks.run(rank_cases.whoami, 2)
+    """)
+    summary = tmp_path / "summary.json"
+    pytester.runpytest("-p", "conformance.plugin", "--coc-impl", "coc_impl.reference:ReferenceCoC",
+                       "--coc-storm", "2", "--coc-summary", str(summary), "-q")
+    cases = {c["id"].rsplit("::", 1)[-1]: c for c in json.loads(summary.read_text())["cases"]}
+    assert cases["test_2_declares_it_lacks_a_mode"]["outcome"] == "skipped"
+    assert cases["test_4_needs_ranks"]["outcome"] == "failed", cases["test_4_needs_ranks"]
+    assert cases["test_4_needs_ranks"]["failure"]["type"] == "StormBroken", cases["test_4_needs_ranks"]

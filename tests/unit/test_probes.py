@@ -23,3 +23,33 @@ def test_collectives_through_an_alias_bound_before_the_probes_are_seen_launched_
         assert seen["overlapped"] == [[((4, 4), ["w"])]]  # the matmul before the wait, known by its operand
         assert seen["gone_ranks"] == (0, 1)
         assert seen["completed"] == 4
+
+
+def test_every_wait_is_seen_nothing_is_counted_twice_or_invented_and_a_helper_threads_collective_is_named(
+        pool: ProcessLauncher) -> None:
+    for outcome in pool.run(RankTask(rank_cases.probe_corners, 2), (), IMPL):
+        assert outcome.error is None, outcome.error.traceback  # type: ignore[union-attr]
+        seen = outcome.value
+        assert seen["p2pop"] == "ok"  # isend keeps its identity
+        assert seen["functional"] == ["_c10d_functional.all_reduce"]  # no phantom _wrap_tensor_autograd
+        for how in ("get_future().wait()", "torch.futures.wait_all", "synchronize()",
+                    "all_reduce_coalesced"):
+            assert seen[how] == [True], (how, seen[how])
+        assert seen["coalescing_manager"] == [("all_reduce", True)]  # queued calls issued once, coalesced
+        assert seen["phase_overlapped"] == [[(2, 2)]]  # never waited: in flight to its phase's end only
+        assert seen["helper_thread"] == ("all_reduce",)
+
+
+def test_a_phase_with_a_helper_threads_collective_is_not_judged_for_structure() -> None:
+    """Serial as recorded, but a collective came from another thread: not judged, never a false "serial"."""
+    import pytest
+
+    from conformance.contract.results import ObservedCollective, ObservedCollectives
+    from conformance.judge.structure import PartMatmuls, check_phase
+    from conformance.judge.verdicts import NotJudged
+    from conformance.protocol import Chunked
+
+    serial = ObservedCollective("all_gather", "c10d._allgather_base_", None, False, (0, 1), ((4,),), (), False)
+    timeline = ObservedCollectives((serial,), other_threads=("all_gather_into_tensor",))
+    with pytest.raises(NotJudged, match="another thread"):
+        check_phase(timeline, "column/sp/forward", Chunked(), chunks=1, matmuls=PartMatmuls("w", (4, 4)))

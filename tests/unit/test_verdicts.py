@@ -149,9 +149,9 @@ def test_outcomes_per_check_in_the_summary_and_the_tally(pytester: pytest.Pytest
         assert cases[name]["outcome"] == "error" and cases[name]["failure"]["category"] == "suite error", cases[name]
         assert not [c for c in cases[name].get("checks", ()) if c["outcome"] == "failed"]
     assert "suite bug in" in text and "ERROR test_cases.py::test_suite_bug" in text
-    # not judged is neither passed nor failed
+    # not judged is neither passed nor failed: a case that judged nothing is not judged, never passed
     for name in ("test_none_phase", "test_perf_not_enforced"):
-        assert cases[name]["outcome"] == "passed"
+        assert cases[name]["outcome"] == NOT_JUDGED
         assert [c["outcome"] for c in cases[name]["checks"]] == [NOT_JUDGED]
     assert "1 not judged" in text
     # a known failure of one check never hides another's
