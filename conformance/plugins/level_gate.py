@@ -37,7 +37,7 @@ from conformance.harness.case_errors import CaseError
 from conformance.judge import level_tally
 from conformance.judge.failures import CheckFailure, SuiteError
 from conformance.judge.levels import Level
-from conformance.judge.verdicts import CheckResult, NotJudged, Verdicts
+from conformance.judge.verdicts import NOT_JUDGED, CheckResult, NotJudged, Verdicts
 
 verdicts_key = pytest.StashKey[Verdicts]()
 gate_key = pytest.StashKey[frozenset[Level]]()
