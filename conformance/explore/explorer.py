@@ -40,6 +40,8 @@ SHRINK_SHARE = 0.5
 #: Draws in a row that may land on a capability the storm breaker stopped, or out of the run's reach
 #: (``Scope.outside``), before the exploration ends.
 STORMED_DRAWS = 50
+#: Share of the draws, once the corpus has been replayed, that mutate a corpus case instead of drawing afresh.
+MUTATION_SHARE = 0.25
 
 @dataclass
 class Finding:
@@ -81,6 +83,8 @@ class Exploration:
     stormed: list[str] = field(default_factory=list)  #: capabilities the storm breaker stopped drawing
     outside: Counter[str] = field(default_factory=Counter)  #: draws set aside as out of reach, by why
     not_offered: dict[str, str] = field(default_factory=dict)  #: kinds the implementation offers no case of, why
+    from_corpus: int = 0  #: cases replayed from the corpus (first)
+    mutations: int = 0  #: cases that were a corpus case's (or a mutation's) neighbour
     per_kind: Counter[str] = field(default_factory=Counter)
     kind_s: defaultdict[str, float] = field(default_factory=lambda: defaultdict(float))
     findings: list[Finding] = field(default_factory=list)
@@ -105,7 +109,7 @@ class Exploration:
             "per_kind": {name: {"cases": count, "seconds": round(self.kind_s[name], 2),
                                 "cases_per_s": round(count / self.kind_s[name], 2) if self.kind_s[name] else 0.0}
                          for name, count in sorted(self.per_kind.items())},
-            "not_offered": self.not_offered,
+            "not_offered": self.not_offered, "from_corpus": self.from_corpus, "mutations": self.mutations,
             "per_dimension": dict(sorted(self.per_dimension.items())), "failing_cases": dict(self.failing_cases),
             "stormed": self.stormed, "outside": dict(self.outside),
             "time_s": {"wall": round(self.wall_s, 2), "warm_up": round(self.warm_up_s, 2),
@@ -123,7 +127,8 @@ class Explorer:
     """Explores what ``scope`` offers of one implementation on ``ranks`` for ``budget_s`` seconds from ``seed``."""
 
     def __init__(self, ranks: Ranks, *, seed: int, budget_s: float, scope: Scope, storm: int = 3,
-                 kinds: Sequence[Kind] = KINDS, clock: Callable[[], float] = time.monotonic) -> None:
+                 kinds: Sequence[Kind] = KINDS, clock: Callable[[], float] = time.monotonic,
+                 corpus: Sequence[Spec] = ()) -> None:
         self.ranks = ranks
         self.scope = scope
         self.kinds = [k for k in kinds if not k.offered(scope)]
@@ -133,6 +138,9 @@ class Explorer:
         self.report.not_offered = {k.name: k.offered(scope) for k in kinds if k.offered(scope)}
         self.rng = random.Random(seed)
         self.hangs_in_a_row: Counter[str] = Counter()
+        #: The corpus cases of offered kinds not replayed yet, and the cases mutations start from.
+        self.unreplayed = [spec for spec in corpus if kind_of(spec).name in {k.name for k in self.kinds}]
+        self.mutable = list(self.unreplayed)
 
     def judge(self, spec: Spec) -> Judged:
         """The case judged by its kind, its judging time and its hangs counted."""
@@ -157,12 +165,42 @@ class Explorer:
                 return spec
         return None
 
+    def next_case(self) -> Spec | None:
+        """The corpus's cases first (those within reach), then now and then a mutation, else a fresh draw."""
+        while self.unreplayed:
+            spec = self.unreplayed.pop(0)
+            why = self.scope.outside(spec)
+            if why:
+                self.report.outside[why] += 1
+            elif spec.capability not in self.report.stormed:
+                self.report.from_corpus += 1
+                return spec
+        if self.mutable and self.rng.random() < MUTATION_SHARE:
+            spec = self.mutation()
+            if spec is not None:
+                return spec
+        return self.draw()
+
+    def mutation(self) -> Spec | None:
+        """A one-step neighbour (the shrinker's steps) of a corpus case or of an earlier mutation, within reach;
+        None when the one picked has none."""
+        start = self.rng.choice(self.mutable)
+        steps = [n for n in kind_of(start).neighbours(start)
+                 if not self.scope.outside(n) and n.capability not in self.report.stormed]
+        if not steps:
+            self.mutable.remove(start)
+            return None
+        spec = self.rng.choice(steps)
+        self.mutable.append(spec)
+        self.report.mutations += 1
+        return spec
+
     def explore(self) -> Exploration:
         """Draw, run and judge cases until the budget is spent; shrink each new way of failing."""
         report = self.report
         began = self.clock()
         known: set[tuple[str, FailureKey]] = set()
-        spec = self.draw() if self.kinds else None
+        spec = self.next_case() if self.kinds else None
         if spec is not None:
             self._explored(spec, began, known)  # starts the rank processes: not on the clock
         start = self.clock()
@@ -171,7 +209,7 @@ class Explorer:
         report.kind_s.clear()
         deadline = start + report.budget_s
         while spec is not None and self.clock() < deadline:
-            spec = self.draw()
+            spec = self.next_case()
             if spec is not None:
                 self._explored(spec, start, known)
         report.wall_s = self.clock() - began
