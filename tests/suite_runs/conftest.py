@@ -14,7 +14,8 @@ from tests.support.suite_run import SuiteRun
 
 @pytest.fixture
 def run_suite(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> Callable[..., SuiteRun]:
-    """Run ``conformance.suite.<module>`` (the whole suite for "") against ``impl`` (``module:attr``) in a subprocess."""
+    """Run ``conformance.suite.<module>`` (the whole suite for "") against ``impl`` (``module:attr``), in a
+    subprocess."""
 
     def run(module: str, impl: str, *args: str, timeout: float = 600) -> SuiteRun:
         pytester.chdir()
