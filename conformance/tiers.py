@@ -8,7 +8,8 @@ corner of the case space: odd widths, large gathers, TP 1, strided operands,
 same-shape calls, op sequences, group size 128, autocast),
 requirement level and error kind at least once, ops and layers at TP 2 and
 TP 8, the whole corpus (``suite/test_corpus.py``) -- and, proven by
-``tests/suite_runs/test_suite_bites.py``, every fault of the proof table.  Patterns match case ids (``test_layers.py::test_x[params]``); the
+``tests/suite_runs/test_suite_bites.py``, every fault of the proof table.
+Patterns match case ids (``test_layers.py::test_x[params]``); the
 scheduling plugin marks the cases at collection.
 """
 

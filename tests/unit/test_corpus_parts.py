@@ -91,7 +91,6 @@ class _Ranks:
 
 def test_an_exploration_replays_its_corpus_first_then_mutates_it(monkeypatch: pytest.MonkeyPatch) -> None:
     from coc_impl.reference import ReferenceCoC
-
     from conformance.explore import explorer as explorer_module
     from conformance.explore.registry import kind_of
 
