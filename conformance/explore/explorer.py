@@ -14,6 +14,9 @@ Each case is of one kind (``conformance/explore/registry.py``): the kind is draw
 by weight among those the implementation offers, then the case; its kind
 judges it and names its simpler neighbours.
 
+Given a corpus (``conformance/explore/corpus.py``), an exploration replays
+it first, then mutates its cases now and then besides drawing fresh ones.
+
 Everything is seeded: the same seed draws the same cases in the same order.
 """
 
@@ -24,7 +27,7 @@ import random
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +43,7 @@ SHRINK_SHARE = 0.5
 #: Draws in a row that may land on a capability the storm breaker stopped, or out of the run's reach
 #: (``Scope.outside``), before the exploration ends.
 STORMED_DRAWS = 50
-#: Share of the draws, once the corpus has been replayed, that mutate a corpus case instead of drawing afresh.
+#: Share of the cases, once the corpus has been replayed, that mutate a corpus case instead of drawing afresh.
 MUTATION_SHARE = 0.25
 
 @dataclass
@@ -84,7 +87,7 @@ class Exploration:
     outside: Counter[str] = field(default_factory=Counter)  #: draws set aside as out of reach, by why
     not_offered: dict[str, str] = field(default_factory=dict)  #: kinds the implementation offers no case of, why
     from_corpus: int = 0  #: cases replayed from the corpus (first)
-    mutations: int = 0  #: cases that were a corpus case's (or a mutation's) neighbour
+    mutations: int = 0  #: cases mutated from a corpus case (or from an earlier mutation)
     per_kind: Counter[str] = field(default_factory=Counter)
     kind_s: defaultdict[str, float] = field(default_factory=lambda: defaultdict(float))
     findings: list[Finding] = field(default_factory=list)
@@ -175,20 +178,24 @@ class Explorer:
             elif spec.capability not in self.report.stormed:
                 self.report.from_corpus += 1
                 return spec
-        if self.mutable and self.rng.random() < MUTATION_SHARE:
-            spec = self.mutation()
-            if spec is not None:
-                return spec
-        return self.draw()
+        mutated = self.mutation() if self.mutable and self.rng.random() < MUTATION_SHARE else None
+        return mutated or self.draw()
 
     def mutation(self) -> Spec | None:
-        """A one-step neighbour (the shrinker's steps) of a corpus case or of an earlier mutation, within reach;
-        None when the one picked has none."""
+        """A mutation of a corpus case or of an earlier mutation, within reach: half the time one of its one-step
+        simpler neighbours (the shrinker's steps), else the case with one field taken from a fresh draw of its
+        kind (a spec it names no runnable case with is dropped); None when neither gives a new case."""
         start = self.rng.choice(self.mutable)
-        steps = [n for n in kind_of(start).neighbours(start)
-                 if not self.scope.outside(n) and n.capability not in self.report.stormed]
+        kind = kind_of(start)
+        if self.rng.random() < 0.5:
+            steps = list(kind.neighbours(start))
+        else:
+            drawn = kind.draw(self.rng, self.scope)
+            name = self.rng.choice([f.name for f in fields(drawn)])  # type: ignore[arg-type]
+            steps = [replace(start, **{name: getattr(drawn, name)})]  # type: ignore[type-var]
+        steps = [n for n in steps if n != start and not n.invalid() and not self.scope.outside(n)
+                 and n.capability not in self.report.stormed]
         if not steps:
-            self.mutable.remove(start)
             return None
         spec = self.rng.choice(steps)
         self.mutable.append(spec)
