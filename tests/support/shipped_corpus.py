@@ -2,7 +2,10 @@
 
 * the minimal case of every explorer-only fault (:data:`FAULT_CASES`, one per
   row of :data:`tests.support.explorer_faults.EXPLORER_FAULTS`): the case its
-  shrink ends on, every one-step-simpler neighbour passing;
+  shrink ends on, every one-step-simpler neighbour passing (the row layer's
+  and the w8A16 cases are what explorations of their faults shrank bigger
+  cases to; an exploration of each fault given its case alone as the corpus
+  finds it minimal in 0 steps);
 * the boundary values of every configuration setting (:data:`BOUNDARIES`):
   chunk counts 0, -1, 1, the largest (8), beyond it (9, 16), between (3),
   words and empty, ``auto``; TP sizes 0, 1 and 8; the fused kernel at the
@@ -41,7 +44,6 @@ FAULT_CASES: dict[str, Spec] = {
     "ScatterOutputReusedByAllReduce": OpSpec((Call(1, 1, 1, bias=False, op="matmul_reduce_scatter"),
                                               Call(1, 1, 1, bias=False)), tp=1),
     "ClampsChunkCountBelowOne": ConfigSpec(chunks="0"),
-    # these two as an exploration of the fault shrank them (each proved minimal)
     "RowOutputSizedByFirstCall": LayerSpec("row", False, 2, 2, 1, (2, 4), chunks=2),
     "ScaleCacheOfFourGroups": QuantSpec(1, 160, 1, 1, offset=True, bias=False),
 }
