@@ -36,9 +36,12 @@ EXPLORE = "--coc-explore"
 SEED = "--coc-seed"
 REPLAY = "--coc-replay"
 EXPLORE_DIR = "--coc-explore-dir"
+CORPUS = "--coc-corpus"
+NO_SHIPPED_CORPUS = "--coc-no-shipped-corpus"
 
 #: ini settings a project can pin in ``pytest.ini`` / ``pyproject.toml`` (the option wins).
 INI_IMPL, INI_GATE, INI_EXPECTATIONS = "coc_impl", "coc_gate", "coc_expectations"
+INI_CORPUS = "coc_corpus"
 
 LAUNCHERS = ("process", "threaded", "torchrun")
 #: ``--coc-figures`` choices: which comparisons get a histogram (and, when failed, a heat-map).
@@ -79,6 +82,13 @@ def _replay_file(text: str) -> Path:
     path = Path(text)
     if not path.is_file():
         raise argparse.ArgumentTypeError(f"no such spec file: {text!r}")
+    return path
+
+
+def _corpus_dir(text: str) -> Path:
+    path = Path(text)
+    if not path.is_dir():
+        raise argparse.ArgumentTypeError(f"no such corpus directory: {text!r}")
     return path
 
 
@@ -179,10 +189,23 @@ def add_options(parser: pytest.Parser) -> None:
         EXPLORE_DIR, default="reports/explore", metavar="DIR",
         help=f"Where {EXPLORE} writes each minimal failing case as a replayable spec (default reports/explore).",
     )
+    group.addoption(
+        CORPUS, action="append", type=_corpus_dir, default=None, metavar="DIR",
+        help="A directory of spec files (the corpus): each replayed as a case test_corpus[<kind>-<hash>], "
+        f"judged as {EXPLORE} judges it, beside the shipped corpus; {EXPLORE} replays it first and mutates it. "
+        f"Repeatable (default: ini {INI_CORPUS}).",
+    )
+    group.addoption(
+        NO_SHIPPED_CORPUS, action="store_true", default=False,
+        help="Leave the corpus the suite ships out of the replay and the exploration (the explorer's own draws "
+        "measured alone).",
+    )
     parser.addini(INI_IMPL, "Default CoC implementation under test (MODULE:ATTR).", default=None)
     parser.addini(INI_GATE, f"Default requirement levels that fail the run ({GATE}).", default=None)
     parser.addini(INI_EXPECTATIONS, f"Default known-outcomes file ({EXPECTATIONS}), relative to the rootdir.",
                   default=None)
+    parser.addini(INI_CORPUS, f"Default corpus directories ({CORPUS}), relative to the rootdir.", type="paths",
+                  default=[])
 
 
 def impl_spec(config: pytest.Config) -> str:
@@ -202,3 +225,9 @@ def expectations_path(config: pytest.Config) -> Path | None:
         return Path(given)
     pinned = config.getini(INI_EXPECTATIONS)
     return config.rootpath / pinned if pinned else None
+
+
+def corpus_dirs(config: pytest.Config) -> list[Path]:
+    """The ``--coc-corpus`` directories in force (the options, else ini ``coc_corpus``), the shipped one aside."""
+    given = config.getoption(CORPUS)
+    return list(given) if given else [Path(p) for p in config.getini(INI_CORPUS)]

@@ -47,6 +47,7 @@ SUB_PLUGINS = (
     "conformance.plugins.known_outcomes",
     "conformance.plugins.breaker",
     "conformance.plugins.exploring",
+    "conformance.plugins.corpus_replay",
     "conformance.plugins.time_breakdown",
     "conformance.plugins.summary",
 )

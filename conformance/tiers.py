@@ -7,8 +7,9 @@ subgroups, stragglers, training steps, gradient-accumulation fusion, every
 corner of the case space: odd widths, large gathers, TP 1, strided operands,
 same-shape calls, op sequences, group size 128, autocast),
 requirement level and error kind at least once, ops and layers at TP 2 and
-TP 8 -- and, proven by ``tests/suite_runs/test_suite_bites.py``, every fault of the proof
-table.  Patterns match case ids (``test_layers.py::test_x[params]``); the
+TP 8, the whole corpus (``suite/test_corpus.py``) -- and, proven by
+``tests/suite_runs/test_suite_bites.py``, every fault of the proof table.
+Patterns match case ids (``test_layers.py::test_x[params]``); the
 scheduling plugin marks the cases at collection.
 """
 
@@ -71,6 +72,8 @@ SMOKE: tuple[str, ...] = (
     "test_training.py::test_corner_h_out_not_multiple_of_8[row-nosp-*]",
     "test_training.py::test_corner_tp1_layers[row-nosp-*]",
     "test_training.py::test_corner_autocast[row-sp-*]",
+    # the corpus: the explorer's kept findings and every setting's boundaries (shipped and --coc-corpus), whole
+    "test_corpus.py::*",
 )
 
 

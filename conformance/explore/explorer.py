@@ -19,6 +19,9 @@ Each case is of one kind (``conformance/explore/registry.py``): the kind is draw
 by weight among those the implementation offers, then the case; its kind
 judges it and names its simpler neighbours.
 
+Given a corpus (``conformance/explore/corpus.py``), an exploration replays
+it first, then mutates its cases now and then besides drawing fresh ones.
+
 Everything is seeded: the same seed draws the same cases in the same order.
 """
 
@@ -29,7 +32,7 @@ import random
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +51,8 @@ WARM_UP_DRAWS = 20
 #: Draws in a row that may land on a capability the storm breaker stopped, or out of the run's reach
 #: (``Scope.outside``), before the exploration ends.
 STORMED_DRAWS = 50
+#: Share of the cases, once the corpus has been replayed, that mutate a corpus case instead of drawing afresh.
+MUTATION_SHARE = 0.25
 
 @dataclass
 class Finding:
@@ -108,6 +113,8 @@ class Exploration:
     outside: Counter[str] = field(default_factory=Counter)  #: draws set aside as out of reach, by why
     #: kinds the implementation offers no case of, and modes it raised ``NotImplementedError`` for: why
     not_offered: dict[str, str] = field(default_factory=dict)
+    from_corpus: int = 0  #: cases replayed from the corpus (first)
+    mutations: int = 0  #: cases mutated from a corpus case (or from an earlier mutation)
     per_kind: Counter[str] = field(default_factory=Counter)
     kind_s: defaultdict[str, float] = field(default_factory=lambda: defaultdict(float))
     findings: list[Finding] = field(default_factory=list)
@@ -143,7 +150,7 @@ class Exploration:
             "per_kind": {name: {"cases": count, "seconds": round(self.kind_s[name], 2),
                                 "cases_per_s": round(self.kind_rate(name), 2)}
                          for name, count in sorted(self.per_kind.items())},
-            "not_offered": self.not_offered,
+            "not_offered": self.not_offered, "from_corpus": self.from_corpus, "mutations": self.mutations,
             "per_dimension": dict(sorted(self.per_dimension.items())), "failing_cases": dict(self.failing_cases),
             "stormed": self.stormed, "outside": dict(self.outside),
             "time_s": {"wall": round(self.wall_s, 2), "warm_up": round(self.warm_up_s, 2),
@@ -161,7 +168,8 @@ class Explorer:
     """Explores what ``scope`` offers of one implementation on ``ranks`` for ``budget_s`` seconds from ``seed``."""
 
     def __init__(self, ranks: Ranks, *, seed: int, budget_s: float, scope: Scope, storm: int = 3,
-                 kinds: Sequence[Kind] = KINDS, clock: Callable[[], float] = time.monotonic) -> None:
+                 kinds: Sequence[Kind] = KINDS, clock: Callable[[], float] = time.monotonic,
+                 corpus: Sequence[Spec] = ()) -> None:
         self.ranks = ranks
         self.scope = scope
         self.kinds = [k for k in kinds if not k.offered(scope)]
@@ -172,6 +180,9 @@ class Explorer:
         self.rng = random.Random(seed)
         self.hangs_in_a_row: Counter[str] = Counter()
         self.unoffered: dict[frozenset[str], str] = {}  #: modes raising ``NotImplementedError``, and why
+        #: The corpus cases of offered kinds not replayed yet, and the cases mutations start from.
+        self.unreplayed = [spec for spec in corpus if kind_of(spec).name in {k.name for k in self.kinds}]
+        self.mutable = list(self.unreplayed)
 
     def judge(self, spec: Spec) -> Judged:
         """The case judged by its kind (each failure keyed on what it is about), its judging time and its hangs
@@ -213,28 +224,62 @@ class Explorer:
                 return spec
         return None
 
+    def next_case(self) -> Spec | None:
+        """The corpus's cases first (those within reach), then now and then a mutation, else a fresh draw."""
+        while self.unreplayed:
+            spec = self.unreplayed.pop(0)
+            why = self.scope.outside(spec) or self.not_offered(spec)
+            if why:
+                self.report.outside[why] += 1
+            elif spec.capability not in self.report.stormed:
+                self.report.from_corpus += 1
+                return spec
+        mutated = self.mutation() if self.mutable and self.rng.random() < MUTATION_SHARE else None
+        return mutated or self.draw()
+
+    def mutation(self) -> Spec | None:
+        """A mutation of a corpus case or of an earlier mutation, within reach: half the time one of its one-step
+        simpler neighbours (the shrinker's steps), else the case with one field taken from a fresh draw of its
+        kind (a spec it names no runnable case with is dropped); None when neither gives a new case."""
+        start = self.rng.choice(self.mutable)
+        kind = kind_of(start)
+        if self.rng.random() < 0.5:
+            steps = list(kind.neighbours(start))
+        else:
+            drawn = kind.draw(self.rng, self.scope)
+            name = self.rng.choice([f.name for f in fields(drawn)])  # type: ignore[arg-type]
+            steps = [replace(start, **{name: getattr(drawn, name)})]  # type: ignore[type-var]
+        steps = [n for n in steps if n != start and not n.invalid() and not self.scope.outside(n)
+                 and not self.not_offered(n) and n.capability not in self.report.stormed]
+        if not steps:
+            return None
+        spec = self.rng.choice(steps)
+        self.mutable.append(spec)
+        self.report.mutations += 1
+        return spec
+
     def explore(self) -> Exploration:
         """Draw, run and judge cases until the budget is spent; shrink each new way of failing."""
         report = self.report
         began = self.clock()
         known: set[tuple[str, FailureKey]] = set()
-        spec = self.draw() if self.kinds else None
+        spec = self.next_case() if self.kinds else None
         for _ in range(WARM_UP_DRAWS):  # up to the first case on ranks, which starts their processes: off the clock
             if spec is None:
                 break
             self._explored(spec, began, known)
             report.warm_up[kind_of(spec).name] += 1
-            if spec.world:
+            on_ranks = bool(spec.world)
+            spec = self.next_case()
+            if on_ranks:
                 break
-            spec = self.draw()
         start = self.clock()
         report.warm_up_s, report.explore_s = start - began, 0.0
         report.kind_s.clear()
         deadline = start + report.budget_s
-        while spec is not None and self.clock() < deadline:
-            spec = self.draw()
-            if spec is not None:
-                self._explored(spec, start, known)
+        while spec is not None and self.clock() < deadline:  # the case drawn last is judged before the next draw
+            self._explored(spec, start, known)
+            spec = self.next_case() if self.clock() < deadline else None
         report.wall_s = self.clock() - began
         return report
 

@@ -72,6 +72,9 @@ class ExplorationSummary:
             for kind, figures in e.get("per_kind", {}).items():
                 terminalreporter.write_line(f"  {kind}: {figures['cases']} cases in {figures['seconds']} s "
                                             f"({figures['cases_per_s']} cases/s)")
+            if e.get("from_corpus") or e.get("mutations"):
+                terminalreporter.write_line(f"  {e['from_corpus']} cases replayed from the corpus, "
+                                            f"{e['mutations']} mutations of its cases")
             for kind, why in e.get("not_offered", {}).items():
                 terminalreporter.write_line(f"  {kind}: not explored ({why})")
             for why, count in e.get("outside", {}).items():

@@ -11,35 +11,24 @@ both are deselected (``conformance/plugins/exploring.py``).
 from __future__ import annotations
 
 import shlex
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from conformance import options, report_properties
+from conformance.explore.corpus import read_corpus, replay
 from conformance.explore.explorer import Exploration, Explorer, write_finding
-from conformance.explore.kind import Scope, record
-from conformance.explore.registry import kind_of, load_finding
+from conformance.explore.kind import record
+from conformance.explore.registry import load_finding
 from conformance.judge.levels import Level
 from conformance.protocol import Declarations
+from conformance.suite.explorer_run import corpus_directories, run_scope
 
 
 def _replay_command(config: pytest.Config, path: Path) -> str:
     impl = options.impl_spec(config)
     return shlex.join(["pytest", "--pyargs", "conformance.suite", options.IMPL, impl, options.REPLAY, str(path)])
-
-
-def _scope(impl: Any, declarations: Declarations, ranks: Any, config: pytest.Config) -> Scope:
-    """What the implementation offers the explorer (layers only where megatron-core is importable), within the
-    ranks this node hosts and the TP sizes ``--coc-tp`` names."""
-    import importlib.util
-
-    megatron = "" if importlib.util.find_spec("megatron") and importlib.util.find_spec("megatron.core") else \
-        "megatron-core is not installed"
-    tp_sizes = config.getoption(options.TP)
-    return Scope.of(impl, declarations, megatron=megatron, devices=ranks.max_world,
-                    tp_sizes=None if tp_sizes is None else frozenset(tp_sizes))
 
 
 @pytest.mark.coc_capability("explorer")
@@ -49,8 +38,9 @@ def test_explore(coc_ranks: Any, verdicts: Any, coc_impl: Any, coc_declarations:
     """Explore for ``--coc-explore`` seconds; every minimal failing case fails its check here."""
     config = request.config
     explorer = Explorer(coc_ranks, seed=config.getoption(options.SEED), budget_s=config.getoption(options.EXPLORE),
-                        scope=_scope(coc_impl, coc_declarations, coc_ranks, config),
-                        storm=config.getoption(options.STORM))
+                        scope=run_scope(coc_impl, coc_declarations, coc_ranks, config),
+                        storm=config.getoption(options.STORM),
+                        corpus=[entry.spec for entry in read_corpus(corpus_directories(config))])
     if not explorer.kinds:
         pytest.skip(f"the implementation offers no kind of case: {explorer.report.not_offered}")
     report = explorer.explore()
@@ -85,13 +75,6 @@ def test_replay(coc_ranks: Any, verdicts: Any, coc_impl: Any, coc_declarations: 
                 request: pytest.FixtureRequest) -> None:
     """The case of a spec file ``--coc-explore`` wrote, judged as the explorer judged it."""
     spec, _ = load_finding(request.config.getoption(options.REPLAY))
-    kind = kind_of(spec)
-    scope = _scope(coc_impl, coc_declarations, coc_ranks, request.config)
-    why = kind.offered(scope) or scope.outside(spec)
+    why = replay(coc_ranks, spec, run_scope(coc_impl, coc_declarations, coc_ranks, request.config), verdicts)
     if why:
         pytest.skip(why)
-    judged = kind.judge(coc_ranks, spec, scope, verdicts)
-    subject = kind.subject(spec)  # named as the explorer names them: what each check is about
-    verdicts.results[:] = [replace(r, name=f"{subject}: {r.name}") if subject else r for r in verdicts.results]
-    if judged.skipped:
-        pytest.skip(judged.skipped)

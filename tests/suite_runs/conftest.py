@@ -14,7 +14,8 @@ from tests.support.suite_run import SuiteRun
 
 @pytest.fixture
 def run_suite(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> Callable[..., SuiteRun]:
-    """Run ``conformance.suite.<module>`` against ``impl`` (``module:attr``) in a subprocess."""
+    """Run ``conformance.suite.<module>`` (the whole suite for "") against ``impl`` (``module:attr``), in a
+    subprocess."""
 
     def run(module: str, impl: str, *args: str, timeout: float = 600) -> SuiteRun:
         pytester.chdir()
@@ -22,7 +23,7 @@ def run_suite(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> Cal
         monkeypatch.setenv("PYTHONPATH", env_path)
         result = pytester.runpytest_subprocess(
             "-p", "no:cacheprovider", "-p", "conformance.plugin", "-q", "-rf",
-            "--pyargs", f"conformance.suite.{module}",
+            "--pyargs", f"conformance.suite.{module}" if module else "conformance.suite",
             "--coc-impl", impl, "--rootdir", str(ROOT), "-c", str(ROOT / "pyproject.toml"),
             *args, timeout=timeout,
         )

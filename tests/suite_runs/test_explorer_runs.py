@@ -24,9 +24,10 @@ def _exploration(summary: Path) -> tuple[dict[str, object], dict[str, object]]:
 
 def test_a_fault_is_explored_to_a_minimal_case_that_replays(run_suite: Callable[..., SuiteRun],
                                                             tmp_path: Path) -> None:
+    """Drawn, not replayed: the shipped corpus, which holds this fault's minimal case, is left out."""
     found = tmp_path / "found"
     run = run_suite("test_explore", FAULT, "--coc-explore", "12", "--coc-seed", "1", "--coc-explore-dir", str(found),
-                    "--coc-summary", str(tmp_path / "explore.json"), *_own_leases(tmp_path))
+                    "--coc-summary", str(tmp_path / "explore.json"), "--coc-no-shipped-corpus", *_own_leases(tmp_path))
     assert run.ret == 1, run.output
     case, explored = _exploration(tmp_path / "explore.json")
     failed = [c for c in case["checks"] if c["outcome"] == "failed"]
@@ -56,6 +57,7 @@ def test_the_reference_passes_an_exploration(run_suite: Callable[..., SuiteRun],
     assert run.ret == 0, run.output
     _, explored = _exploration(tmp_path / "explore.json")
     assert explored["findings"] == [] and explored["cases"] > 1, explored  # type: ignore[operator]
+    assert explored["from_corpus"] > 0, explored  # the shipped corpus first, then draws and mutations
     assert not (tmp_path / "found").exists()
 
 
@@ -74,7 +76,7 @@ def test_a_configuration_fault_is_found_shrunk_and_replayed_in_process(run_suite
     implementation that offers nothing else, so no other kind is drawn)."""
     fault, found = "tests.support.faulty_impls:ClampsChunkCountConfigureOnly", tmp_path / "found"
     run = run_suite("test_explore", fault, "--coc-explore", "6", "--coc-seed", "3", "--coc-explore-dir", str(found),
-                    "--coc-summary", str(tmp_path / "explore.json"), *_own_leases(tmp_path))
+                    "--coc-summary", str(tmp_path / "explore.json"), "--coc-no-shipped-corpus", *_own_leases(tmp_path))
     assert run.ret == 1, run.output
     _, explored = _exploration(tmp_path / "explore.json")
     assert explored["per_kind"]["config"]["cases"] > 0, explored  # type: ignore[index]
