@@ -1,17 +1,18 @@
-"""When a running case is declared hung: its budget, moved on while its ranks progress, under its ceiling.
+"""When a running case is declared hung: its budget, moved on while every rank progresses, under its ceiling.
 
-``docs/DESIGN.md#time-budget``.  The ceiling (``--coc-case-timeout``) is wall
-time and final.  The budget a task declares (:meth:`RankContext.expect_within
+``docs/DESIGN.md#time-budget`` and ``#progress-evidence``.  The ceiling
+(``--coc-case-timeout``) is wall time and final.  The budget a task declares
+(:meth:`RankContext.expect_within
 <conformance.harness.case.RankContext.expect_within>`) starts once every rank
 has loaded the implementation (a framework's import is not the first case's
-fault), and when it runs out the case is hung only if none of its running
-ranks progressed over the budget -- used CPU time
-(:mod:`conformance.harness.progress`), or saw a collective complete (the
-count :mod:`conformance.harness.probes` keeps, which a rank reports in its
-progress messages: a rank blocked in a slow collective that completes uses
-no CPU) -- otherwise it is given the same span again, up to the ceiling.
-Without either evidence (no ``/proc``, or a device backend whose waits spin
-on the CPU, and no collective completing) the budget is wall time.
+fault).  When it runs out, each running rank is judged on its own evidence
+(:mod:`conformance.harness.progress`): it *progressed* (its task thread used
+CPU time, saw a collective complete, changed its stack, or its device
+completed work), it is *waiting* in a collective (for the others), or it is
+*stalled* (neither).  The case gets the same span again only if some rank
+progressed and none stalled: a rank's work is no evidence for another rank,
+so a stalled rank beside busy or spinning ones is a hang at the budget.
+Without any evidence (no ``/proc`` and no reports) the budget is wall time.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from __future__ import annotations
 import time
 from collections.abc import Collection, Iterable
 
-from conformance.harness.progress import ProgressWatch
+from conformance.harness.progress import Evidence, ProgressWatch
 
 
 class CaseClock:
@@ -37,7 +38,8 @@ class CaseClock:
         self._span: float | None = None  #: the budget's length, once declared
         self._extended = False  #: whether progress has moved the deadline on
         self._since = self.started  #: when the current span of evidence began
-        self._completing: set[int] = set()  #: ranks that saw a collective complete in the current span
+        self._latest: dict[int, Evidence] = {}  #: each rank's latest reported evidence
+        self._base: dict[int, Evidence] = {}  #: each rank's evidence when the current span began
 
     def left(self) -> float:
         """Seconds until the current deadline."""
@@ -46,7 +48,7 @@ class CaseClock:
     def budget(self, seconds: float, rank: int | None = None) -> None:
         """``rank``'s task declared that the rest of it finishes within ``seconds`` (never past an earlier budget).
 
-        Its span of CPU time starts now (every rank's, when None).
+        Its span of evidence starts now (every rank's, when None).
         """
         self._span = seconds
         if not self.loading:
@@ -58,9 +60,9 @@ class CaseClock:
         if not self.loading and self._span is not None and self.deadline >= self.ceiling:
             self._start_budget(self._span, keep_later=False)
 
-    def collective_completed(self, rank: int) -> None:
-        """``rank`` saw a collective complete: it progressed in the current span."""
-        self._completing.add(rank)
+    def report(self, rank: int, evidence: Evidence) -> None:
+        """``rank``'s evidence of progress since its task began (its counters only grow)."""
+        self._latest[rank] = evidence
 
     def _start_budget(self, seconds: float, *, keep_later: bool, ranks: list[int] | None = None) -> None:
         now = time.monotonic()
@@ -71,9 +73,22 @@ class CaseClock:
     def _mark(self, ranks: list[int] | None = None) -> None:
         """A new span of evidence starts now (for ``ranks``; every rank when None)."""
         self._since = time.monotonic()
-        self._completing.difference_update(self._completing if ranks is None else ranks)
+        for rank in self._latest if ranks is None else ranks:
+            self._base[rank] = self._latest.get(rank, Evidence())
         if self.watch is not None:
             self.watch.mark(ranks)
+
+    def progressed(self, ranks: Collection[int]) -> dict[int, list[str]]:
+        """What each of ``ranks`` showed of its own progress over the current span (absent: nothing)."""
+        busy = set(self.watch.progressed(list(ranks))) if self.watch is not None else set()
+        shown = {}
+        for rank in ranks:
+            what = self._latest.get(rank, Evidence()).grew(self._base.get(rank, Evidence()))
+            if rank in busy:
+                what.append("cpu_time")
+            if what:
+                shown[rank] = what
+        return shown
 
     def hung(self, pending: Collection[int]) -> str | None:
         """None while ``pending`` ranks have time left, or progressed (the deadline moves on); else why they hung."""
@@ -85,18 +100,34 @@ class CaseClock:
         if self.deadline >= self.ceiling:
             return self._past_ceiling(ranks)
         span = now - self._since
-        if self._completing.intersection(ranks) or (self.watch is not None and self.watch.progressed(ranks)):
+        progressed = self.progressed(ranks)
+        waiting = [r for r in ranks if r not in progressed and self._latest.get(r, Evidence()).waiting]
+        stalled = [r for r in ranks if r not in progressed and r not in waiting]
+        if progressed and not stalled:
             self._extended = True
             self.deadline = min(self.ceiling, now + (self._span or span))
             self._mark()
             return None
-        if self.watch is None:
+        if self.watch is None and not self._latest:
             return (f"rank(s) {ranks} did not finish within {elapsed:.3g} s (the case's budget; no collective "
                     f"completed on them for its last {span:.3g} s; ceiling {self.ceiling_s:g} s)")
-        most = max(self.watch.used(ranks).values(), default=0.0)
-        return (f"rank(s) {ranks} did not finish within {elapsed:.3g} s: no collective completed and no rank used "
-                f"CPU time for the last {span:.3g} s of the case's budget (at most {most * 1e3:.0f} ms each, what "
-                f"a rank blocked in a collective uses; ceiling {self.ceiling_s:g} s)")
+        what = "no collective completed, no stack changed"
+        if self.watch is not None:
+            most = max(self.watch.used(stalled if progressed else ranks).values(), default=0.0)
+            what += (f" and no rank used CPU time for the last {span:.3g} s of the case's budget (at most "
+                     f"{most * 1e3:.0f} ms each, what a rank blocked in a collective uses")
+        else:
+            what += f" and no device work completed for the last {span:.3g} s of the case's budget ("
+            what += "CPU time is no evidence on a device"
+        waits = f"; rank(s) {waiting} waiting in a collective" if waiting else ""
+        if waiting and stalled and not progressed:
+            waits += f", rank(s) {stalled} stalled outside any"
+        if progressed:
+            busy = ", ".join(f"{r}: {'+'.join(w)}" for r, w in sorted(progressed.items()))
+            return (f"rank(s) {stalled} stalled: did not finish within {elapsed:.3g} s, and on them {what}"
+                    f"{waits}), while rank(s) {sorted(progressed)} kept busy ({busy}): one rank's work is no "
+                    f"evidence for another's (ceiling {self.ceiling_s:g} s)")
+        return f"rank(s) {ranks} did not finish within {elapsed:.3g} s: {what}{waits}; ceiling {self.ceiling_s:g} s)"
 
     def _past_ceiling(self, ranks: list[int]) -> str:
         loading = sorted(self.loading.intersection(ranks))
@@ -105,5 +136,6 @@ class CaseClock:
                     "(the case's ceiling; loading is bounded by the ceiling only, not by the budget)")
         why = f"rank(s) {ranks} did not finish within {self.ceiling_s:g} s (the case's ceiling"
         if self._extended:
-            why += "; its ranks kept progressing (using CPU time or completing collectives) past their budget"
+            why += ("; its ranks kept progressing (each using CPU time, completing collectives, changing its stack "
+                    "or completing device work, or waiting in a collective for one that did) past their budget")
         return why + ")"

@@ -67,6 +67,7 @@ LIVE, GONE, UNKNOWN = "live", "gone", "unknown"
 _local = threading.local()
 _install_lock = threading.Lock()
 _installed = False
+_waits_patched = False  #: whether Work's waits are patched (counting completions; :func:`count_completions`)
 #: Process group name -> its global ranks, for every group seen alive at a recording (groups are named once).
 _known_groups: dict[str, tuple[int, ...]] = {}
 
@@ -240,14 +241,18 @@ def _group_ranks(group: Any) -> tuple[tuple[int, ...] | None, str]:
         return known, (GONE if known is not None else UNKNOWN)
 
 
-def _install() -> None:
-    """Patch ``Work``'s waits and wrap torch.distributed's Python collectives, once per process."""
-    global _installed
+def count_completions() -> None:
+    """Patch ``Work``'s waits on the class, once per process: every wait that returns counts in :data:`COMPLETED`.
+
+    Cheap (one counter), and in force from then on, recording or not: the
+    case clock's evidence (``docs/DESIGN.md#progress-evidence``).  Nothing
+    else an implementation may compare changes identity.
+    """
+    global _waits_patched
     import torch.distributed as dist
-    import torch.distributed.distributed_c10d as c10d
 
     with _install_lock:
-        if _installed:
+        if _waits_patched:
             return
         work = dist.distributed_c10d.Work
         original_wait, original_completed = work.wait, work.is_completed
@@ -257,6 +262,7 @@ def _install() -> None:
             log: CollectiveLog | None = getattr(_local, "log", None)
             if log is not None:
                 log._work_waited(self)
+            COMPLETED.note()
             return result
 
         def is_completed(self: Any) -> bool:
@@ -267,6 +273,19 @@ def _install() -> None:
             return done
 
         work.wait, work.is_completed = wait, is_completed  # type: ignore[method-assign]
+        _waits_patched = True
+
+
+def _install() -> None:
+    """Patch ``Work``'s waits and wrap torch.distributed's Python collectives, once per process."""
+    global _installed
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    count_completions()
+    with _install_lock:
+        if _installed:
+            return
         for name in PY_COLLECTIVES:
             original = getattr(c10d, name, None)
             if original is None:
@@ -514,21 +533,28 @@ def _shapes(args: Any) -> list[tuple[int, ...]]:
 
 @dataclass
 class CompletionCount:
-    """Collectives this process saw complete while recording; ``listener`` hears each new count.
+    """Collectives this process saw complete, in all and per thread; counted always once :func:`count_completions` ran.
 
-    A rank reports it in its progress messages
-    (:mod:`conformance.harness.launchers.worker`), so that
+    A rank reports its count in its progress evidence
+    (:mod:`conformance.harness.progress`), so that
     :class:`~conformance.harness.case_clock.CaseClock` does not take a rank
-    blocked in a slow collective that completes (it uses no CPU) for a hung one.
+    blocked in a slow collective that completes (it uses no CPU) for a hung
+    one.  Each wait that returns counts (a blocking call waits too); inside a
+    recording a completion the timeline sees otherwise (a functional wait, a
+    poll answering True) counts as well, so one completion may count twice:
+    the count is evidence that something completed, not how many did.
     """
 
     count: int = 0
-    listener: Callable[[int], None] | None = None
+    by_thread: dict[int, int] = field(default_factory=dict)
 
     def note(self) -> None:
         self.count += 1
-        if self.listener is not None:
-            self.listener(self.count)
+        thread = threading.get_ident()
+        self.by_thread[thread] = self.by_thread.get(thread, 0) + 1
+
+    def of_thread(self, thread_id: int) -> int:
+        return self.by_thread.get(thread_id, 0)
 
 
 COMPLETED = CompletionCount()
