@@ -183,16 +183,19 @@ class DeviceEvents:
     started here: the fork server keeps it unstarted); inert on the CPU.
     """
 
-    def __init__(self, device: str) -> None:
+    def __init__(self, device: str, runtime: Any = None) -> None:
         kind, _, index = device.partition(":")
         self.kind, self.index = kind, int(index or 0)
         self.done = 0
+        self._given = runtime  #: a runtime to use instead of ``torch.<kind>`` (tests script one)
         self._event: Any = None
         self._seen_pending = False
 
     def _runtime(self) -> Any:
         if self.kind not in ("cuda", "npu"):
             return None
+        if self._given is not None:
+            return self._given
         torch = sys.modules.get("torch")
         runtime = getattr(torch, self.kind, None) if torch is not None else None
         try:

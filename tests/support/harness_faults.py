@@ -13,8 +13,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from coc_impl.reference import ReferenceCoC
 from coc_impl.config import CoCConfig
+from coc_impl.reference import ReferenceCoC
 
 #: Seconds :class:`SlowToLoad` takes to load: several budget floors of the tests that use it.
 LOAD_S = 2.0

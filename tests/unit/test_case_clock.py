@@ -1,4 +1,4 @@
-"""The case clock's rules, with the ranks' CPU time and evidence scripted (docs/DESIGN.md#time-budget, #progress-evidence)."""
+"""The case clock's rules, with the ranks' CPU time and evidence scripted (DESIGN.md#time-budget)."""
 
 from __future__ import annotations
 

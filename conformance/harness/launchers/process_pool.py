@@ -227,7 +227,7 @@ class RankPool:
         return [outcomes[rank] for rank in range(self.world_size)]
 
     def _progress_watch(self) -> ProgressWatch | None:
-        """CPU time of each rank's task thread (its main thread); none on devices, where a rank waiting for one spins."""
+        """CPU time of each rank's task thread (its main thread); none on devices, where a rank waiting spins."""
         if self.kind.name != "cpu":
             return None
         return ProgressWatch({rank: Rank(proc.pid, proc.pid) for rank, proc in enumerate(self._procs)})

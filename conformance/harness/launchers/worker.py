@@ -23,6 +23,7 @@ import json
 import pickle
 import sys
 import threading
+from collections.abc import Callable
 from datetime import timedelta
 from multiprocessing.connection import Connection
 from typing import Any
@@ -97,8 +98,7 @@ def rank_main(
                     sys.path.insert(0, entry)
             preload_implementation(impl_spec)
             send(LOADED)
-            begun = probes.COMPLETED.count
-            reporter.start(TaskSampler(task_thread, lambda b=begun: probes.COMPLETED.count - b, device))
+            reporter.start(TaskSampler(task_thread, _completed_since(probes.COMPLETED.count), device))
             ctx = RankContext(rank, world_size, device, impl_spec, launcher, on_budget=on_budget, budget=budget)
             try:
                 fn, params = pickle.loads(payload)
@@ -112,6 +112,13 @@ def rank_main(
                 conn.send_bytes(RESULT + data)
     finally:
         dist.destroy_process_group()
+
+
+def _completed_since(begun: int) -> Callable[[], int]:
+    """How many collectives this process saw complete since the count was ``begun``."""
+    from conformance.harness.probes import COMPLETED
+
+    return lambda: COMPLETED.count - begun
 
 
 def _outcome_bytes(outcome: Any) -> bytes:
