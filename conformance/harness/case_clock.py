@@ -9,9 +9,11 @@ fault).  When it runs out, each running rank is judged on its own evidence
 (:mod:`conformance.harness.progress`): it *progressed* (its task thread used
 CPU time, saw a collective complete, changed its stack, or its device
 completed work), it is *waiting* in a collective (for the others), or it is
-*stalled* (neither).  The case gets the same span again only if some rank
-progressed and none stalled: a rank's work is no evidence for another rank,
-so a stalled rank beside busy or spinning ones is a hang at the budget.
+*stalled* (neither, over enough samples of its stack; a rank sampled too
+seldom on a loaded machine is not judged).  The case gets the same span
+again only if some rank progressed (or was not judged) and none stalled: a
+rank's work is no evidence for another rank, so a stalled rank beside busy or
+spinning ones is a hang at the budget.
 Without any evidence (no ``/proc`` and no reports) the budget is wall time.
 """
 
@@ -102,8 +104,10 @@ class CaseClock:
         span = now - self._since
         progressed = self.progressed(ranks)
         waiting = [r for r in ranks if r not in progressed and self._latest.get(r, Evidence()).waiting]
-        stalled = [r for r in ranks if r not in progressed and r not in waiting]
-        if progressed and not stalled:
+        unseen = [r for r in ranks if r not in progressed and r not in waiting and r in self._latest
+                  and not self._latest[r].seen(self._base.get(r, Evidence()))]
+        stalled = [r for r in ranks if r not in progressed and r not in waiting and r not in unseen]
+        if (progressed or unseen) and not stalled:
             self._extended = True
             self.deadline = min(self.ceiling, now + (self._span or span))
             self._mark()

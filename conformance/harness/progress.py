@@ -35,8 +35,12 @@ from typing import Any
 BUSY_SHARE = 0.008
 #: ... and never less than this many CPU seconds (above the accounting's resolution).
 MIN_CPU_S = 0.003
-#: Samples at which a rank's stack must have changed over a span for that to be progress.
+#: Samples at which a rank's stack must have changed over a span for that to be progress ...
 MIN_STACK_CHANGES = 2
+#: ... and the share of the span's samples they must be.
+STACK_CHANGE_SHARE = 0.1
+#: Samples a rank's evidence must hold over a span before the rank can be called stalled.
+MIN_SAMPLES = 4
 
 
 def cpu_seconds(pid: int, tids: Sequence[int] | None = None) -> float | None:
@@ -128,17 +132,26 @@ class Evidence:
     completed: int = 0  #: collectives it saw complete
     stack_changes: int = 0  #: samples at which its task thread's stack differed from the one before
     device_done: int = 0  #: device events, queued behind its work, that completed
+    samples: int = 0  #: samples taken of its stack
     waiting: bool = False  #: its task thread is inside a collective (or a wait for one) now
 
     def grew(self, since: Evidence) -> list[str]:
         """The counters that grew since ``since`` (empty: no progress of this rank's own).
 
-        The stack must have changed at :data:`MIN_STACK_CHANGES` samples: a
-        loop that sleeps and checks is seen, now and then, on its other line.
+        The stack must have changed at :data:`MIN_STACK_CHANGES` samples and
+        at :data:`STACK_CHANGE_SHARE` of them: a loop that sleeps and checks
+        is seen, now and then, on its other line; work is seen somewhere new
+        at most samples.
         """
-        least = {"stack_changes": MIN_STACK_CHANGES}
-        return [f.name for f in fields(self) if f.name != "waiting"
-                and getattr(self, f.name) - getattr(since, f.name) >= least.get(f.name, 1)]
+        grew = [name for name in ("completed", "device_done") if getattr(self, name) > getattr(since, name)]
+        changes = self.stack_changes - since.stack_changes
+        if changes >= max(MIN_STACK_CHANGES, STACK_CHANGE_SHARE * (self.samples - since.samples)):
+            grew.append("stack_changes")
+        return grew
+
+    def seen(self, since: Evidence) -> bool:
+        """Whether the rank was sampled often enough since ``since`` to be called stalled (a starved sampler is not)."""
+        return self.samples - since.samples >= MIN_SAMPLES
 
     def as_json(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -229,7 +242,7 @@ class TaskSampler:
         self.thread_id, self._completed = thread_id, completed
         self._device = DeviceEvents(device)
         self._stack: tuple[Any, ...] | None = None
-        self._changes = 0
+        self._changes = self._samples = 0
 
     def sample(self) -> Evidence:
         stack, waiting = stack_state(sys._current_frames().get(self.thread_id))
@@ -240,7 +253,8 @@ class TaskSampler:
             device = self._device.poll()
         except Exception:  # noqa: BLE001 - a device error is the task's to report, not the sampler's
             device = self._device.done
-        return Evidence(self._completed(), self._changes, device, waiting)
+        self._samples += 1
+        return Evidence(self._completed(), self._changes, device, self._samples, waiting)
 
 
 class Reporter:

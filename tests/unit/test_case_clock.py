@@ -66,9 +66,9 @@ def reporting(clock: CaseClock, pending: Sequence[int], grows: str = "completed"
         count += 1
         for rank in pending:
             if rank in waiting:
-                clock.report(rank, Evidence(waiting=True))
+                clock.report(rank, Evidence(samples=count, waiting=True))
             else:
-                clock.report(rank, Evidence(**{grows: count}))
+                clock.report(rank, Evidence(**{grows: count, "samples": count}))
         time.sleep(every_s)
     return why
 
@@ -152,11 +152,36 @@ def test_stack_changes_and_device_work_are_progress_where_cpu_time_is_not_eviden
 def test_a_stalled_device_rank_beside_one_whose_stack_changes_is_hung() -> None:
     clock = CaseClock(60)
     clock.budget(0.05)
-    clock.report(0, Evidence())
     count = 0
     while (why := clock.hung([0, 1])) is None:
         count += 1
-        clock.report(1, Evidence(stack_changes=count))
+        clock.report(0, Evidence(samples=count))
+        clock.report(1, Evidence(stack_changes=count, samples=count))
         time.sleep(0.01)
     assert why.startswith("rank(s) [0] stalled"), why
     assert "no device work completed" in why and "(1: stack_changes)" in why, why
+
+
+def test_a_rank_sampled_too_seldom_to_judge_is_not_called_stalled() -> None:
+    """On a loaded machine a rank's sampler may miss a span: no verdict on it from that span."""
+    clock = CaseClock(0.3)
+    clock.budget(0.05)
+    count = 0
+    while (why := clock.hung([0, 1])) is None:
+        count += 1
+        clock.report(0, Evidence(samples=1))
+        clock.report(1, Evidence(stack_changes=count, samples=count))
+        time.sleep(0.01)
+    assert "(the case's ceiling; its ranks kept progressing" in why, why
+
+
+def test_a_stack_seen_changing_at_few_of_many_samples_is_no_progress() -> None:
+    """A loop that sleeps and checks is caught on its other line now and then: not work."""
+    clock = CaseClock(60)
+    clock.budget(0.05)
+    count = 0
+    while (why := clock.hung([0])) is None:
+        count += 1
+        clock.report(0, Evidence(stack_changes=count // 20, samples=count))
+        time.sleep(0.002)
+    assert "no collective completed, no stack changed" in why, why
