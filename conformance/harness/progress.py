@@ -235,17 +235,25 @@ class DeviceEvents:
 class TaskSampler:
     """Samples one thread's evidence (:class:`Evidence`) in its own process, from another thread.
 
-    ``completed`` says how many collectives the rank saw complete.
+    ``completed`` says how many collectives the rank saw complete.  With
+    ``whole_process`` (a rank that is a process), the rank also waits while
+    any other Python thread of it is in a collective (a task waiting for a
+    helper thread that waits for the others).
     """
 
-    def __init__(self, thread_id: int, completed: Callable[[], int], device: str = "cpu") -> None:
-        self.thread_id, self._completed = thread_id, completed
+    def __init__(self, thread_id: int, completed: Callable[[], int], device: str = "cpu", *,
+                 whole_process: bool = False) -> None:
+        self.thread_id, self._completed, self._whole_process = thread_id, completed, whole_process
         self._device = DeviceEvents(device)
         self._stack: tuple[Any, ...] | None = None
         self._changes = self._samples = 0
 
     def sample(self) -> Evidence:
-        stack, waiting = stack_state(sys._current_frames().get(self.thread_id))
+        frames = sys._current_frames()
+        stack, waiting = stack_state(frames.get(self.thread_id))
+        if self._whole_process and not waiting:
+            me = threading.get_ident()
+            waiting = any(stack_state(f)[1] for t, f in frames.items() if t not in (me, self.thread_id))
         if self._stack is not None and stack != self._stack:
             self._changes += 1
         self._stack = stack

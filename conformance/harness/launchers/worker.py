@@ -98,7 +98,8 @@ def rank_main(
                     sys.path.insert(0, entry)
             preload_implementation(impl_spec)
             send(LOADED)
-            reporter.start(TaskSampler(task_thread, _completed_since(probes.COMPLETED.count), device))
+            reporter.start(TaskSampler(task_thread, _completed_since(probes.COMPLETED.count), device,
+                                       whole_process=True))
             ctx = RankContext(rank, world_size, device, impl_spec, launcher, on_budget=on_budget, budget=budget)
             try:
                 fn, params = pickle.loads(payload)
