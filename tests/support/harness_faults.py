@@ -9,12 +9,9 @@ one rank stalls while the others go on (``#progress-evidence``).
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import Any
 
-from coc_impl.config import CoCConfig
 from coc_impl.reference import ReferenceCoC
+from tests.support.faulty_impls import DeadlocksEverywhere
 
 #: Seconds :class:`SlowToLoad` takes to load: several budget floors of the tests that use it.
 LOAD_S = 2.0
@@ -40,8 +37,10 @@ class HangsWhileLoading(ReferenceCoC):
             time.sleep(0.05)
 
 
-class StallsOnRankZero(ReferenceCoC):
+class StallsOnRankZero(DeadlocksEverywhere):
     """A deadlock storm: rank 0 of every op and every patched layer stalls (asleep) before any collective.
+
+    The ops and the patch are :class:`DeadlocksEverywhere`'s; only the stall differs.
 
     The other ranks poll an all-reduce rank 0 never joins, every millisecond
     (tens of ms of CPU a second): their CPU time and their polls are theirs, no
@@ -63,31 +62,6 @@ class StallsOnRankZero(ReferenceCoC):
         work = dist.all_reduce(torch.ones(1), async_op=True)
         while time.monotonic() < end and not work.is_completed():
             time.sleep(0.001)
-
-    def matmul_all_reduce(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
-        self._stall()
-        return super().matmul_all_reduce(x, w, bias, **kw)
-
-    def matmul_reduce_scatter(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
-        self._stall()
-        return super().matmul_reduce_scatter(x, w, bias, **kw)
-
-    def all_gather_matmul(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
-        self._stall()
-        return super().all_gather_matmul(x, w, bias, **kw)
-
-    def all_gather_matmul_v2(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
-        self._stall()
-        return super().all_gather_matmul_v2(x, w, bias, **kw)
-
-    def patch_megatron(self, config: CoCConfig) -> Any:
-        @contextmanager
-        def stalled() -> Iterator[None]:
-            self._stall()
-            with ReferenceCoC.patch_megatron(self, config):
-                yield
-
-        return stalled()
 
 
 #: How long :class:`StallsOnRankZero` sleeps: past the ceiling (120 s).
