@@ -21,12 +21,29 @@ from __future__ import annotations
 
 import time
 from collections.abc import Collection, Iterable
+from dataclasses import dataclass
 
 from conformance.harness.progress import Evidence, ProgressWatch
 
 
+@dataclass(frozen=True)
+class _Mark:
+    """The ranks' evidence at one moment: what a later verdict measures growth from."""
+
+    at: float
+    evidence: dict[int, Evidence]
+    cpu: tuple[float, dict[int, float | None]] | None
+
+
 class CaseClock:
-    """The deadline of one case's run and, once it has passed, why the case is hung."""
+    """The deadline of one case's run and, once it has passed, why the case is hung.
+
+    Evidence is judged over the last half budget: marks are taken every half
+    budget, and once the budget is spent the case is judged at every mark on
+    the growth since the mark before.  A rank that stalls early in the budget
+    (after setting up a call) is declared at the budget; one that stalls later,
+    within a budget of stalling.
+    """
 
     def __init__(self, ceiling_s: float, watch: ProgressWatch | None = None,
                  loading: Iterable[int] = ()) -> None:
@@ -39,22 +56,23 @@ class CaseClock:
         self.loading = set(loading)
         self._span: float | None = None  #: the budget's length, once declared
         self._extended = False  #: whether progress has moved the deadline on
-        self._since = self.started  #: when the current span of evidence began
         self._latest: dict[int, Evidence] = {}  #: each rank's latest reported evidence
-        self._base: dict[int, Evidence] = {}  #: each rank's evidence when the current span began
+        self._marks: list[_Mark] = []  #: evidence every half budget, the last budgets of it
+        self._next_mark: float | None = None  #: when the next mark is due (before the deadline)
 
     def left(self) -> float:
-        """Seconds until the current deadline."""
-        return max(0.0, self.deadline - time.monotonic())
+        """Seconds until the current deadline, or the next mark before it."""
+        due = self.deadline if self._next_mark is None else min(self.deadline, self._next_mark)
+        return max(0.0, due - time.monotonic())
 
     def budget(self, seconds: float, rank: int | None = None) -> None:
-        """``rank``'s task declared that the rest of it finishes within ``seconds`` (never past an earlier budget).
+        """A rank's task declared that the rest of it finishes within ``seconds`` (never past an earlier budget).
 
-        Its span of evidence starts now (every rank's, when None).
+        The window of evidence starts now.
         """
         self._span = seconds
         if not self.loading:
-            self._start_budget(seconds, keep_later=True, ranks=None if rank is None else [rank])
+            self._start_budget(seconds, keep_later=True)
 
     def loaded(self, rank: int) -> None:
         """``rank`` has loaded the implementation; once all have, a declared budget counts from now."""
@@ -66,26 +84,32 @@ class CaseClock:
         """``rank``'s evidence of progress since its task began (its counters only grow)."""
         self._latest[rank] = evidence
 
-    def _start_budget(self, seconds: float, *, keep_later: bool, ranks: list[int] | None = None) -> None:
+    def _start_budget(self, seconds: float, *, keep_later: bool) -> None:
         now = time.monotonic()
         earlier = self.deadline if keep_later and self.deadline < self.ceiling else 0.0
         self.deadline = min(self.ceiling, max(earlier, now + seconds))
-        self._mark(ranks)
+        self._marks = []
+        self._mark(now)
 
-    def _mark(self, ranks: list[int] | None = None) -> None:
-        """A new span of evidence starts now (for ``ranks``; every rank when None)."""
-        self._since = time.monotonic()
-        for rank in self._latest if ranks is None else ranks:
-            self._base[rank] = self._latest.get(rank, Evidence())
-        if self.watch is not None:
-            self.watch.mark(ranks)
+    def _mark(self, now: float) -> None:
+        """Note every rank's evidence now; the next mark is due half a budget later."""
+        self._marks.append(_Mark(now, dict(self._latest), self.watch.readings() if self.watch is not None else None))
+        span = self._span or 0.0
+        self._marks = [m for m in self._marks if now - m.at <= 2.5 * span] or self._marks[-1:]
+        self._next_mark = now + span / 2
 
-    def progressed(self, ranks: Collection[int]) -> dict[int, list[str]]:
-        """What each of ``ranks`` showed of its own progress over the current span (absent: nothing)."""
-        busy = set(self.watch.progressed(list(ranks))) if self.watch is not None else set()
+    def _window(self, now: float) -> _Mark:
+        """The mark half a budget before ``now`` (the oldest there is, early on)."""
+        span = self._span or 0.0
+        old = [m for m in self._marks if now - m.at >= 0.45 * span]
+        return old[-1] if old else self._marks[0]
+
+    def progressed(self, ranks: Collection[int], since: _Mark) -> dict[int, list[str]]:
+        """What each of ``ranks`` showed of its own progress since ``since`` (absent: nothing)."""
+        busy = set(self.watch.progressed(list(ranks), since.cpu)) if self.watch is not None else set()
         shown = {}
         for rank in ranks:
-            what = self._latest.get(rank, Evidence()).grew(self._base.get(rank, Evidence()))
+            what = self._latest.get(rank, Evidence()).grew(since.evidence.get(rank, Evidence()))
             if rank in busy:
                 what.append("cpu_time")
             if what:
@@ -95,29 +119,34 @@ class CaseClock:
     def hung(self, pending: Collection[int]) -> str | None:
         """None while ``pending`` ranks have time left, or progressed (the deadline moves on); else why they hung."""
         now = time.monotonic()
-        if now < self.deadline or not pending:
+        if not pending:
+            return None
+        if now < self.deadline:
+            if self._next_mark is not None and now >= self._next_mark:
+                self._mark(now)
             return None
         ranks = sorted(pending)
         elapsed = now - self.started
         if self.deadline >= self.ceiling:
             return self._past_ceiling(ranks)
-        span = now - self._since
-        progressed = self.progressed(ranks)
+        since = self._window(now)
+        span = now - since.at
+        progressed = self.progressed(ranks, since)
         waiting = [r for r in ranks if r not in progressed and self._latest.get(r, Evidence()).waiting]
         unseen = [r for r in ranks if r not in progressed and r not in waiting and r in self._latest
-                  and not self._latest[r].seen(self._base.get(r, Evidence()))]
+                  and not self._latest[r].seen(since.evidence.get(r, Evidence()))]
         stalled = [r for r in ranks if r not in progressed and r not in waiting and r not in unseen]
         if (progressed or unseen) and not stalled:
             self._extended = True
-            self.deadline = min(self.ceiling, now + (self._span or span))
-            self._mark()
+            self.deadline = min(self.ceiling, now + (self._span or span) / 2)
+            self._mark(now)
             return None
         if self.watch is None and not self._latest:
             return (f"rank(s) {ranks} did not finish within {elapsed:.3g} s (the case's budget; no collective "
                     f"completed on them for its last {span:.3g} s; ceiling {self.ceiling_s:g} s)")
         what = "no collective completed, no stack changed"
         if self.watch is not None:
-            most = max(self.watch.used(stalled if progressed else ranks).values(), default=0.0)
+            most = max(self.watch.used(stalled if progressed else ranks, since.cpu).values(), default=0.0)
             what += (f" and no rank used CPU time for the last {span:.3g} s of the case's budget (at most "
                      f"{most * 1e3:.0f} ms each, what a rank blocked in a collective uses")
         else:

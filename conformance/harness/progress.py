@@ -40,7 +40,7 @@ MIN_STACK_CHANGES = 2
 #: ... and the share of the span's samples they must be.
 STACK_CHANGE_SHARE = 0.1
 #: Samples a rank's evidence must hold over a span before the rank can be called stalled.
-MIN_SAMPLES = 4
+MIN_SAMPLES = 3
 
 
 def cpu_seconds(pid: int, tids: Sequence[int] | None = None) -> float | None:
@@ -110,19 +110,27 @@ class ProgressWatch:
         """Seconds since the last :meth:`mark`."""
         return time.monotonic() - self._since
 
-    def used(self, ranks: Sequence[int]) -> dict[int, float]:
-        """CPU seconds each of ``ranks`` used since the last :meth:`mark` (unreadable ones left out)."""
+    def readings(self) -> tuple[float, dict[int, float | None]]:
+        """When, and each rank's CPU seconds then: a mark to measure from later (:meth:`used`, :meth:`progressed`)."""
+        return time.monotonic(), {r: rank.cpu() for r, rank in self.ranks.items()}
+
+    def used(self, ranks: Sequence[int],
+             since: tuple[float, dict[int, float | None]] | None = None) -> dict[int, float]:
+        """CPU seconds each of ``ranks`` used since ``since`` (or the last :meth:`mark`; unreadable ones left out)."""
+        before_all = self._cpu if since is None else since[1]
         used = {}
         for r in ranks:
-            before, now = self._cpu.get(r), self.ranks[r].cpu() if r in self.ranks else None
+            before, now = before_all.get(r), self.ranks[r].cpu() if r in self.ranks else None
             if before is not None and now is not None:
                 used[r] = now - before
         return used
 
-    def progressed(self, ranks: Sequence[int]) -> list[int]:
-        """Those of ``ranks`` that used at least :data:`BUSY_SHARE` of a core since the last :meth:`mark`."""
-        floor = max(MIN_CPU_S, BUSY_SHARE * self.span())
-        return sorted(r for r, s in self.used(ranks).items() if s >= floor)
+    def progressed(self, ranks: Sequence[int],
+                   since: tuple[float, dict[int, float | None]] | None = None) -> list[int]:
+        """Those of ``ranks`` that used at least :data:`BUSY_SHARE` of a core since ``since`` (or the last mark)."""
+        span = self.span() if since is None else time.monotonic() - since[0]
+        floor = max(MIN_CPU_S, BUSY_SHARE * span)
+        return sorted(r for r, s in self.used(ranks, since).items() if s >= floor)
 
 
 @dataclass(frozen=True)

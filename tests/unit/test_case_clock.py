@@ -23,7 +23,7 @@ class ScriptedWatch(ProgressWatch):
     def mark(self, ranks: Sequence[int] | None = None) -> None:
         self._since = time.monotonic()
 
-    def used(self, ranks: Sequence[int]) -> dict[int, float]:
+    def used(self, ranks: Sequence[int], since: object = None) -> dict[int, float]:
         return {r: (1.0 if r in self.busy else 0.0) for r in ranks}
 
 
@@ -145,13 +145,13 @@ def test_stack_changes_and_device_work_are_progress_where_cpu_time_is_not_eviden
     """A device rank compiling (its stack changes) or waiting for its device (events complete) runs on."""
     for grows in ("stack_changes", "device_done"):
         clock = CaseClock(0.3)
-        clock.budget(0.05)
+        clock.budget(0.2)
         assert "(the case's ceiling; its ranks kept progressing" in reporting(clock, [0], grows), grows
 
 
 def test_a_stalled_device_rank_beside_one_whose_stack_changes_is_hung() -> None:
     clock = CaseClock(60)
-    clock.budget(0.05)
+    clock.budget(0.2)
     count = 0
     while (why := clock.hung([0, 1])) is None:
         count += 1
@@ -185,3 +185,27 @@ def test_a_stack_seen_changing_at_few_of_many_samples_is_no_progress() -> None:
         clock.report(0, Evidence(stack_changes=count // 20, samples=count))
         time.sleep(0.002)
     assert "no collective completed, no stack changed" in why, why
+
+
+def test_a_rank_that_set_up_and_then_stalled_is_hung_at_the_budget() -> None:
+    """Rank 0 worked early in the budget (set up the call), then stopped: judged on the last half budget, hung."""
+    clock = CaseClock(60, ScriptedWatch(2, busy=[1]))
+    clock.budget(0.2)
+    first = clock.deadline
+    clock.report(0, Evidence(stack_changes=5, samples=5))
+    count = 5
+    while (why := clock.hung([0, 1])) is None:
+        count += 1
+        clock.report(0, Evidence(stack_changes=5, samples=count))
+        time.sleep(min(0.01, clock.left()))
+    assert why.startswith("rank(s) [0] stalled"), why
+    assert clock.deadline == first, "the case was given more time"
+
+
+def test_after_the_budget_the_case_is_judged_every_half_budget() -> None:
+    clock = CaseClock(60, ScriptedWatch(2, busy=[0, 1]))
+    clock.budget(0.2)
+    first = clock.deadline
+    while clock.hung([0, 1]) is None and clock.deadline == first:
+        time.sleep(min(0.01, clock.left()))
+    assert 0.05 < clock.deadline - first <= 0.15, "the next verdict is due half a budget after the first"
