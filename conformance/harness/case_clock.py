@@ -25,6 +25,9 @@ from dataclasses import dataclass
 
 from conformance.harness.progress import Evidence, ProgressWatch
 
+#: The shortest window of evidence: a test's budget of 0.5 s holds too few stack samples on a loaded machine.
+MIN_WINDOW_S = 2.0
+
 
 @dataclass(frozen=True)
 class _Mark:
@@ -38,16 +41,17 @@ class _Mark:
 class CaseClock:
     """The deadline of one case's run and, once it has passed, why the case is hung.
 
-    Evidence is judged over the last half budget: marks are taken every half
-    budget, and once the budget is spent the case is judged at every mark on
-    the growth since the mark before.  A rank that stalls early in the budget
+    Evidence is judged over the last half budget (:data:`MIN_WINDOW_S` at
+    least): marks are taken every half budget, and once the budget is spent
+    the case is judged at every mark on the growth over that window.  A rank that stalls early in the budget
     (after setting up a call) is declared at the budget; one that stalls later,
     within a budget of stalling.
     """
 
     def __init__(self, ceiling_s: float, watch: ProgressWatch | None = None,
-                 loading: Iterable[int] = ()) -> None:
+                 loading: Iterable[int] = (), *, min_window_s: float = MIN_WINDOW_S) -> None:
         self.ceiling_s = ceiling_s
+        self.min_window_s = min_window_s
         self.started = time.monotonic()
         self.ceiling = self.started + ceiling_s
         self.deadline = self.ceiling
@@ -95,13 +99,13 @@ class CaseClock:
         """Note every rank's evidence now; the next mark is due half a budget later."""
         self._marks.append(_Mark(now, dict(self._latest), self.watch.readings() if self.watch is not None else None))
         span = self._span or 0.0
-        self._marks = [m for m in self._marks if now - m.at <= 2.5 * span] or self._marks[-1:]
+        self._marks = [m for m in self._marks if now - m.at <= 2 * max(span, self.min_window_s)] or self._marks[-1:]
         self._next_mark = now + span / 2
 
     def _window(self, now: float) -> _Mark:
-        """The mark half a budget before ``now`` (the oldest there is, early on)."""
-        span = self._span or 0.0
-        old = [m for m in self._marks if now - m.at >= 0.45 * span]
+        """The mark half a budget (at least :data:`MIN_WINDOW_S`) before ``now``; the oldest there is, early on."""
+        window = max(0.45 * (self._span or 0.0), self.min_window_s)
+        old = [m for m in self._marks if now - m.at >= window]
         return old[-1] if old else self._marks[0]
 
     def progressed(self, ranks: Collection[int], since: _Mark) -> dict[int, list[str]]:

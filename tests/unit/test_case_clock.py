@@ -189,7 +189,7 @@ def test_a_stack_seen_changing_at_few_of_many_samples_is_no_progress() -> None:
 
 def test_a_rank_that_set_up_and_then_stalled_is_hung_at_the_budget() -> None:
     """Rank 0 worked early in the budget (set up the call), then stopped: judged on the last half budget, hung."""
-    clock = CaseClock(60, ScriptedWatch(2, busy=[1]))
+    clock = CaseClock(60, ScriptedWatch(2, busy=[1]), min_window_s=0.0)
     clock.budget(0.2)
     first = clock.deadline
     clock.report(0, Evidence(stack_changes=5, samples=5))
@@ -203,7 +203,7 @@ def test_a_rank_that_set_up_and_then_stalled_is_hung_at_the_budget() -> None:
 
 
 def test_after_the_budget_the_case_is_judged_every_half_budget() -> None:
-    clock = CaseClock(60, ScriptedWatch(2, busy=[0, 1]))
+    clock = CaseClock(60, ScriptedWatch(2, busy=[0, 1]), min_window_s=0.0)
     clock.budget(0.2)
     first = clock.deadline
     while clock.hung([0, 1]) is None and clock.deadline == first:
