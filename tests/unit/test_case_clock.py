@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from conformance.harness.case_clock import CaseClock
 from conformance.harness.progress import Evidence, ProgressWatch, Rank
@@ -70,6 +70,18 @@ def reporting(clock: CaseClock, pending: Sequence[int], grows: str = "completed"
             else:
                 clock.report(rank, Evidence(**{grows: count, "samples": count}))
         time.sleep(every_s)
+    return why
+
+
+def scripted(clock: CaseClock, pending: Sequence[int], evidence: Callable[[int], dict[int, Evidence]],
+             every_s: float = 0.01) -> str:
+    """The clock's verdict on ``pending``; at the n-th look the ranks report ``evidence(n)``."""
+    count = 0
+    while (why := clock.hung(pending)) is None:
+        count += 1
+        for rank, shown in evidence(count).items():
+            clock.report(rank, shown)
+        time.sleep(min(every_s, clock.left()))
     return why
 
 
@@ -152,12 +164,7 @@ def test_stack_changes_and_device_work_are_progress_where_cpu_time_is_not_eviden
 def test_a_stalled_device_rank_beside_one_whose_stack_changes_is_hung() -> None:
     clock = CaseClock(60)
     clock.budget(0.2)
-    count = 0
-    while (why := clock.hung([0, 1])) is None:
-        count += 1
-        clock.report(0, Evidence(samples=count))
-        clock.report(1, Evidence(stack_changes=count, samples=count))
-        time.sleep(0.01)
+    why = scripted(clock, [0, 1], lambda n: {0: Evidence(samples=n), 1: Evidence(stack_changes=n, samples=n)})
     assert why.startswith("rank(s) [0] stalled"), why
     assert "no device work completed" in why and "(1: stack_changes)" in why, why
 
@@ -166,12 +173,7 @@ def test_a_rank_sampled_too_seldom_to_judge_is_not_called_stalled() -> None:
     """On a loaded machine a rank's sampler may miss a span: no verdict on it from that span."""
     clock = CaseClock(0.3)
     clock.budget(0.05)
-    count = 0
-    while (why := clock.hung([0, 1])) is None:
-        count += 1
-        clock.report(0, Evidence(samples=1))
-        clock.report(1, Evidence(stack_changes=count, samples=count))
-        time.sleep(0.01)
+    why = scripted(clock, [0, 1], lambda n: {0: Evidence(samples=1), 1: Evidence(stack_changes=n, samples=n)})
     assert "(the case's ceiling; its ranks kept progressing" in why, why
 
 
@@ -179,11 +181,7 @@ def test_a_stack_seen_changing_at_few_of_many_samples_is_no_progress() -> None:
     """A loop that sleeps and checks is caught on its other line now and then: not work."""
     clock = CaseClock(60)
     clock.budget(0.05)
-    count = 0
-    while (why := clock.hung([0])) is None:
-        count += 1
-        clock.report(0, Evidence(stack_changes=count // 20, samples=count))
-        time.sleep(0.002)
+    why = scripted(clock, [0], lambda n: {0: Evidence(stack_changes=n // 20, samples=n)}, every_s=0.002)
     assert "no collective completed, no stack changed" in why, why
 
 
@@ -193,11 +191,7 @@ def test_a_rank_that_set_up_and_then_stalled_is_hung_at_the_budget() -> None:
     clock.budget(0.2)
     first = clock.deadline
     clock.report(0, Evidence(stack_changes=5, samples=5))
-    count = 5
-    while (why := clock.hung([0, 1])) is None:
-        count += 1
-        clock.report(0, Evidence(stack_changes=5, samples=count))
-        time.sleep(min(0.01, clock.left()))
+    why = scripted(clock, [0, 1], lambda n: {0: Evidence(stack_changes=5, samples=5 + n)})
     assert why.startswith("rank(s) [0] stalled"), why
     assert clock.deadline == first, "the case was given more time"
 
