@@ -15,8 +15,11 @@ evidence counts, never the sum over ranks:
 * work it queued on its device completing (:class:`DeviceEvents`, CUDA and
   NPU; inert on the CPU);
 
-and whether it is *waiting* in a collective right now (its innermost frame is
-in ``torch.distributed``): a waiting rank is not stalled, it waits for others.
+and whether it is *waiting* in a collective right now (a frame of its task
+thread is in ``torch.distributed``, or it is in the probes' wait): a waiting
+rank is not stalled, it waits for others.  A pool rank's :class:`Reporter`
+sends this evidence to the pool; the threaded launcher samples its rank
+threads itself.  :mod:`conformance.harness.case_clock` judges it.
 """
 
 from __future__ import annotations
@@ -29,17 +32,17 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
-#: The share of one core a rank must use over a span to count as progressing: measured here, a rank
-#: blocked in a gloo all-reduce used 1-2.2 ms per second, while ranks of a correct case beside CPU hogs
+#: The share of one core a rank's task thread must use over a window to count as progressing: measured
+#: here, a rank blocked in a gloo all-reduce used 1-2.2 ms per second, while ranks of a correct case beside CPU hogs
 #: and two busy pytest workers on 2 cores got 16-70 ms per second (taking turns at every all-reduce).
 BUSY_SHARE = 0.008
 #: ... and never less than this many CPU seconds (above the accounting's resolution).
 MIN_CPU_S = 0.003
-#: Samples at which a rank's stack must have changed over a span for that to be progress ...
+#: Samples at which a rank's stack must have changed over a window for that to be progress ...
 MIN_STACK_CHANGES = 2
-#: ... and the share of the span's samples they must be.
+#: ... and the share of the window's samples they must be.
 STACK_CHANGE_SHARE = 0.1
-#: Samples a rank's evidence must hold over a span before the rank can be called stalled.
+#: Samples a rank's evidence must hold over a window before the rank can be called stalled.
 MIN_SAMPLES = 3
 
 
