@@ -244,9 +244,12 @@ def _group_ranks(group: Any) -> tuple[tuple[int, ...] | None, str]:
 def count_completions() -> None:
     """Patch ``Work``'s waits on the class, once per process: every wait that returns counts in :data:`COMPLETED`.
 
-    Cheap (one counter), and in force from then on, recording or not: the
-    case clock's evidence (``docs/DESIGN.md#progress-evidence``).  Nothing
-    else an implementation may compare changes identity.
+    So does every rendezvous of a group creation (torch's private helpers:
+    Megatron creates 20 or more groups a case, and on a loaded machine that
+    takes seconds with no ``Work`` at all).  Cheap (one counter), and in force
+    from then on, recording or not: the case clock's evidence
+    (``docs/DESIGN.md#progress-evidence``).  No public torch.distributed
+    function changes identity.
     """
     global _waits_patched
     import torch.distributed as dist
@@ -273,7 +276,27 @@ def count_completions() -> None:
             return done
 
         work.wait, work.is_completed = wait, is_completed  # type: ignore[method-assign]
+        for name in _RENDEZVOUS:
+            original = getattr(dist.distributed_c10d, name, None)
+            if original is not None:
+                setattr(dist.distributed_c10d, name, _counted(original))
         _waits_patched = True
+
+
+#: torch's private steps of creating a process group: store rendezvous every member completes (each counts).
+_RENDEZVOUS = ("_new_process_group_helper", "_store_based_barrier")
+
+
+def _counted(original: Any) -> Any:
+    """``original``, counting each return in :data:`COMPLETED` (a group creation is a rendezvous of its ranks)."""
+
+    @functools.wraps(original)
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        result = original(*args, **kwargs)
+        COMPLETED.note()
+        return result
+
+    return counted
 
 
 def _install() -> None:
