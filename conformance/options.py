@@ -117,8 +117,9 @@ def add_options(parser: pytest.Parser) -> None:
     group.addoption(
         BUDGET_FACTOR, type=_positive(float), default=20.0, metavar="F",
         help=f"A case's budget: F times the serial path's time on the live ranks, plus {BUDGET_FLOOR} "
-        "(default 20). A case out of budget is a hang only if its ranks showed no progress (no CPU time "
-        f"used over it); ranks still working get more time, up to {CASE_TIMEOUT}.",
+        "(default 20). Once it is spent, a case runs on (up to "
+        f"{CASE_TIMEOUT}) only while some rank progresses and none is stalled, each rank judged on its own "
+        "evidence: collectives completing, its stack changing, device work, its task thread's CPU time.",
     )
     group.addoption(
         BUDGET_FLOOR, type=_positive(float), default=10.0, metavar="SECONDS",

@@ -1,18 +1,28 @@
-"""A correct case slowed by CPU hogs, beside a real deadlock, under the same tight budget.
+"""Correct cases slowed by CPU hogs or a long first call, beside deadlocks, under the same tight budget.
 
-``docs/DESIGN.md#time-budget``: a hang is a lack of progress.  On ranks that
-get a fraction of a core (one spinning process per core beside them), the
-correct case -- CPU work with an all-reduce after every slice -- outlasts its
-budget and must still pass; the deadlock -- rank 0 returns, the others wait
-in an all-reduce it never joins -- must be declared at its budget, saying that
-no rank used CPU time.  Prints, per launcher, the budget, the correct case's
-wall time and outcome, and when and how the deadlock was declared.
+``docs/DESIGN.md#time-budget``, ``#progress-evidence``: a hang is a lack of
+progress, judged per rank.  On ranks that get a fraction of a core (one
+spinning process per core beside them):
+
+* the correct case -- CPU work with an all-reduce after every slice --
+  outlasts its budget and must still pass;
+* a long first call -- every rank warms a runtime for several budgets, using
+  almost no CPU but changing its stack (what compiling or autotuning on a
+  device looks like from the host) -- must pass;
+* the deadlock -- rank 0 returns, the others wait in an all-reduce it never
+  joins -- must be declared at its budget, saying that no rank used CPU time;
+* the stalled rank -- rank 0 asleep before any collective while the others
+  spin polling an all-reduce it never joins -- must be declared at its budget
+  too, naming rank 0 as stalled (the spinners' CPU time is theirs, not its).
+
+Prints, per launcher, the budget, each case's wall time and verdict.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import random
 import subprocess
 import sys
 import time
@@ -54,6 +64,48 @@ def deadlock(ctx: RankContext) -> None:
         dist.all_reduce(torch.ones(1), group=ctx.group)
 
 
+def warm_up_step(depth: int, wait_s: float) -> None:
+    """One step of a runtime's warm-up: nested ``depth`` calls deep, then waiting for something else (a device)."""
+    if depth > 0:
+        warm_up_step(depth - 1, wait_s)
+    else:
+        time.sleep(wait_s)
+
+
+def long_first_call(ctx: RankContext, seconds: float) -> int:
+    """A correct case whose first call warms a runtime for ``seconds`` (past the budget), then all-reduces."""
+    import torch
+    import torch.distributed as dist
+
+    ctx.budget_from(0.0)
+    draw = random.Random(ctx.rank)
+    steps, start = 0, time.monotonic()
+    while time.monotonic() - start < seconds:  # the stack changes from step to step, the CPU time hardly
+        warm_up_step(draw.randint(0, 4), draw.uniform(0.02, 0.06))
+        steps += 1
+    dist.all_reduce(torch.ones(1), group=ctx.group)
+    return steps
+
+
+def stalled_beside_spinners(ctx: RankContext, stall_s: float) -> None:
+    """Rank 0 sleeps before any collective; the others spin polling an all-reduce it never joins.
+
+    Both end after ``stall_s`` (so that ranks as threads do not outlive the run).
+    """
+    import torch
+    import torch.distributed as dist
+
+    ctx.budget_from(0.0)
+    end = time.monotonic() + stall_s
+    if ctx.rank == 0:
+        while time.monotonic() < end:
+            time.sleep(0.05)
+        return
+    work = dist.all_reduce(torch.ones(1), group=ctx.group, async_op=True)
+    while time.monotonic() < end and not (work is None or work.is_completed()):
+        pass
+
+
 @contextmanager
 def cpu_hogs(count: int) -> Iterator[None]:
     """``count`` processes spinning on the CPU while the block runs (a busy CI runner)."""
@@ -68,18 +120,23 @@ def cpu_hogs(count: int) -> Iterator[None]:
 
 @dataclass
 class SideBySide:
-    """What the two cases did under the same budget."""
+    """What the cases did under the same budget."""
 
     budget_s: float
     busy_s: float
     busy: list[RankOutcome] | CaseError
     deadlock_s: float
     deadlock: list[RankOutcome] | CaseError
+    first_call_s: float
+    first_call: list[RankOutcome] | CaseError
+    stalled_s: float
+    stalled: list[RankOutcome] | CaseError
 
 
 def side_by_side(launcher: Launcher, budget: Budget, cpu_s: float, *, world_size: int = 2,
-                 ceiling_s: float = 120.0, impl_spec: str = DEFAULT_IMPL) -> SideBySide:
-    """Run the correct case, then the deadlock, on ``launcher``; verdicts are returned, not raised."""
+                 ceiling_s: float = 120.0, impl_spec: str = DEFAULT_IMPL, first_call_s: float = 3.0,
+                 stall_s: float = 30.0) -> SideBySide:
+    """Run the correct cases and the hangs on ``launcher``; verdicts are returned, not raised."""
     launcher.run(RankTask(busy_collectives, world_size, {"cpu_s": 0.0}), (), impl_spec)  # ranks started
 
     def timed(task: RankTask) -> tuple[float, list[RankOutcome] | CaseError]:
@@ -92,7 +149,10 @@ def side_by_side(launcher: Launcher, budget: Budget, cpu_s: float, *, world_size
 
     busy_s, busy = timed(RankTask(busy_collectives, world_size, {"cpu_s": cpu_s}, ceiling_s, budget=budget))
     deadlock_s, stuck = timed(RankTask(deadlock, world_size, timeout=ceiling_s, budget=budget))
-    return SideBySide(budget.seconds(0.0), busy_s, busy, deadlock_s, stuck)
+    first_s, first = timed(RankTask(long_first_call, world_size, {"seconds": first_call_s}, ceiling_s, budget=budget))
+    stalled_s, stalled = timed(RankTask(stalled_beside_spinners, world_size, {"stall_s": stall_s}, ceiling_s,
+                                        budget=budget))
+    return SideBySide(budget.seconds(0.0), busy_s, busy, deadlock_s, stuck, first_s, first, stalled_s, stalled)
 
 
 def _verdict(result: list[RankOutcome] | CaseError) -> str:
@@ -124,4 +184,6 @@ def main(argv: list[str] | None = None) -> int:
             launcher.close()
         print(f"{name}: budget {run.budget_s:g} s; correct case {run.busy_s:.1f} s: {_verdict(run.busy)}")
         print(f"{name}: deadlock declared after {run.deadlock_s:.1f} s: {_verdict(run.deadlock)}")
+        print(f"{name}: long first call {run.first_call_s:.1f} s: {_verdict(run.first_call)}")
+        print(f"{name}: stalled rank beside spinners declared after {run.stalled_s:.1f} s: {_verdict(run.stalled)}")
     return 0

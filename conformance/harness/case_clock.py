@@ -1,33 +1,57 @@
-"""When a running case is declared hung: its budget, moved on while its ranks progress, under its ceiling.
+"""When a running case is declared hung: its budget, moved on while every rank progresses, under its ceiling.
 
-``docs/DESIGN.md#time-budget``.  The ceiling (``--coc-case-timeout``) is wall
-time and final.  The budget a task declares (:meth:`RankContext.expect_within
+``docs/DESIGN.md#time-budget`` and ``#progress-evidence``.  The ceiling
+(``--coc-case-timeout``) is wall time and final.  The budget a task declares
+(:meth:`RankContext.expect_within
 <conformance.harness.case.RankContext.expect_within>`) starts once every rank
 has loaded the implementation (a framework's import is not the first case's
-fault), and when it runs out the case is hung only if none of its running
-ranks progressed over the budget -- used CPU time
-(:mod:`conformance.harness.progress`), or saw a collective complete (the
-count :mod:`conformance.harness.probes` keeps, which a rank reports in its
-progress messages: a rank blocked in a slow collective that completes uses
-no CPU) -- otherwise it is given the same span again, up to the ceiling.
-Without either evidence (no ``/proc``, or a device backend whose waits spin
-on the CPU, and no collective completing) the budget is wall time.
+fault).  When it runs out, each running rank is judged on its own evidence
+(:mod:`conformance.harness.progress`): it *progressed* (its task thread used
+CPU time, saw a collective complete, changed its stack, or its device
+completed work), it is *waiting* in a collective (for the others), or it is
+*stalled* (neither, over enough samples of its stack; a rank sampled too
+seldom on a loaded machine is not judged).  The case gets the same span
+again only if some rank progressed (or was not judged) and none stalled: a
+rank's work is no evidence for another rank, so a stalled rank beside busy or
+spinning ones is a hang at the budget.
+Without any evidence (no ``/proc`` and no reports) the budget is wall time.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Collection, Iterable
+from dataclasses import dataclass
 
-from conformance.harness.progress import ProgressWatch
+from conformance.harness.progress import Evidence, ProgressWatch
+
+#: The shortest window of evidence: a test's budget of 0.5 s holds too few stack samples on a loaded machine.
+MIN_WINDOW_S = 2.0
+
+
+@dataclass(frozen=True)
+class _Mark:
+    """The ranks' evidence at one moment: what a later verdict measures growth from."""
+
+    at: float
+    evidence: dict[int, Evidence]
+    cpu: tuple[float, dict[int, float | None]] | None
 
 
 class CaseClock:
-    """The deadline of one case's run and, once it has passed, why the case is hung."""
+    """The deadline of one case's run and, once it has passed, why the case is hung.
+
+    Evidence is judged over the last half budget (:data:`MIN_WINDOW_S` at
+    least): marks are taken every half budget, and once the budget is spent
+    the case is judged at every mark on the growth over that window.  A rank that stalls early in the budget
+    (after setting up a call) is declared at the budget; one that stalls later,
+    within a budget of stalling.
+    """
 
     def __init__(self, ceiling_s: float, watch: ProgressWatch | None = None,
-                 loading: Iterable[int] = ()) -> None:
+                 loading: Iterable[int] = (), *, min_window_s: float = MIN_WINDOW_S) -> None:
         self.ceiling_s = ceiling_s
+        self.min_window_s = min_window_s
         self.started = time.monotonic()
         self.ceiling = self.started + ceiling_s
         self.deadline = self.ceiling
@@ -36,21 +60,23 @@ class CaseClock:
         self.loading = set(loading)
         self._span: float | None = None  #: the budget's length, once declared
         self._extended = False  #: whether progress has moved the deadline on
-        self._since = self.started  #: when the current span of evidence began
-        self._completing: set[int] = set()  #: ranks that saw a collective complete in the current span
+        self._latest: dict[int, Evidence] = {}  #: each rank's latest reported evidence
+        self._marks: list[_Mark] = []  #: evidence every half budget, the last budgets of it
+        self._next_mark: float | None = None  #: when the next mark is due (before the deadline)
 
     def left(self) -> float:
-        """Seconds until the current deadline."""
-        return max(0.0, self.deadline - time.monotonic())
+        """Seconds until the current deadline, or the next mark before it."""
+        due = self.deadline if self._next_mark is None else min(self.deadline, self._next_mark)
+        return max(0.0, due - time.monotonic())
 
     def budget(self, seconds: float, rank: int | None = None) -> None:
-        """``rank``'s task declared that the rest of it finishes within ``seconds`` (never past an earlier budget).
+        """A rank's task declared that the rest of it finishes within ``seconds`` (never past an earlier budget).
 
-        Its span of CPU time starts now (every rank's, when None).
+        The window of evidence starts now.
         """
         self._span = seconds
         if not self.loading:
-            self._start_budget(seconds, keep_later=True, ranks=None if rank is None else [rank])
+            self._start_budget(seconds, keep_later=True)
 
     def loaded(self, rank: int) -> None:
         """``rank`` has loaded the implementation; once all have, a declared budget counts from now."""
@@ -58,45 +84,87 @@ class CaseClock:
         if not self.loading and self._span is not None and self.deadline >= self.ceiling:
             self._start_budget(self._span, keep_later=False)
 
-    def collective_completed(self, rank: int) -> None:
-        """``rank`` saw a collective complete: it progressed in the current span."""
-        self._completing.add(rank)
+    def report(self, rank: int, evidence: Evidence) -> None:
+        """``rank``'s evidence of progress since its task began (its counters only grow)."""
+        self._latest[rank] = evidence
 
-    def _start_budget(self, seconds: float, *, keep_later: bool, ranks: list[int] | None = None) -> None:
+    def _start_budget(self, seconds: float, *, keep_later: bool) -> None:
         now = time.monotonic()
         earlier = self.deadline if keep_later and self.deadline < self.ceiling else 0.0
         self.deadline = min(self.ceiling, max(earlier, now + seconds))
-        self._mark(ranks)
+        self._marks = []
+        self._mark(now)
 
-    def _mark(self, ranks: list[int] | None = None) -> None:
-        """A new span of evidence starts now (for ``ranks``; every rank when None)."""
-        self._since = time.monotonic()
-        self._completing.difference_update(self._completing if ranks is None else ranks)
-        if self.watch is not None:
-            self.watch.mark(ranks)
+    def _mark(self, now: float) -> None:
+        """Note every rank's evidence now; the next mark is due half a budget later."""
+        self._marks.append(_Mark(now, dict(self._latest), self.watch.readings() if self.watch is not None else None))
+        span = self._span or 0.0
+        self._marks = [m for m in self._marks if now - m.at <= 2 * max(span, self.min_window_s)] or self._marks[-1:]
+        self._next_mark = now + span / 2
+
+    def _window(self, now: float) -> _Mark:
+        """The mark half a budget (at least :data:`MIN_WINDOW_S`) before ``now``; the oldest there is, early on."""
+        window = max(0.45 * (self._span or 0.0), self.min_window_s)
+        old = [m for m in self._marks if now - m.at >= window]
+        return old[-1] if old else self._marks[0]
+
+    def progressed(self, ranks: Collection[int], since: _Mark) -> dict[int, list[str]]:
+        """What each of ``ranks`` showed of its own progress since ``since`` (absent: nothing)."""
+        busy = set(self.watch.progressed(list(ranks), since.cpu)) if self.watch is not None else set()
+        shown = {}
+        for rank in ranks:
+            what = self._latest.get(rank, Evidence()).grew(since.evidence.get(rank, Evidence()))
+            if rank in busy:
+                what.append("cpu_time")
+            if what:
+                shown[rank] = what
+        return shown
 
     def hung(self, pending: Collection[int]) -> str | None:
         """None while ``pending`` ranks have time left, or progressed (the deadline moves on); else why they hung."""
         now = time.monotonic()
-        if now < self.deadline or not pending:
+        if not pending:
+            return None
+        if now < self.deadline:
+            if self._next_mark is not None and now >= self._next_mark:
+                self._mark(now)
             return None
         ranks = sorted(pending)
         elapsed = now - self.started
         if self.deadline >= self.ceiling:
             return self._past_ceiling(ranks)
-        span = now - self._since
-        if self._completing.intersection(ranks) or (self.watch is not None and self.watch.progressed(ranks)):
+        since = self._window(now)
+        span = now - since.at
+        progressed = self.progressed(ranks, since)
+        waiting = [r for r in ranks if r not in progressed and self._latest.get(r, Evidence()).waiting]
+        unseen = [r for r in ranks if r not in progressed and r not in waiting and r in self._latest
+                  and not self._latest[r].seen(since.evidence.get(r, Evidence()))]
+        stalled = [r for r in ranks if r not in progressed and r not in waiting and r not in unseen]
+        if (progressed or unseen) and not stalled:
             self._extended = True
-            self.deadline = min(self.ceiling, now + (self._span or span))
-            self._mark()
+            self.deadline = min(self.ceiling, now + (self._span or span) / 2)
+            self._mark(now)
             return None
-        if self.watch is None:
+        if self.watch is None and not self._latest:
             return (f"rank(s) {ranks} did not finish within {elapsed:.3g} s (the case's budget; no collective "
                     f"completed on them for its last {span:.3g} s; ceiling {self.ceiling_s:g} s)")
-        most = max(self.watch.used(ranks).values(), default=0.0)
-        return (f"rank(s) {ranks} did not finish within {elapsed:.3g} s: no collective completed and no rank used "
-                f"CPU time for the last {span:.3g} s of the case's budget (at most {most * 1e3:.0f} ms each, what "
-                f"a rank blocked in a collective uses; ceiling {self.ceiling_s:g} s)")
+        what = "no collective completed, no stack changed"
+        if self.watch is not None:
+            most = max(self.watch.used(stalled if progressed else ranks, since.cpu).values(), default=0.0)
+            what += (f" and no rank used CPU time for the last {span:.3g} s of the case's budget (at most "
+                     f"{most * 1e3:.0f} ms each, what a rank blocked in a collective uses")
+        else:
+            what += f" and no device work completed for the last {span:.3g} s of the case's budget ("
+            what += "CPU time is no evidence on a device"
+        waits = f"; rank(s) {waiting} waiting in a collective" if waiting else ""
+        if waiting and stalled and not progressed:
+            waits += f", rank(s) {stalled} stalled outside any"
+        if progressed:
+            busy = ", ".join(f"{r}: {'+'.join(w)}" for r, w in sorted(progressed.items()))
+            return (f"rank(s) {stalled} stalled: did not finish within {elapsed:.3g} s, and on them {what}"
+                    f"{waits}), while rank(s) {sorted(progressed)} kept busy ({busy}): one rank's work is no "
+                    f"evidence for another's (ceiling {self.ceiling_s:g} s)")
+        return f"rank(s) {ranks} did not finish within {elapsed:.3g} s: {what}{waits}; ceiling {self.ceiling_s:g} s)"
 
     def _past_ceiling(self, ranks: list[int]) -> str:
         loading = sorted(self.loading.intersection(ranks))
@@ -105,5 +173,6 @@ class CaseClock:
                     "(the case's ceiling; loading is bounded by the ceiling only, not by the budget)")
         why = f"rank(s) {ranks} did not finish within {self.ceiling_s:g} s (the case's ceiling"
         if self._extended:
-            why += "; its ranks kept progressing (using CPU time or completing collectives) past their budget"
+            why += ("; its ranks kept progressing (each using CPU time, completing collectives, changing its stack "
+                    "or completing device work, or waiting in a collective for one that did) past their budget")
         return why + ")"

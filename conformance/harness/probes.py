@@ -73,6 +73,7 @@ _install_lock = threading.Lock()
 #: thread of the process is noted there: a helper thread's collectives are not recorded, and a reader must know).
 _recording: dict[int, CollectiveLog] = {}
 _installed = False
+_waits_patched = False  #: whether Work's waits are patched (counting completions; :func:`count_completions`)
 #: Process group name -> its global ranks, for every group seen alive at a recording (groups are named once).
 _known_groups: dict[str, tuple[int, ...]] = {}
 
@@ -277,6 +278,49 @@ def _group_ranks(group: Any) -> tuple[tuple[int, ...] | None, str]:
         return known, (GONE if known is not None else UNKNOWN)
 
 
+def count_completions() -> None:
+    """Patch ``Work``'s and ``Future``'s waits on the class, once per process: every wait that returns counts in
+    :data:`COMPLETED`.
+
+    So does every rendezvous of a group creation (torch's private helpers:
+    Megatron creates 20 or more groups a case, and on a loaded machine that
+    takes seconds with no ``Work`` at all).  Cheap (one counter), and in force
+    from then on, recording or not: the case clock's evidence
+    (``docs/DESIGN.md#progress-evidence``).  No public torch.distributed
+    function changes identity.
+    """
+    global _waits_patched
+    import torch
+    import torch.distributed as dist
+
+    with _install_lock:
+        if _waits_patched:
+            return
+        _patch_waits(dist.distributed_c10d.Work)
+        _patch_waits(torch._C.Future, ("wait", "value"))
+        for name in _RENDEZVOUS:
+            original = getattr(dist.distributed_c10d, name, None)
+            if original is not None:
+                setattr(dist.distributed_c10d, name, _counted(original))
+        _waits_patched = True
+
+
+#: torch's private steps of creating a process group: store rendezvous every member completes (each counts).
+_RENDEZVOUS = ("_new_process_group_helper", "_store_based_barrier")
+
+
+def _counted(original: Any) -> Any:
+    """``original``, counting each return in :data:`COMPLETED` (a group creation is a rendezvous of its ranks)."""
+
+    @functools.wraps(original)
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        result = original(*args, **kwargs)
+        COMPLETED.note()
+        return result
+
+    return counted
+
+
 def _install() -> None:
     """Patch ``Work``'s waits and wrap torch.distributed's Python collectives, once per process."""
     global _installed
@@ -284,11 +328,10 @@ def _install() -> None:
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
 
+    count_completions()
     with _install_lock:
         if _installed:
             return
-        _patch_waits(dist.distributed_c10d.Work)
-        _patch_waits(torch._C.Future, ("wait", "value"))
         original_get_future = dist.distributed_c10d.Work.get_future
 
         def get_future(self: Any) -> Any:
@@ -324,7 +367,8 @@ def _install() -> None:
 
 def _patch_waits(cls: Any, methods: tuple[str, ...] = ("wait", "synchronize", "result", "is_completed")) -> None:
     """Patch each of ``methods`` on ``cls`` (a Work, a Future) so that a handle waited on through it marks the
-    calls it completes waited (``is_completed`` only when it answers True)."""
+    calls it completes waited (``is_completed`` only when it answers True), and every wait that returns counts in
+    :data:`COMPLETED` (a poll of ``is_completed`` does not: polling a finished handle again is no new progress)."""
     for method in methods:
         original = getattr(cls, method, None)
         if original is None:
@@ -335,6 +379,8 @@ def _patch_waits(cls: Any, methods: tuple[str, ...] = ("wait", "synchronize", "r
             log: CollectiveLog | None = getattr(_local, "log", None)
             if log is not None and (_method != "is_completed" or result):
                 log._work_waited(self)
+            if _method != "is_completed":
+                COMPLETED.note()
             return result
 
         setattr(cls, method, patched)
@@ -629,21 +675,28 @@ def _shapes(args: Any) -> list[tuple[int, ...]]:
 
 @dataclass
 class CompletionCount:
-    """Collectives this process saw complete while recording; ``listener`` hears each new count.
+    """Collectives this process saw complete, in all and per thread; counted always once :func:`count_completions` ran.
 
-    A rank reports it in its progress messages
-    (:mod:`conformance.harness.launchers.worker`), so that
+    A rank reports its count in its progress evidence
+    (:mod:`conformance.harness.progress`), so that
     :class:`~conformance.harness.case_clock.CaseClock` does not take a rank
-    blocked in a slow collective that completes (it uses no CPU) for a hung one.
+    blocked in a slow collective that completes (it uses no CPU) for a hung
+    one.  Each wait that returns counts (a blocking call waits too); inside a
+    recording a completion the timeline sees otherwise (a functional wait, a
+    poll answering True) counts as well, so one completion may count twice:
+    the count is evidence that something completed, not how many did.
     """
 
     count: int = 0
-    listener: Callable[[int], None] | None = None
+    by_thread: dict[int, int] = field(default_factory=dict)
 
     def note(self) -> None:
         self.count += 1
-        if self.listener is not None:
-            self.listener(self.count)
+        thread = threading.get_ident()
+        self.by_thread[thread] = self.by_thread.get(thread, 0) + 1
+
+    def of_thread(self, thread_id: int) -> int:
+        return self.by_thread.get(thread_id, 0)
 
 
 COMPLETED = CompletionCount()

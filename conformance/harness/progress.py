@@ -1,31 +1,49 @@
-"""Whether a case's ranks are still progressing: the CPU time their processes (or threads) spend.
+"""Whether a case's ranks are still progressing, judged per rank on evidence no other rank can lend.
 
 Elapsed time alone makes a slow case on a busy machine look hung
-(``docs/DESIGN.md#time-budget``).  A rank blocked in a collective that never
-completes sleeps: measured here, a gloo rank waiting in ``all_reduce`` used
-1-2.2 ms of CPU per second, one polling ``time.sleep(0.05)`` 2 ms; a rank
-doing anything -- computing, completing collectives, changing its stack --
-uses more, even when it gets a few percent of a core.  So a rank *progressed*
-over a span when it used at least :data:`BUSY_SHARE` of a core over it (and
-at least :data:`MIN_CPU_S`, above the clock's resolution).
+(``docs/DESIGN.md#time-budget``, ``#progress-evidence``).  Each rank's own
+evidence counts, never the sum over ranks:
 
-Read from ``/proc`` (Linux); where it is missing there is no evidence and the
-budget stays a wall-clock budget.
+* the CPU time of its *task thread* (:class:`ProgressWatch`; not the whole
+  process: gloo keeps one TCP loop thread per process group, ~0.8 ms of CPU a
+  second each, and Megatron's set-up makes 20 or more groups, so a process
+  blocked in a collective used 16 ms a second -- above the line);
+* collectives it saw complete (:data:`conformance.harness.probes.COMPLETED`);
+* its task thread's Python stack changing between samples, outside
+  ``torch.distributed`` (:class:`TaskSampler`; a spin in one line, or a
+  poll of a collective, does not change it);
+* work it queued on its device completing (:class:`DeviceEvents`, CUDA and
+  NPU; inert on the CPU);
+
+and whether it is *waiting* in a collective right now (a frame of its task
+thread is in ``torch.distributed``, or it is in the probes' wait): a waiting
+rank is not stalled, it waits for others.  A pool rank's :class:`Reporter`
+sends this evidence to the pool; the threaded launcher samples its rank
+threads itself.  :mod:`conformance.harness.case_clock` judges it.
 """
 
 from __future__ import annotations
 
 import os
+import sys
+import threading
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import Any
 
-#: The share of one core a rank must use over a span to count as progressing: measured here, a rank
-#: blocked in a gloo all-reduce used 1-2.2 ms per second, while ranks of a correct case beside CPU hogs
+#: The share of one core a rank's task thread must use over a window to count as progressing: measured
+#: here, a rank blocked in a gloo all-reduce used 1-2.2 ms per second, while ranks of a correct case beside CPU hogs
 #: and two busy pytest workers on 2 cores got 16-70 ms per second (taking turns at every all-reduce).
 BUSY_SHARE = 0.008
 #: ... and never less than this many CPU seconds (above the accounting's resolution).
 MIN_CPU_S = 0.003
+#: Samples at which a rank's stack must have changed over a window for that to be progress ...
+MIN_STACK_CHANGES = 2
+#: ... and the share of the window's samples they must be.
+STACK_CHANGE_SHARE = 0.1
+#: Samples a rank's evidence must hold over a window before the rank can be called stalled.
+MIN_SAMPLES = 3
 
 
 def cpu_seconds(pid: int, tids: Sequence[int] | None = None) -> float | None:
@@ -61,7 +79,7 @@ def cpu_seconds(pid: int, tids: Sequence[int] | None = None) -> float | None:
 
 @dataclass(frozen=True)
 class Rank:
-    """Where a rank's CPU time is read: its process, and (ranks as threads) its thread."""
+    """Where a rank's CPU time is read: its process and its task thread (the process's main thread: ``tid=pid``)."""
 
     pid: int
     tid: int | None = None
@@ -71,7 +89,7 @@ class Rank:
 
 
 class ProgressWatch:
-    """The ranks' CPU time since the last :meth:`mark`: who progressed over that span."""
+    """Each rank's CPU time since the last :meth:`mark`: who progressed over that span, rank by rank."""
 
     def __init__(self, ranks: Mapping[int, Rank]) -> None:
         self.ranks = dict(ranks)
@@ -95,16 +113,208 @@ class ProgressWatch:
         """Seconds since the last :meth:`mark`."""
         return time.monotonic() - self._since
 
-    def used(self, ranks: Sequence[int]) -> dict[int, float]:
-        """CPU seconds each of ``ranks`` used since the last :meth:`mark` (unreadable ones left out)."""
+    def readings(self) -> tuple[float, dict[int, float | None]]:
+        """When, and each rank's CPU seconds then: a mark to measure from later (:meth:`used`, :meth:`progressed`)."""
+        return time.monotonic(), {r: rank.cpu() for r, rank in self.ranks.items()}
+
+    def used(self, ranks: Sequence[int],
+             since: tuple[float, dict[int, float | None]] | None = None) -> dict[int, float]:
+        """CPU seconds each of ``ranks`` used since ``since`` (or the last :meth:`mark`; unreadable ones left out)."""
+        before_all = self._cpu if since is None else since[1]
         used = {}
         for r in ranks:
-            before, now = self._cpu.get(r), self.ranks[r].cpu() if r in self.ranks else None
+            before, now = before_all.get(r), self.ranks[r].cpu() if r in self.ranks else None
             if before is not None and now is not None:
                 used[r] = now - before
         return used
 
-    def progressed(self, ranks: Sequence[int]) -> list[int]:
-        """Those of ``ranks`` that used at least :data:`BUSY_SHARE` of a core since the last :meth:`mark`."""
-        floor = max(MIN_CPU_S, BUSY_SHARE * self.span())
-        return sorted(r for r, s in self.used(ranks).items() if s >= floor)
+    def progressed(self, ranks: Sequence[int],
+                   since: tuple[float, dict[int, float | None]] | None = None) -> list[int]:
+        """Those of ``ranks`` that used at least :data:`BUSY_SHARE` of a core since ``since`` (or the last mark)."""
+        span = self.span() if since is None else time.monotonic() - since[0]
+        floor = max(MIN_CPU_S, BUSY_SHARE * span)
+        return sorted(r for r, s in self.used(ranks, since).items() if s >= floor)
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What one rank showed of its progress since its task began: counters that only grow, and its state now."""
+
+    completed: int = 0  #: collectives it saw complete
+    stack_changes: int = 0  #: samples at which its task thread's stack differed from the one before
+    device_done: int = 0  #: device events, queued behind its work, that completed
+    samples: int = 0  #: samples taken of its stack
+    waiting: bool = False  #: its task thread is inside a collective (or a wait for one) now
+
+    def grew(self, since: Evidence) -> list[str]:
+        """The counters that grew since ``since`` (empty: no progress of this rank's own).
+
+        The stack must have changed at :data:`MIN_STACK_CHANGES` samples and
+        at :data:`STACK_CHANGE_SHARE` of them: a loop that sleeps and checks
+        is seen, now and then, on its other line; work is seen somewhere new
+        at most samples.
+        """
+        grew = [name for name in ("completed", "device_done") if getattr(self, name) > getattr(since, name)]
+        changes = self.stack_changes - since.stack_changes
+        if changes >= max(MIN_STACK_CHANGES, STACK_CHANGE_SHARE * (self.samples - since.samples)):
+            grew.append("stack_changes")
+        return grew
+
+    def seen(self, since: Evidence) -> bool:
+        """Whether the rank was sampled often enough since ``since`` to be called stalled (a starved sampler is not)."""
+        return self.samples - since.samples >= MIN_SAMPLES
+
+    def as_json(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+#: Where a frame is part of a collective (torch's own code, the threaded process group's).
+_COLLECTIVE_PATHS = (f"{os.sep}torch{os.sep}distributed{os.sep}",
+                     f"{os.sep}torch{os.sep}testing{os.sep}_internal{os.sep}distributed{os.sep}")
+#: The probes' patched ``Work.wait`` / ``is_completed`` (a wait when innermost).
+_PROBES = f"{os.sep}conformance{os.sep}harness{os.sep}probes.py"
+
+
+def _in_collective(filename: str) -> bool:
+    return any(part in filename for part in _COLLECTIVE_PATHS)
+
+
+def stack_state(frame: Any) -> tuple[tuple[Any, ...], bool]:
+    """A thread's stack as the lines it is at (outside collectives), and whether it is in a collective now.
+
+    In a collective: any frame is torch.distributed's (a blocking call, the
+    threaded group's wait under it), or the innermost is the probes' wait.
+    The frames of a collective or a wait are left out of the lines: a rank
+    polling one keeps one fingerprint however often it looks.
+    """
+    lines, waiting = [], frame is not None and frame.f_code.co_filename.endswith(_PROBES)
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if _in_collective(name):
+            waiting = True
+        elif not name.endswith(_PROBES):
+            lines.append((frame.f_code, frame.f_lineno))
+        frame = frame.f_back
+    return tuple(lines), waiting
+
+
+class DeviceEvents:
+    """Events recorded in turn on a device's default stream; one that was queued behind work and completes is progress.
+
+    An event found complete at the first look after its record was queued
+    behind nothing (an idle device) and does not count.  Real on ``cuda:N`` and
+    ``npu:N`` once the rank's task has started that runtime (it is never
+    started here: the fork server keeps it unstarted); inert on the CPU.
+    """
+
+    def __init__(self, device: str, runtime: Any = None) -> None:
+        kind, _, index = device.partition(":")
+        self.kind, self.index = kind, int(index or 0)
+        self.done = 0
+        self._given = runtime  #: a runtime to use instead of ``torch.<kind>`` (tests script one)
+        self._event: Any = None
+        self._seen_pending = False
+
+    def _runtime(self) -> Any:
+        if self.kind not in ("cuda", "npu"):
+            return None
+        if self._given is not None:
+            return self._given
+        torch = sys.modules.get("torch")
+        runtime = getattr(torch, self.kind, None) if torch is not None else None
+        try:
+            return runtime if runtime is not None and runtime.is_initialized() else None
+        except Exception:  # noqa: BLE001 - a runtime that cannot say is one we do not read
+            return None
+
+    def poll(self) -> int:
+        """Events that completed behind work so far (records the next one when the last has completed)."""
+        runtime = self._runtime()
+        if runtime is None:
+            return self.done
+        with runtime.device(self.index):
+            if self._event is not None:
+                if not self._event.query():
+                    self._seen_pending = True
+                    return self.done
+                self.done += self._seen_pending
+            self._event, self._seen_pending = runtime.Event(), False
+            self._event.record(runtime.default_stream(self.index))
+        return self.done
+
+
+class TaskSampler:
+    """Samples one thread's evidence (:class:`Evidence`) in its own process, from another thread.
+
+    ``completed`` says how many collectives the rank saw complete.  With
+    ``whole_process`` (a rank that is a process), the rank also waits while
+    any other Python thread of it is in a collective (a task waiting for a
+    helper thread that waits for the others).
+    """
+
+    def __init__(self, thread_id: int, completed: Callable[[], int], device: str = "cpu", *,
+                 whole_process: bool = False) -> None:
+        self.thread_id, self._completed, self._whole_process = thread_id, completed, whole_process
+        self._device = DeviceEvents(device)
+        self._stack: tuple[Any, ...] | None = None
+        self._changes = self._samples = 0
+
+    def sample(self) -> Evidence:
+        frames = sys._current_frames()
+        stack, waiting = stack_state(frames.get(self.thread_id))
+        if self._whole_process and not waiting:
+            me = threading.get_ident()
+            waiting = any(stack_state(f)[1] for t, f in frames.items() if t not in (me, self.thread_id))
+        if self._stack is not None and stack != self._stack:
+            self._changes += 1
+        self._stack = stack
+        try:
+            device = self._device.poll()
+        except Exception:  # noqa: BLE001 - a device error is the task's to report, not the sampler's
+            device = self._device.done
+        self._samples += 1
+        return Evidence(self._completed(), self._changes, device, self._samples, waiting)
+
+
+class Reporter:
+    """A daemon thread that samples a rank's task thread every :data:`SAMPLE_EVERY_S` while a task runs.
+
+    It sends the rank's :class:`Evidence` when it differs from the last sent,
+    at most every :data:`SEND_EVERY_S`; a change not yet sent is sent at a
+    later sample, so the latest evidence always reaches the pool (none is
+    dropped), at most :data:`SEND_EVERY_S` late.
+    """
+
+    def __init__(self, send: Callable[[Evidence], None], lock: threading.Lock) -> None:
+        self._send, self.lock = send, lock
+        self._sampler: TaskSampler | None = None
+        self._last: Evidence | None = None
+        self._sent_at = 0.0
+        threading.Thread(target=self._run, name="coc-progress", daemon=True).start()
+
+    def start(self, sampler: TaskSampler) -> None:
+        """Sample ``sampler``'s thread from now on (a task began)."""
+        with self.lock:
+            self._sampler, self._last = sampler, None
+
+    def stop(self) -> None:
+        """Stop sampling; call with :attr:`lock` held, so no report follows what the caller sends next."""
+        self._sampler = None
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(SAMPLE_EVERY_S)
+            with self.lock:
+                if self._sampler is None:
+                    continue
+                evidence = self._sampler.sample()
+                now = time.monotonic()
+                if evidence != self._last and now - self._sent_at >= SEND_EVERY_S:
+                    self._last, self._sent_at = evidence, now
+                    self._send(evidence)
+
+
+#: How often a rank's evidence is sampled: several times in the shortest budget (a test's 0.5 s).
+SAMPLE_EVERY_S = 0.05
+#: The shortest interval between two reports of a rank (a budget is seconds long).
+SEND_EVERY_S = 0.2

@@ -91,15 +91,17 @@ def impl_name(ctx: RankContext) -> str:
 
 
 
-def slow_collectives(ctx: RankContext, rounds: int, pause_s: float) -> int:
+def slow_collectives(ctx: RankContext, rounds: int, pause_s: float, recorded: bool = True) -> int:
     """Every rank idle, yet progressing: rank 0 sleeps before each all-reduce, the others wait in it."""
+    import contextlib
+
     import torch
     import torch.distributed as dist
 
     from conformance.harness.probes import record_collectives
 
     ctx.budget_from(0.0)
-    with record_collectives():
+    with record_collectives() if recorded else contextlib.nullcontext():
         for _ in range(rounds):
             if ctx.rank == 0:
                 time.sleep(pause_s)

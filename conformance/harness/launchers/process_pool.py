@@ -11,9 +11,10 @@ attached; the pool is then torn down and rebuilt on next use, so the session
 goes on.  Each rank loads the implementation before it runs the task and says
 so; a task may lower its deadline while it runs
 (:meth:`~conformance.harness.case.RankContext.expect_within`): a rank sends
-the new budget, and how many collectives it saw complete, and
-:class:`~conformance.harness.case_clock.CaseClock` decides when the ranks have
-hung (out of budget, no longer using CPU time and no collective completing).
+the new budget, and its own evidence of progress (collectives completed, its
+stack changing, device work completing, whether it waits in a collective), and
+:class:`~conformance.harness.case_clock.CaseClock` decides, rank by rank, when
+the case has hung (``docs/DESIGN.md#progress-evidence``).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from conformance.harness.case_errors import CaseTimeout, RankCrashed
 from conformance.harness.launchers.devices import DeviceKind
 from conformance.harness.launchers.worker import BUDGET, LOADED, PROGRESS, READY, STOP
 from conformance.harness.launchers.zygote_client import Zygote
-from conformance.harness.progress import ProgressWatch, Rank
+from conformance.harness.progress import Evidence, ProgressWatch, Rank
 
 #: How long ranks get to dump their stacks after SIGUSR1.
 _STACK_GRACE_S = 0.5
@@ -216,7 +217,7 @@ class RankPool:
                 elif data[:1] == BUDGET:
                     clock.budget(float(data[1:]), rank)
                 elif data[:1] == PROGRESS:
-                    clock.collective_completed(rank)
+                    clock.report(rank, Evidence(**json.loads(data[1:])))
                 else:
                     outcomes[rank] = pickle.loads(data[1:])
                     del pending[rank]
@@ -226,10 +227,10 @@ class RankPool:
         return [outcomes[rank] for rank in range(self.world_size)]
 
     def _progress_watch(self) -> ProgressWatch | None:
-        """CPU time of the ranks' processes; none on devices, where a rank waiting for one spins on the CPU."""
+        """CPU time of each rank's task thread (its main thread); none on devices, where a rank waiting spins."""
         if self.kind.name != "cpu":
             return None
-        return ProgressWatch({rank: Rank(proc.pid) for rank, proc in enumerate(self._procs)})
+        return ProgressWatch({rank: Rank(proc.pid, proc.pid) for rank, proc in enumerate(self._procs)})
 
     def _fail(self, error: type[CaseTimeout] | type[RankCrashed], task: RankTask, why: str,
               outcomes: dict[int, RankOutcome], offsets: Sequence[int],

@@ -18,7 +18,7 @@ from conformance.harness.case import RankContext, RankOutcome, RankTask, run_on_
 from conformance.harness.case_clock import CaseClock
 from conformance.harness.case_errors import CaseTimeout
 from conformance.harness.impl_loader import preload_implementation
-from conformance.harness.progress import ProgressWatch, Rank
+from conformance.harness.progress import ProgressWatch, Rank, TaskSampler
 
 _LOCK = threading.Lock()  # one threaded world at a time per process
 
@@ -35,7 +35,10 @@ class ThreadedLauncher:
             _uninstall_threaded_pg,
         )
 
+        from conformance.harness import probes
+
         preload_implementation(impl_spec)  # before the clock: the load is not the case's
+        probes.count_completions()
         with _LOCK:
             world = _install_threaded_pg()
             torch._C._distributed_c10d._set_thread_isolation_mode(True)  # type: ignore[attr-defined]
@@ -67,8 +70,11 @@ class ThreadedLauncher:
                 for t in threads:
                     t.start()
                 clock.watch = _thread_watch(threads)
+                samplers = {r: _sampler(t) for r, t in enumerate(threads) if t.ident is not None}
                 while stuck := [r for r, t in enumerate(threads) if t.is_alive()]:
                     threads[stuck[0]].join(min(0.05, clock.left()))
+                    for r in stuck:
+                        clock.report(r, samplers[r].sample())
                     why = clock.hung([r for r in stuck if threads[r].is_alive()])
                     if why:
                         stacks = _thread_stacks(threads)
@@ -100,6 +106,15 @@ def _thread_watch(threads: Sequence[threading.Thread]) -> ProgressWatch | None:
     watch = ProgressWatch({r: Rank(os.getpid(), t.native_id) for r, t in enumerate(threads)
                            if t.native_id and t.is_alive()})
     return watch if watch.available else None
+
+
+def _sampler(thread: threading.Thread) -> TaskSampler:
+    """A rank thread's evidence: its stack and the collectives it saw complete since now."""
+    from conformance.harness.probes import COMPLETED
+
+    assert thread.ident is not None
+    ident, begun = thread.ident, COMPLETED.of_thread(thread.ident)
+    return TaskSampler(ident, lambda: COMPLETED.of_thread(ident) - begun)
 
 
 def _thread_stacks(threads: Sequence[threading.Thread]) -> dict[int, str]:

@@ -9,16 +9,20 @@ force.
 Messages to the pool start with one tag byte: :data:`READY` once the process
 group is up, :data:`LOADED` once the implementation is loaded for a task (its
 budget does not count the load), :data:`BUDGET` + seconds when the running
-task sets its budget, :data:`PROGRESS` + a count when the task's recorded
-collectives complete (at most every :data:`PROGRESS_EVERY_S`), :data:`RESULT` + the pickled
-:class:`~conformance.harness.case.RankOutcome`.
+task sets its budget, :data:`PROGRESS` + the rank's evidence of progress as
+JSON (:class:`~conformance.harness.progress.Evidence`: collectives completed,
+stack changes, device work completed, whether it waits in a collective; sent
+by a sampling thread whenever it changed, so the latest always arrives),
+:data:`RESULT` + the pickled :class:`~conformance.harness.case.RankOutcome`.
+Every message is sent under one lock (the sampler sends from its own thread).
 """
 
 from __future__ import annotations
 
+import json
 import pickle
 import sys
-import time
+import threading
 from collections.abc import Callable
 from datetime import timedelta
 from multiprocessing.connection import Connection
@@ -27,8 +31,6 @@ from typing import Any
 #: Sent to a rank (instead of a task) to make it leave its loop.
 STOP = b"stop"
 READY, LOADED, BUDGET, PROGRESS, RESULT = b"Y", b"L", b"B", b"P", b"R"
-#: The shortest interval between two progress messages of a rank (a budget is seconds long).
-PROGRESS_EVERY_S = 0.2
 
 
 def rank_main(
@@ -66,12 +68,21 @@ def rank_main(
     )
     conn.send_bytes(READY)
 
-    def on_budget(seconds: float) -> None:
-        conn.send_bytes(BUDGET + repr(seconds).encode())
-
     from conformance.harness import probes
+    from conformance.harness.progress import Reporter, TaskSampler
 
-    probes.COMPLETED.listener = _Throttled(lambda count: conn.send_bytes(PROGRESS + str(count).encode()))
+    lock = threading.Lock()
+
+    def send(message: bytes) -> None:
+        with lock:
+            conn.send_bytes(message)
+
+    def on_budget(seconds: float) -> None:
+        send(BUDGET + repr(seconds).encode())
+
+    probes.count_completions()  # every collective completing is evidence, recorded or not
+    reporter = Reporter(lambda e: conn.send_bytes(PROGRESS + json.dumps(e.as_json()).encode()), lock)
+    task_thread = threading.get_ident()
 
     try:
         while True:
@@ -86,7 +97,9 @@ def rank_main(
                 if entry not in sys.path:
                     sys.path.insert(0, entry)
             preload_implementation(impl_spec)
-            conn.send_bytes(LOADED)
+            send(LOADED)
+            reporter.start(TaskSampler(task_thread, _completed_since(probes.COMPLETED.count), device,
+                                       whole_process=True))
             ctx = RankContext(rank, world_size, device, impl_spec, launcher, on_budget=on_budget, budget=budget)
             try:
                 fn, params = pickle.loads(payload)
@@ -94,38 +107,32 @@ def rank_main(
                 outcome = RankOutcome(rank, error=CapturedError.capture(exc))
             else:
                 outcome = run_on_rank(fn, params, ctx)
-            _send_outcome(conn, outcome)
+            data = _outcome_bytes(outcome)
+            with lock:
+                reporter.stop()
+                conn.send_bytes(RESULT + data)
     finally:
         dist.destroy_process_group()
 
 
-class _Throttled:
-    """Calls ``send`` with the latest count, at most every :data:`PROGRESS_EVERY_S`."""
+def _completed_since(begun: int) -> Callable[[], int]:
+    """How many collectives this process saw complete since the count was ``begun``."""
+    from conformance.harness.probes import COMPLETED
 
-    def __init__(self, send: Callable[[int], None]) -> None:
-        self.send, self._last = send, 0.0
-
-    def __call__(self, count: int) -> None:
-        now = time.monotonic()
-        if now - self._last >= PROGRESS_EVERY_S:
-            self._last = now
-            self.send(count)
+    return lambda: COMPLETED.count - begun
 
 
-def _send_outcome(conn: Connection, outcome: Any) -> None:
+def _outcome_bytes(outcome: Any) -> bytes:
     from conformance.harness.case import CapturedError
 
     try:
-        data = pickle.dumps(outcome)
+        return pickle.dumps(outcome)
     except Exception as exc:  # noqa: BLE001 - an unpicklable result is the task's error
         outcome.value = None
         outcome.error = CapturedError.capture(TypeError(f"task result cannot be pickled: {exc}"))
-        data = pickle.dumps(outcome)
-    conn.send_bytes(RESULT + data)
+        return pickle.dumps(outcome)
 
 
 if __name__ == "__main__":
-    import json
-
     spec = json.loads(sys.argv[1])
     rank_main(spec.pop("rank"), spec.pop("world_size"), spec.pop("fd"), **spec)

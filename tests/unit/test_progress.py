@@ -1,0 +1,135 @@
+"""A rank's own evidence of progress (docs/DESIGN.md#progress-evidence): stacks, device events, reports."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from conformance.harness.progress import (
+    SEND_EVERY_S,
+    DeviceEvents,
+    Evidence,
+    Reporter,
+    TaskSampler,
+    stack_state,
+)
+
+
+def test_a_spin_polling_in_one_line_keeps_one_stack_and_a_changing_call_tree_does_not() -> None:
+    stop = threading.Event()
+    stopped: list[bool] = []
+
+    def spin() -> None:
+        while not stopped:  # one line, no Python call in it
+            pass
+
+    def nested(depth: int) -> None:
+        if depth:
+            nested(depth - 1)
+        else:
+            time.sleep(0.002)
+
+    def varied() -> None:
+        step = 0
+        while not stop.is_set():
+            nested(step % 7)
+            step += 1
+
+    changes = {}
+    for target in (spin, varied):
+        thread = threading.Thread(target=target, daemon=True)
+        thread.start()
+        sampler = TaskSampler(thread.ident or 0, lambda: 0)
+        for _ in range(20):
+            evidence = sampler.sample()
+            time.sleep(0.013)
+        stop.set()
+        stopped.append(True)
+        thread.join()
+        stop.clear()
+        changes[target.__name__] = evidence.stack_changes
+    assert changes["spin"] == 0 and changes["varied"] >= 5, changes
+
+
+def test_a_thread_inside_torch_distributed_is_waiting() -> None:
+    frames = {}
+    code = compile("def wait(frames):\n    frames['f'] = sys._getframe()\n", "/x/torch/distributed/c10d.py", "exec")
+    scope: dict[str, Any] = {"sys": sys}
+    exec(code, scope)  # noqa: S102 - a frame whose file is torch.distributed's
+    scope["wait"](frames)
+    lines, waiting = stack_state(frames["f"])
+    assert waiting and all("torch/distributed" not in c.co_filename for c, _ in lines)
+    assert stack_state(sys._getframe())[1] is False
+
+
+class ScriptedEvent:
+    def __init__(self, runtime: ScriptedRuntime) -> None:
+        self.runtime, self.recorded_at = runtime, -1
+
+    def record(self, stream: Any) -> None:
+        self.recorded_at = self.runtime.queued
+
+    def query(self) -> bool:
+        return self.runtime.finished >= self.recorded_at
+
+
+class ScriptedRuntime:
+    """A device runtime whose queue is scripted: ``queued`` items submitted, ``finished`` done."""
+
+    def __init__(self) -> None:
+        self.queued = self.finished = 0
+
+    def is_initialized(self) -> bool:
+        return True
+
+    def Event(self) -> ScriptedEvent:  # noqa: N802 - torch.cuda's name
+        return ScriptedEvent(self)
+
+    def default_stream(self, index: int) -> None:
+        return None
+
+    @contextlib.contextmanager
+    def device(self, index: int) -> Iterator[None]:
+        yield
+
+
+def test_device_events_count_work_completing_never_an_idle_device() -> None:
+    runtime = ScriptedRuntime()
+    events = DeviceEvents("cuda:0", runtime)
+    assert [events.poll() for _ in range(5)] == [0] * 5, "an idle device is no progress"
+    runtime.queued = 3  # a kernel queued: the next event waits behind it
+    events.poll()
+    assert events.poll() == 0
+    runtime.finished = 3
+    assert events.poll() == 1
+    runtime.queued = 4  # a kernel that never finishes (a collective nobody joins)
+    assert [events.poll() for _ in range(5)] == [1] * 5
+
+
+def test_device_events_are_inert_on_the_cpu() -> None:
+    assert DeviceEvents("cpu").poll() == 0
+
+
+def test_the_latest_evidence_is_sent_even_when_it_changes_faster_than_reports() -> None:
+    sent: list[Evidence] = []
+    count = [0]
+    reporter = Reporter(sent.append, threading.Lock())
+
+    class Counting(TaskSampler):
+        def sample(self) -> Evidence:
+            return Evidence(completed=count[0])
+
+    reporter.start(Counting(threading.get_ident(), lambda: 0))
+    for _ in range(5):
+        count[0] += 1  # five completions within one report interval
+        time.sleep(SEND_EVERY_S / 10)
+    deadline = time.monotonic() + 20 * SEND_EVERY_S
+    while (not sent or sent[-1].completed != 5) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    with reporter.lock:
+        reporter.stop()
+    assert sent and sent[-1] == Evidence(completed=5), sent
