@@ -121,3 +121,24 @@ def test_the_pytest_process_counts_npus_and_names_them_without_starting_acl(
         assert devices._npu_count() == 2
     finally:
         devices._runtime_probe.cache_clear()
+
+
+def test_a_rank_binds_its_device_before_its_group_and_a_cpu_rank_binds_none(
+        stand_in: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """NCCL and HCCL bind a communicator to the current device: the rank makes its own device current first
+    (torch_npu imported in the rank, after the fork); a CPU rank touches no runtime."""
+    import subprocess
+
+    import torch
+
+    from conformance.harness.launchers import worker
+
+    chosen: list[object] = []
+    monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
+    worker.bind_device("cpu")
+    worker.bind_device("cuda:1")
+    assert chosen == ["cuda:1"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    subprocess.run([sys.executable, "-c", "from conformance.harness.launchers.worker import bind_device; "
+                    "bind_device('npu:3')"], check=True, env=env, cwd=ROOT)
+    assert _calls(stand_in) == ["set_device"]
