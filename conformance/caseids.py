@@ -78,14 +78,15 @@ class Needs:
 
 def needs(item: pytest.Item) -> Needs:
     """The one reading of a case's sizes (``docs/DESIGN.md#leases-and-node-size``): its TP parameters
-    (``tp``, ``world_size``), the TP a parameter object carries (a perf profile case), and ``world`` when its
-    TP group is a proper subgroup.  ``--coc-tp``, the node-size skip, the order of cases and the lease all
-    read it."""
+    (``tp``, ``world_size``), the TP and world a parameter object carries (a perf profile case, a corpus spec;
+    TP 0 is a case run in the test process), and ``world`` when its TP group is a proper subgroup.
+    ``--coc-tp``, the node-size skip, the order of cases and the lease all read it."""
     from conformance.options import TP_PARAMS, WORLD_PARAM
 
     params: dict[str, Any] = getattr(getattr(item, "callspec", None), "params", {})
     tps = {params[p] for p in TP_PARAMS if isinstance(params.get(p), int) and not isinstance(params[p], bool)}
-    tps |= {v.tp for v in params.values() if isinstance(getattr(v, "tp", None), int)}
-    world = params.get(WORLD_PARAM)
-    sizes = [*tps, *([world] if isinstance(world, int) and not isinstance(world, bool) else [])]
+    carried = [v for v in params.values() if isinstance(getattr(v, "tp", None), int)]
+    tps |= {v.tp for v in carried if v.tp > 0}  # 0: a case run in the test process forms no TP group
+    worlds = [params.get(WORLD_PARAM), *(getattr(v, "world", None) for v in carried)]
+    sizes = [*tps, *(w for w in worlds if isinstance(w, int) and not isinstance(w, bool))]
     return Needs(frozenset(tps), max(sizes, default=0), item.get_closest_marker("perf") is not None)

@@ -89,12 +89,13 @@ def _collected(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, tmp_p
 
 
 def _sizes(params: dict[str, object]) -> set[int]:
-    """Every size a case's parameters name: ints under a TP or world name, or a parameter's ``tp``."""
+    """Every size a case's parameters name: ints under a TP or world name, or a parameter's ``tp`` (0 is a case run
+    in the test process: it forms no TP group)."""
     found: set[int] = set()
     for name, value in params.items():
         if isinstance(value, int) and not isinstance(value, bool) and ("tp" in name or "world" in name):
             found.add(value)
-        if isinstance(value, dict) and isinstance(value.get("tp"), int):
+        if isinstance(value, dict) and isinstance(value.get("tp"), int) and value["tp"] > 0:
             found.add(value["tp"])
     return found
 

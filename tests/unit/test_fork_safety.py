@@ -131,14 +131,13 @@ def test_a_rank_binds_its_device_before_its_group_and_a_cpu_rank_binds_none(
 
     import torch
 
-    from conformance.harness.launchers import worker
 
     chosen: list[object] = []
     monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
-    worker.bind_device("cpu")
-    worker.bind_device("cuda:1")
+    devices.bind_device("cpu")
+    devices.bind_device("cuda:1")
     assert chosen == ["cuda:1"]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    subprocess.run([sys.executable, "-c", "from conformance.harness.launchers.worker import bind_device; "
+    subprocess.run([sys.executable, "-c", "from conformance.harness.launchers.devices import bind_device; "
                     "bind_device('npu:3')"], check=True, env=env, cwd=ROOT)
     assert _calls(stand_in) == ["set_device"]

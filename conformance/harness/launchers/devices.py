@@ -191,3 +191,20 @@ def _cuda_count() -> int:
 
     # device_count() uses NVML where it can and does not initialise CUDA.
     return int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
+
+
+def bind_device(device: str) -> None:
+    """Make ``device`` this rank's current device before its process group exists.
+
+    NCCL and HCCL bind each communicator to the current device: without this
+    every rank of a node would start on device 0 (or one its rank guesses),
+    and Megatron allocates on the current device too.  CPU ranks bind nothing.
+    """
+    kind = device.split(":", 1)[0]
+    if kind == "cpu":
+        return
+    import torch
+
+    if kind == "npu":
+        import torch_npu  # noqa: F401 - registers torch.npu; imported in the rank, after the fork
+    getattr(torch, kind).set_device(device)

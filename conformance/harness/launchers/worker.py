@@ -59,9 +59,10 @@ def rank_main(
 
     from conformance.harness.case import CapturedError, RankContext, RankOutcome, run_on_rank
     from conformance.harness.impl_loader import preload_implementation
+    from conformance.harness.launchers import devices
 
     torch.set_num_threads(num_threads)
-    bind_device(device)
+    devices.bind_device(device)
     store = dist.FileStore(store_path, world_size)
     dist.init_process_group(
         backend, store=store, rank=rank, world_size=world_size,
@@ -114,23 +115,6 @@ def rank_main(
                 conn.send_bytes(RESULT + data)
     finally:
         dist.destroy_process_group()
-
-
-def bind_device(device: str) -> None:
-    """Make ``device`` this rank's current device before its process group exists.
-
-    NCCL and HCCL bind each communicator to the current device: without this
-    every rank of a node would start on device 0 (or one its rank guesses),
-    and Megatron allocates on the current device too.  CPU ranks bind nothing.
-    """
-    kind = device.split(":", 1)[0]
-    if kind == "cpu":
-        return
-    import torch
-
-    if kind == "npu":
-        import torch_npu  # noqa: F401 - registers torch.npu; imported in the rank, after the fork
-    getattr(torch, kind).set_device(device)
 
 
 def _completed_since(begun: int) -> Callable[[], int]:
