@@ -299,7 +299,7 @@ def output_rows(op: str, m: int, tp: int) -> int:
 def coinciding(call: Call, previous: Call, tp: int) -> Call:
     """``call`` (of another op) with ``previous``'s dtype, ``k`` and ``n``, and ``m`` such that its result has the
     shape of ``previous``'s (and the same inputs' shape where the ops allow)."""
-    rows = output_rows(previous.op, previous.m, tp)
+    rows = max(1, output_rows(previous.op, previous.m, tp))  # ``previous`` is not fitted yet: m may be below tp
     m = rows * tp if call.op == "matmul_reduce_scatter" else rows
     return replace(call, m=m, k=previous.k, n=previous.n, dtype=previous.dtype)
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 import itertools
 import json
 import random
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 
 import pytest
 
+from conformance.cases.groups import GROUP_LAYOUTS
 from conformance.contract.jobs import OPERAND_STRIDES
 from conformance.explore import op_calls as ops
 from conformance.explore import space as dimensions
@@ -29,6 +30,17 @@ def test_every_drawn_spec_is_valid_and_round_trips_through_json() -> None:
         assert spec.invalid() == "", spec
         assert spec_from_dict(json.loads(json.dumps(spec.as_dict()))) == spec
         assert spec.jobs()[0].problems[0].m == spec.calls[0].m
+
+
+def test_a_call_coinciding_with_a_thin_reduce_scatter_still_has_rows() -> None:
+    """A call sized to the last call's output before that call is fitted: a reduce-scatter of fewer rows than
+    ranks leaves it no row, and the draw must still be valid."""
+    thin = Call(m=1, k=8, n=4, dtype="float32", bias=False, seed=1, op="matmul_reduce_scatter")
+    after = ops.coinciding(replace(thin, op="matmul_all_reduce"), thin, tp=2)
+    assert after.m >= 1
+    assert ops.fit(OpSpec(calls=(thin, after), tp=2, replicas=1, layout=GROUP_LAYOUTS[0], transpose_weight=False,
+                          strides="contiguous", deterministic=False, exact=False, tiling="own", runs=1,
+                          straggler_s=0.0), up=True).invalid() == ""
 
 
 def test_the_same_seed_draws_the_same_cases_and_another_seed_others() -> None:
