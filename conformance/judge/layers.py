@@ -39,8 +39,8 @@ def golden_problem(case_id: str) -> LayerProblem:
 
 
 def roundings(tp: int, chunks: int, layer: str, micro_batches: int = 1) -> int:
-    """R of the bound: TP partials, chunked weight-grad sums, bias and cast, per linear layer."""
-    return (tp + chunks + 2 + 2 * (micro_batches - 1)) * (2 if layer == "mlp" else 1)
+    """R of the bound: TP partials summed, chunked weight-grad sums, bias and cast, per linear layer."""
+    return (numerics.tp_sum_roundings(tp) + chunks + 2 + 2 * (micro_batches - 1)) * (2 if layer == "mlp" else 1)
 
 
 @dataclass(frozen=True)

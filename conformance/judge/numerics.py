@@ -15,8 +15,9 @@ rounding reach an element:
   ``u_acc`` (fp32 for fp16/bf16 inputs: every device CoC targets accumulates
   half-precision GEMMs in fp32) -- the usual ``sqrt(K) eps |A||B|`` growth;
 * roundings to the working dtype, at most ``R`` per element: one per TP
-  partial summed, one per chunk of a reduction split by the chunking (the
-  weight grads), the bias and the final cast.  Chunking along rows adds none.
+  partial and one per addition summing them (:func:`tp_sum_roundings`), one
+  per chunk of a reduction split by the chunking (the weight grads), the bias
+  and the final cast.  Chunking along rows adds none.
 
 CoC may reorder sums (chunks, rank order), which moves error inside this
 envelope; it may not add error beyond it.  Wrong rows, stale inputs, a doubled
@@ -42,6 +43,11 @@ _UNIT_ROUNDOFF = {
     "float16": 2.0**-11,
     "bfloat16": 2.0**-8,
 }
+
+
+def tp_sum_roundings(tp: int) -> int:
+    """Roundings to the working dtype of summing ``tp`` partials there: one per partial and one per addition."""
+    return 2 * tp - 1
 
 
 def unit_roundoff(dtype: Any) -> float:

@@ -32,8 +32,8 @@ from conformance.judge.group_notes import group_note
 
 
 def roundings(tp: int) -> int:
-    """R for an op: one rounding per TP partial, the bias and the cast (row blocks add none)."""
-    return tp + 2
+    """R for an op: summing the TP partials in the working dtype, the bias and the cast (row blocks add none)."""
+    return numerics.tp_sum_roundings(tp) + 2
 
 
 def expected_shape(op: str, problem: Problem, tp: int) -> tuple[int, int]:

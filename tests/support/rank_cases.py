@@ -42,6 +42,14 @@ def rank1_dies(ctx: RankContext) -> None:
     time.sleep(60)
 
 
+def rank1_segfaults(ctx: RankContext) -> None:
+    if ctx.rank == 1:
+        import ctypes
+
+        ctypes.string_at(0)  # reads address 0: SIGSEGV
+    time.sleep(60)
+
+
 def every_rank_raises(ctx: RankContext) -> None:
     raise KeyError(f"rank {ctx.rank}")
 

@@ -110,6 +110,15 @@ def test_dead_rank_fails_the_case_and_pool_is_rebuilt(pool: ProcessLauncher) -> 
     assert pool.run(RankTask(rank_cases.rank_sum, 2), (), IMPL)[0].value == [1.0] * 4
 
 
+def test_rank_killed_by_a_signal_says_where(pool: ProcessLauncher) -> None:
+    """A rank that dies of a fatal signal (a crash in native code) leaves its Python stack in the verdict."""
+    info, _, _ = timed_verdict(pool, RankTask(rank_cases.rank1_segfaults, 2, timeout=30.0), RankCrashed)
+    assert "exit code -11" in str(info.value)
+    assert "Segmentation fault" in info.value.stacks[1]
+    assert "rank1_segfaults" in info.value.stacks[1]
+    assert pool.run(RankTask(rank_cases.rank_sum, 2), (), IMPL)[0].value == [1.0] * 4
+
+
 def test_unpicklable_result_is_that_ranks_error(pool: ProcessLauncher) -> None:
     outcomes = pool.run(RankTask(rank_cases.unpicklable_result, 2), (), IMPL)
     assert all(o.error is not None and "pickle" in o.error.message for o in outcomes)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -15,7 +14,9 @@ from conformance.harness.progress import (
     Evidence,
     Reporter,
     TaskSampler,
+    format_stack,
     stack_state,
+    thread_stacks,
 )
 
 
@@ -56,14 +57,27 @@ def test_a_spin_polling_in_one_line_keeps_one_stack_and_a_changing_call_tree_doe
 
 
 def test_a_thread_inside_torch_distributed_is_waiting() -> None:
-    frames = {}
-    code = compile("def wait(frames):\n    frames['f'] = sys._getframe()\n", "/x/torch/distributed/c10d.py", "exec")
-    scope: dict[str, Any] = {"sys": sys}
+    release = threading.Event()
+    code = compile("def wait(release):\n    release.wait()\n", "/x/torch/distributed/c10d.py", "exec")
+    scope: dict[str, Any] = {}
     exec(code, scope)  # noqa: S102 - a frame whose file is torch.distributed's
-    scope["wait"](frames)
-    lines, waiting = stack_state(frames["f"])
-    assert waiting and all("torch/distributed" not in c.co_filename for c, _ in lines)
-    assert stack_state(sys._getframe())[1] is False
+    thread = threading.Thread(target=scope["wait"], args=(release,), daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            stacks = thread_stacks()
+            if any("torch/distributed" in f[0] for f in stacks.get(thread.ident or 0, ())):
+                break
+            time.sleep(0.01)
+        lines, waiting = stack_state(stacks[thread.ident or 0])
+        assert waiting and lines and all("torch/distributed" not in file for file, _, _ in lines)
+        mine = stacks[threading.get_ident()]
+        assert stack_state(mine)[1] is False
+        assert "test_a_thread_inside_torch_distributed_is_waiting" in format_stack(mine)
+    finally:
+        release.set()
+        thread.join()
 
 
 class ScriptedEvent:

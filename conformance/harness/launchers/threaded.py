@@ -9,16 +9,14 @@ real backend; here it is reported as one immediately.
 from __future__ import annotations
 
 import os
-import sys
 import threading
-import traceback
 from collections.abc import Sequence
 
 from conformance.harness.case import RankContext, RankOutcome, RankTask, run_on_rank
 from conformance.harness.case_clock import CaseClock
 from conformance.harness.case_errors import CaseTimeout
 from conformance.harness.impl_loader import preload_implementation
-from conformance.harness.progress import ProgressWatch, Rank, TaskSampler
+from conformance.harness.progress import ProgressWatch, Rank, TaskSampler, format_stack, thread_stacks
 
 _LOCK = threading.Lock()  # one threaded world at a time per process
 
@@ -118,9 +116,6 @@ def _sampler(thread: threading.Thread) -> TaskSampler:
 
 
 def _thread_stacks(threads: Sequence[threading.Thread]) -> dict[int, str]:
-    frames = sys._current_frames()
-    stacks = {}
-    for rank, thread in enumerate(threads):
-        frame = frames.get(thread.ident or -1)
-        stacks[rank] = "".join(traceback.format_stack(frame)) if frame else "(finished)"
-    return stacks
+    stacks = thread_stacks()
+    return {rank: format_stack(stacks[thread.ident]) if thread.ident in stacks else "(finished)"
+            for rank, thread in enumerate(threads)}

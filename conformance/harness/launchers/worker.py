@@ -50,9 +50,11 @@ def rank_main(
     import faulthandler
     import signal
 
-    # SIGUSR1 dumps every thread's Python stack; the pool reads it on a hang.
+    # SIGUSR1 dumps every thread's Python stack; the pool reads it on a hang. A fatal signal (SIGSEGV,
+    # SIGABRT, ...) dumps them there too, so a rank that dies says where.
     stack_file = open(stack_path, "w")  # noqa: SIM115 - lives as long as the process
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
+    faulthandler.enable(file=stack_file, all_threads=True)
 
     import torch
     import torch.distributed as dist
