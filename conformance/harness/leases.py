@@ -1,4 +1,4 @@
-"""Device leases shared by every pytest-xdist worker on a node, served first come, first served.
+"""Device leases shared by every pytest-xdist worker on a node, packed onto free devices.
 
 A case needing N devices holds N distinct devices for as long as it runs; an
 exclusive case (perf) holds all of them.  On CPU the "devices" are slots:
@@ -6,10 +6,11 @@ leasing them caps how many ranks run at once, so ``-n 8`` never oversubscribes.
 
 Requests queue for tickets (``docs/DESIGN.md#leases``): one small state file in
 the shared lease directory, read and written under a file lock, records the
-queue and who holds which device.  Only the oldest waiting request may take
-devices, so a request for the whole node is served as soon as the cases
-running when it asked have finished -- smaller requests arriving later wait
-behind it instead of starving it.  A lease taken is all-or-nothing, so two
+queue and who holds which device.  Which waiting request takes devices next
+is one rule, :func:`next_grant` (the schedule simulation replays it): the
+largest request that fits in the free devices, unless the oldest has waited
+:data:`PATIENCE_S` -- then the node drains for it, so a whole-node request is
+never starved by smaller ones.  A lease taken is all-or-nothing, so two
 workers never hold halves of each other's sets (no deadlock).  Entries of a
 process that died (a crashed worker) are dropped by the next process that
 reads the state: processes are identified by pid and start time.
@@ -23,6 +24,7 @@ import os
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +59,36 @@ def _process_identity(pid: int) -> str | None:
         except PermissionError:
             pass
         return f"{pid}:?"
+
+
+#: How long the oldest waiting request lets larger or later ones that fit go first; then only it may take devices.
+PATIENCE_S = 3.0
+
+
+@dataclass(frozen=True)
+class Request:
+    """One waiting lease request: its ticket (queue order), how many devices it wants, since when (epoch s)."""
+
+    ticket: int
+    wanted: int
+    since: float
+
+
+def next_grant(queue: Sequence[Request], free: int, now: float) -> Request | None:
+    """The request of ``queue`` (ticket order) to serve now with ``free`` devices free, or None.
+
+    Packing: the largest request that fits goes first (the oldest of equals),
+    so small cases fill the devices around larger ones.  Once the oldest
+    request has waited :data:`PATIENCE_S`, only it may go: the node drains
+    for it (a whole-node request runs when the node drains, and no request
+    waits behind smaller ones for ever).
+    """
+    if not queue:
+        return None
+    if now - queue[0].since >= PATIENCE_S:
+        return queue[0] if queue[0].wanted <= free else None
+    fitting = [r for r in queue if r.wanted <= free]
+    return max(fitting, key=lambda r: (r.wanted, -r.ticket), default=None)
 
 
 class DeviceLeases:
@@ -154,14 +186,15 @@ class DeviceLeases:
         while True:
             with self._lock:
                 state = self._read()
-                head = state["queue"][0] if state["queue"] else None
                 free = [d for d in self.devices if d not in state["held"]]
-                if head is not None and head["ticket"] == ticket and len(free) >= wanted:
+                queue = [Request(r["ticket"], r["wanted"], r["since"]) for r in state["queue"]]
+                chosen = next_grant(queue, len(free), time.time())
+                if chosen is not None and chosen.ticket == ticket:
                     order = [d for d in prefer if d in free] + [d for d in free if d not in prefer]
                     held = tuple(order[:wanted])
                     for device in held:
                         state["held"][device] = {"owner": self._me, "ticket": ticket}
-                    state["queue"].pop(0)
+                    state["queue"] = [r for r in state["queue"] if r["ticket"] != ticket]
                     self._write(state)
                     return held
                 if time.monotonic() > deadline:

@@ -32,6 +32,8 @@ class CaseTimings:
     reference: float = 0.0  #: the suite's own references on the ranks (max over ranks, per run)
     runs: int = 0
     total: float = 0.0  #: the whole test call (set by the time-breakdown plugin)
+    world: int = 0  #: the ranks the case needs (``caseids.needs``; 0: none)
+    exclusive: bool = False  #: whether it holds the whole node (a perf case)
     extra: dict[str, float] = field(default_factory=dict)
 
     @property

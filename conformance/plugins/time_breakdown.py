@@ -17,6 +17,7 @@ from typing import Any, cast
 import pytest
 
 from conformance import report_properties
+from conformance.caseids import needs
 from conformance.harness.runner import CaseTimings
 
 timings_key = pytest.StashKey[CaseTimings]()
@@ -26,8 +27,9 @@ COLUMNS = ("lease_wait", "pool_start", "impl", "reference", "ranks", "checks", "
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    """A fresh record, before the case's fixtures (``coc_ranks`` records into it)."""
-    item.stash[timings_key] = CaseTimings()
+    """A fresh record, before the case's fixtures (``coc_ranks`` records into it), with what the case needs."""
+    need = needs(item)
+    item.stash[timings_key] = CaseTimings(world=need.world, exclusive=need.exclusive)
 
 
 def case_timings(item: pytest.Item) -> CaseTimings:
