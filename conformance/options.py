@@ -9,6 +9,7 @@ error naming the option.  Imports nothing heavy.
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,7 @@ BUDGET_FACTOR = "--coc-budget-factor"
 BUDGET_FLOOR = "--coc-budget-floor"
 STORM = "--coc-storm"
 CPU_SLOTS = "--coc-cpu-slots"
+PERF_FIGURES = "--coc-perf-figures"
 RANKS_PER_DEVICE = "--coc-ranks-per-device"
 MAX_LIVE_RANKS = "--coc-max-live-ranks"
 LEASE_DIR = "--coc-lease-dir"
@@ -51,6 +53,19 @@ FIGURE_CHOICES = ("failed", "all", "none")
 TP_PARAMS = ("tp", "world_size")
 #: Parameter name of a case's whole world size when its TP group is a proper subgroup.
 WORLD_PARAM = "world"
+
+
+#: The most ranks a case of the suite runs on (TP 8): CPU slots never default below it, so every case runs.
+LARGEST_WORLD = 8
+
+
+def default_cpu_slots() -> int:
+    """CPU slots by default: the cores this process may run on, and never fewer than :data:`LARGEST_WORLD`."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return max(cores, LARGEST_WORLD)
 
 
 def _positive(kind: type[int] | type[float], *, zero: bool = False) -> object:
@@ -131,8 +146,16 @@ def add_options(parser: pytest.Parser) -> None:
         "without running (default 3; 0 disables).",
     )
     group.addoption(
-        CPU_SLOTS, type=_positive(int), default=8, metavar="N",
-        help="CPU ranks allowed to run at once across all xdist workers of this machine (default 8).",
+        CPU_SLOTS, type=_positive(int), default=default_cpu_slots(), metavar="N",
+        help="CPU ranks allowed to run at once across all xdist workers of this machine (default: the cores "
+        f"this process may use, at least {LARGEST_WORLD}, the largest world of the suite's cases; here "
+        f"{default_cpu_slots()}).",
+    )
+    group.addoption(
+        PERF_FIGURES, action="store_true",
+        help="Run the perf cases whose gate is not enforced on this node (a profile with enforce: false, or "
+        "the figures-only profile of a node no profile names) for their figures; by default they are skipped, "
+        "not judged, and hold no devices.",
     )
     group.addoption(
         RANKS_PER_DEVICE, type=_positive(int), default=1, metavar="N",

@@ -7,9 +7,10 @@ time breakdown and the Allure hooks read them on the controller (xdist moves
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pytest
+if TYPE_CHECKING:  # the report builder reads these names where pytest is not installed
+    import pytest
 
 #: Every named check of the case, each ``{name, level, passed, message, category}``.
 CHECKS = "coc_checks"
@@ -26,6 +27,8 @@ EXPECTATION = "coc_expectation"
 #: A perf case's measured figures (JSON) and whether its gate was enforced here.
 PERF_FIGURES = "perf_figures"
 PERF_GATE = "perf_gate"
+#: The values of :data:`PERF_GATE`: judged, measured for its figures only, or not run at all (not enforced here).
+GATE_ENFORCED, GATE_REPORTED, GATE_NOT_RUN = "enforced", "reported, not gated", "not run, not gated"
 #: What an exploration did: cases per dimension, cases per second, where the time went, minimal failing cases.
 EXPLORE = "coc_explore"
 

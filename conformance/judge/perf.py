@@ -44,6 +44,7 @@ import numpy as np
 from coc_shared.cost_model import MeasuredCurve
 from coc_shared.timeline import Order, Timeline, simulate
 from conformance.contract.perf_items import COMM, MM, SERIAL
+from conformance.report_properties import GATE_ENFORCED, GATE_REPORTED
 
 
 def pooled(*runs: Mapping[str, Sequence[float]]) -> dict[str, list[float]]:
@@ -270,7 +271,7 @@ class Verdict:
 
     @property
     def label(self) -> str:
-        return "enforced" if self.enforced else "reported, not gated"
+        return GATE_ENFORCED if self.enforced else GATE_REPORTED
 
 
 def judge(gain: float, min_gain: float | None, *, profile_matches: bool, why_not: str = "") -> Verdict:

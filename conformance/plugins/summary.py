@@ -94,7 +94,9 @@ def record_of(report: pytest.TestReport) -> dict[str, Any]:
     figures = property_of(report, report_properties.PERF_FIGURES)
     if figures is not None:
         record["perf"] = json.loads(figures) if isinstance(figures, str) else figures
-        record["perf_gate"] = property_of(report, report_properties.PERF_GATE)
+    gate = property_of(report, report_properties.PERF_GATE)
+    if gate is not None:
+        record["perf_gate"] = gate
     return record
 
 

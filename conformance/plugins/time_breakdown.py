@@ -4,8 +4,9 @@ Each test gets a fresh :class:`~conformance.harness.runner.CaseTimings` in
 its stash before its fixtures run; the ``coc_ranks`` fixture records every
 rank run into it; this plugin stores it in the report's
 ``user_properties`` (``coc_timings``, read by the JSON summary and the Allure
-hooks) and prints the totals and the ten slowest cases at the end (on the
-controller under xdist).
+hooks) and prints the totals, the slot utilisation (ranks x time on them over
+slots x wall) and the ten slowest cases at the end (on the controller under
+xdist).
 """
 
 from __future__ import annotations
@@ -62,11 +63,33 @@ def timings_of(report: pytest.TestReport) -> dict[str, Any] | None:
     return None if found is None else dict(cast(dict[str, Any], found))
 
 
-class TimeTally:
-    """Totals and the slowest cases, printed in the terminal summary."""
+def slot_seconds(timings: dict[str, Any]) -> float:
+    """What a case used of the node: its ranks times its time on them, pool start left out (one-time)."""
+    return float(timings.get("world", 0)) * max(0.0, timings.get("ranks", 0.0) - timings.get("pool_start", 0.0))
 
-    def __init__(self) -> None:
+
+class TimeTally:
+    """Totals, slot utilisation and the slowest cases, printed in the terminal summary."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
         self.cases: list[tuple[str, dict[str, Any]]] = []
+        self.started = time.monotonic()
+
+    def pytest_sessionstart(self) -> None:
+        self.started = time.monotonic()
+
+    def slots(self) -> int:
+        """The devices (CPU slots) the workers of this run share."""
+        from conformance import options
+        from conformance.harness.launchers.devices import detect_device_kind
+
+        try:
+            kind = detect_device_kind(self.config.getoption(options.CPU_SLOTS), self.config.getoption(options.BACKEND),
+                                      self.config.getoption(options.RANKS_PER_DEVICE))
+        except Exception:  # noqa: BLE001 - a configuration refused elsewhere, with its reason
+            return 0
+        return len(kind.lease_names())
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if report.when == "call" and (found := timings_of(report)) is not None:
@@ -82,6 +105,12 @@ class TimeTally:
         terminalreporter.write_line(
             f"{len(self.cases)} distributed cases: " + ", ".join(f"{c} {totals[c]:.1f} s" for c in COLUMNS)
             + f"; {pools} pool start(s); longest single lease wait {worst_wait:.2f} s")
+        slots, wall = self.slots(), time.monotonic() - self.started
+        if slots and wall > 0:
+            used = sum(slot_seconds(t) for _, t in self.cases)
+            terminalreporter.write_line(
+                f"slot utilisation {used / (slots * wall):.0%}: ranks x time {used:.1f} s over {slots} slot(s) "
+                f"x {wall:.1f} s wall")
         header = " ".join(f"{c:>10}" for c in COLUMNS)
         terminalreporter.write_line(f"{header}  slowest cases")
         for nodeid, t in sorted(self.cases, key=lambda c: -c[1].get("total", 0.0))[:10]:
@@ -90,4 +119,4 @@ class TimeTally:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.pluginmanager.register(TimeTally(), "coc-time-tally")
+    config.pluginmanager.register(TimeTally(config), "coc-time-tally")

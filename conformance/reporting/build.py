@@ -101,6 +101,7 @@ def verdict(summary: Mapping[str, Any], environment: Mapping[str, str]) -> dict[
     """
     from conformance.judge import level_tally
     from conformance.judge.levels import Level
+    from conformance.report_properties import GATE_ENFORCED, GATE_NOT_RUN
 
     gate = Level.parse_many(str(summary.get("gate") or "all"))
     cases = summary.get("cases", [])
@@ -122,12 +123,13 @@ def verdict(summary: Mapping[str, Any], environment: Mapping[str, str]) -> dict[
         if line is not None:
             shown[level.value] = line.removeprefix(level.value).strip()
     perf = [case for case in cases if "perf_gate" in case]
-    enforced = sum(1 for case in perf if case["perf_gate"] == "enforced")
+    enforced = sum(1 for case in perf if case["perf_gate"] == GATE_ENFORCED)
+    not_run = sum(1 for case in perf if case["perf_gate"] == GATE_NOT_RUN)
     shown["implementation"] = str(summary.get("implementation", environment.get("implementation", "?")))
     shown["device"] = environment.get("device", "?")
     shown["profile"] = (f"perf gates enforced in {enforced} of {len(perf)} perf case(s)" if enforced else
-                        f"no profile matches this machine: {len(perf)} perf case(s) report, not judged" if perf
-                        else "no perf case ran")
+                        f"no perf gate is enforced on this machine: {len(perf) - not_run} perf case(s) report, "
+                        f"{not_run} not run; not judged" if perf else "no perf case ran")
     shown["cases"] = ", ".join(f"{n} {outcome}" for outcome, n in sorted(outcomes.items(), key=lambda kv: -kv[1]))
     return shown
 

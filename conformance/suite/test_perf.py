@@ -5,11 +5,16 @@ by the :mod:`conformance.judge.perf` protocol on an exclusive lease of the node,
 judged on the median paired gain (each serial / CoC pair ran back to back).
 A gate is *enforced* only when the ranks' hardware (device kind, device
 name, backend, TP), as the ranks report it, matches the case's profile and
-the profile enforces; otherwise (``enforce: false``, or ranks that saw other
-hardware than the node showed) the case reports its figures, its check is
-recorded as *not judged* (never as passed), and it says so: the result carries the
-user property ``perf_gate`` and the Allure parameter ``gate`` ("enforced" or
-"reported, not gated") and prints one ``PERF`` line with the reason.
+the profile enforces.  A profile with ``enforce: false`` (the shipped CPU one,
+the figures-only one) is not run at all by default: its case is skipped as not
+judged, holding no devices (an exclusive lease stops every other case), unless
+``--coc-perf-figures`` asks for its figures.  A case measured but not enforced
+(figures asked for, or ranks that saw other hardware than the node showed)
+reports its figures, its check is recorded as *not judged* (never as passed),
+and it says so: the result carries the user property ``perf_gate`` and the
+Allure parameter ``gate`` (:data:`~conformance.judge.report_properties.GATE_ENFORCED`,
+``GATE_REPORTED``, or ``GATE_NOT_RUN`` for a skipped one) and prints one
+``PERF`` line with the reason.
 An enforced miss is measured once more and judged again on the rounds of
 both measurements pooled (a shared machine may have been busy during one
 short measurement; a real regression still misses with twice the rounds); it
@@ -93,7 +98,7 @@ def _verdicts(result: Mapping[str, Any], case: hardware.PerfCase, profile: hardw
 def _report(case: hardware.PerfCase, result: Mapping[str, Any], measurement: perf.Measurement,
             verdicts: Mapping[str, perf.Verdict], record_property: Any, title: str) -> str:
     enforced = any(v.enforced for v in verdicts.values())
-    label = "enforced" if enforced else "reported, not gated"
+    label = report_properties.GATE_ENFORCED if enforced else report_properties.GATE_REPORTED
     identity = result["identity"]
     text = (f"{case.name}: {case.op} m={case.m} k={case.k} n={case.n} {case.dtype}, TP {case.tp} on "
             f"{identity['device']} {identity['name']!r} ({identity['backend']})\n"
@@ -131,6 +136,10 @@ def test_coc_gain_meets_profile(coc_ranks: Any, case: hardware.PerfCase, record_
     why_not = hardware.why_not_here(profile, here, case.tp)
     if why_not:  # the backend chosen for this run is not the profile's: never measured against it
         pytest.skip(why_not)
+    if not profile.enforce and not pytestconfig.getoption(options.PERF_FIGURES):
+        record_property(report_properties.PERF_GATE, report_properties.GATE_NOT_RUN)
+        pytest.skip(f"not judged: profile {profile.name} only reports (enforce: false), so its case holds no "
+                    f"devices here; {options.PERF_FIGURES} measures it for its figures")
     result = _measure(coc_ranks, case, profile)
     if not result["samples"].keys() - {perf_items.SERIAL, perf_items.MM, perf_items.COMM}:
         pytest.skip(f"no variant of {sorted(case.gates)} can run: {result['skipped']}")

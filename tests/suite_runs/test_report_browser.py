@@ -173,7 +173,7 @@ def _terminal_levels(output: str) -> dict[str, str]:
 def test_report_in_browser_is_what_a_reviewer_decides_from(run_suite: Callable[..., object], tmp_path: Path) -> None:
     results, history = tmp_path / "allure-results", tmp_path / "allure-history.jsonl"
     run = run_suite("test_config", IMPL, "conformance.suite.test_perf", "-k", "effective_config or balanced and rs",
-                    f"--alluredir={results}")
+                    "--coc-perf-figures", f"--alluredir={results}")
     assert len(run.failed) == 1 and run.passed == 12, run.output  # type: ignore[attr-defined]
 
     first = _build(results, tmp_path / "report-1", history)
