@@ -94,6 +94,14 @@ def test_whole_node_case_among_small_ones_is_served_within_patience() -> None:
     assert result.makespan <= result.lower_bound + leases.PATIENCE_S
 
 
+def test_exclusive_case_counts_as_holding_every_slot_in_the_held_bound() -> None:
+    cases = [*(_case(f"s{i}", 1, 1.0) for i in range(4)), _case("perf", 1, 4.0, exclusive=True)]
+    result = schedule.simulate(cases, slots=4, workers=4)
+    assert (result.slot_seconds, result.held_slot_seconds) == (pytest.approx(8.0), pytest.approx(20.0))
+    assert (result.lower_bound, result.held_bound) == (pytest.approx(4.0), pytest.approx(5.0))
+    assert result.makespan == pytest.approx(result.held_bound)
+
+
 def test_case_larger_than_the_node_is_reported_not_simulated() -> None:
     result = schedule.simulate([_case("big", 8, 1.0), _case("small", 2, 1.0)], slots=4, workers=2)
     assert result.unschedulable == ("big",)
