@@ -1,4 +1,4 @@
-"""``python -m conformance.bench {overhead,coc,bounds,hangs,device} [options]``."""
+"""``python -m conformance.bench {overhead,coc,bounds,hangs,device,schedule} [options]``."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ BENCHMARKS = {
     "bounds": "conformance.bench.bounds",
     "hangs": "conformance.bench.hangs",
     "device": "conformance.bench.device",
+    "schedule": "conformance.bench.schedule",
 }
 
 

@@ -19,7 +19,7 @@ import os
 import pytest
 
 from conformance import options
-from conformance.caseids import needs
+from conformance.caseids import Needs, needs
 
 #: Whether the collected cases include layer cases (the rank fork server then preloads megatron-core).
 needs_megatron_key = pytest.StashKey[bool]()
@@ -32,10 +32,16 @@ def builds_megatron_state(item: pytest.Item) -> bool:
         item.get_closest_marker("coc_builds_megatron") is not None
 
 
-def order(item: pytest.Item) -> tuple[bool, int, int]:
-    """Sort key: perf cases last, then by world size, then by TP size."""
-    need = needs(item)
+def rank_order(need: Needs) -> tuple[bool, int, int]:
+    """Sort key of a case on rank pools: perf cases last, then by world size, then by TP size (its world when
+    it names none).  The suite's order and the schedule simulation (``conformance.bench.schedule``) both sort
+    by it."""
     return need.exclusive, need.world, min(need.tps, default=need.world)
+
+
+def order(item: pytest.Item) -> tuple[bool, int, int]:
+    """:func:`rank_order` of a collected case."""
+    return rank_order(needs(item))
 
 
 @pytest.hookimpl(tryfirst=True)

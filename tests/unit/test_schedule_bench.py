@@ -1,0 +1,171 @@
+"""The schedule simulation (``python -m conformance.bench schedule``, docs/DESIGN.md#scheduling): a recorded
+run replayed through the suite's order and the one lease rule, judged on the returned schedule."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from conformance.bench import schedule
+from conformance.bench.__main__ import BENCHMARKS
+from conformance.bench.__main__ import main as bench_main
+from conformance.caseids import Needs
+from conformance.harness import leases
+from conformance.plugins import scheduling
+
+
+def _record(case: str, duration: float, world: int = 0, *, exclusive: bool = False, rank_s: float = 0.0,
+            pool_start: float = 0.0, lease_wait: float = 0.0, pools_started: int = 0) -> dict[str, Any]:
+    """A summary record as the suite writes it; ``world=0`` and no ``rank_s``: a case without timings."""
+    record: dict[str, Any] = {"id": case, "outcome": "passed", "when": "call", "duration": duration}
+    if world or rank_s:
+        ranks = rank_s + pool_start
+        record["timings"] = {"lease_wait": lease_wait, "pool_start": pool_start, "pools_started": pools_started,
+                             "ranks": ranks, "runs": 1, "total": duration, "world": world, "exclusive": exclusive}
+    return record
+
+
+def _case(name: str, world: int, rank_s: float, *, exclusive: bool = False, worker_s: float = 0.0) -> schedule.Case:
+    return schedule.Case(name, world, exclusive, rank_s, worker_s)
+
+
+def test_record_splits_rank_worker_and_pool_start_time() -> None:
+    recording = schedule.read_summary({"cases": [
+        _record("a", 10.0, 2, rank_s=3.0, pool_start=5.0, lease_wait=1.5, pools_started=1),
+        _record("b", 0.5),
+        _record("p", 4.0, 2, exclusive=True, rank_s=4.0, pool_start=1.0, pools_started=1),  # floored at 0
+    ]})
+    a, b, p = recording.cases
+    assert (a.world, a.rank_s, a.worker_s) == (2, pytest.approx(3.0), pytest.approx(0.5))
+    assert (b.world, b.rank_s, b.worker_s) == (0, 0.0, 0.5)
+    assert (p.exclusive, p.rank_s, p.worker_s) == (True, pytest.approx(4.0), 0.0)
+    assert (recording.pool_start_s, recording.pools_started, recording.mean_pool_start) == (6.0, 2, 3.0)
+
+
+def test_timings_without_world_are_refused() -> None:
+    record = _record("old", 1.0, 2, rank_s=1.0)
+    del record["timings"]["world"]
+    with pytest.raises(schedule.SummaryError, match="old.*no world"):
+        schedule.read_summary({"cases": [record]})
+
+
+def test_one_rank_cases_fill_the_slots_exactly() -> None:
+    cases = [_case(f"c{i}", 1, 1.0) for i in range(16)]
+    result = schedule.simulate(cases, slots=2, workers=2)
+    assert len(result.runs) == 16 and result.unschedulable == ()
+    assert result.lower_bound == pytest.approx(8.0)
+    assert result.makespan == pytest.approx(result.lower_bound)
+    assert result.utilisation == pytest.approx(1.0)
+    assert result.lease_wait == 0.0
+
+
+def test_pool_start_is_paid_once() -> None:
+    result = schedule.simulate([_case(f"c{i}", 1, 1.0) for i in range(4)], slots=2, workers=2, pool_start=2.5)
+    assert (result.makespan, result.lower_bound) == (pytest.approx(4.5), pytest.approx(4.5))
+
+
+def test_worker_time_comes_before_the_lease_and_holds_no_slots() -> None:
+    # Two workers, one slot: while one case holds the slot, the other's worker time runs beside it.
+    result = schedule.simulate([_case("a", 1, 2.0, worker_s=1.0), _case("b", 1, 2.0, worker_s=1.0)],
+                               slots=1, workers=2)
+    runs = {r.id: r for r in result.runs}
+    assert (runs["a"].asked, runs["a"].granted, runs["a"].end) == (1.0, 1.0, 3.0)
+    assert (runs["b"].asked, runs["b"].granted, runs["b"].end) == (1.0, 3.0, 5.0)
+    assert result.longest_lease_wait == pytest.approx(2.0)
+    assert result.lower_bound == pytest.approx(4.0)  # Σ world × rank / slots; worker time is not slot time
+
+
+def test_whole_node_case_among_small_ones_is_served_within_patience() -> None:
+    # Small cases of staggered lengths keep the slots busy; the whole-node case asks early, waits its patience,
+    # then the node drains for it.
+    small = [_case(f"s{i}", 1, 1.0 + 0.25 * (i % 4)) for i in range(24)]
+    cases = [*small[:4], _case("node", 2, 1.0, exclusive=True), *small[4:]]
+    result = schedule.simulate(cases, slots=4, workers=5)
+    node = next(r for r in result.runs if r.id == "node")
+    assert node.asked == 0.0
+    assert leases.PATIENCE_S <= node.lease_wait <= leases.PATIENCE_S + 1.75
+    holders = [r for r in result.runs if r.id != "node" and r.granted < node.end and r.end > node.granted]
+    assert holders == []  # it held the whole node
+    assert len(result.runs) == 25
+    assert result.makespan <= result.lower_bound + leases.PATIENCE_S
+
+
+def test_exclusive_case_counts_as_holding_every_slot_in_the_held_bound() -> None:
+    cases = [*(_case(f"s{i}", 1, 1.0) for i in range(4)), _case("perf", 1, 4.0, exclusive=True)]
+    result = schedule.simulate(cases, slots=4, workers=4)
+    assert (result.slot_seconds, result.held_slot_seconds) == (pytest.approx(8.0), pytest.approx(20.0))
+    assert (result.lower_bound, result.held_bound) == (pytest.approx(4.0), pytest.approx(5.0))
+    assert result.makespan == pytest.approx(result.held_bound)
+
+
+def test_case_larger_than_the_node_is_reported_not_simulated() -> None:
+    result = schedule.simulate([_case("big", 8, 1.0), _case("small", 2, 1.0)], slots=4, workers=2)
+    assert result.unschedulable == ("big",)
+    assert [r.id for r in result.runs] == ["small"]
+    assert result.slot_seconds == pytest.approx(2.0)
+
+
+def test_simulation_grants_through_the_lease_rule(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[tuple[int, int]] = []
+    rule = leases.next_grant
+
+    def spy(queue: Any, free: int, now: float) -> leases.Request | None:
+        calls.append((len(queue), free))
+        return rule(queue, free, now)
+
+    monkeypatch.setattr(leases, "next_grant", spy)
+    schedule.simulate([_case(f"c{i}", 1, 1.0) for i in range(3)], slots=1, workers=3)
+    assert (1, 1) in calls and any(waiting > 1 for waiting, _ in calls)
+
+
+def test_replay_orders_as_the_suite_through_one_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[Needs] = []
+    key = scheduling.rank_order
+
+    def spy(need: Needs) -> tuple[bool, int, int]:
+        seen.append(need)
+        return key(need)
+
+    monkeypatch.setattr(scheduling, "rank_order", spy)
+    recording = schedule.read_summary({"cases": [
+        _record("perf", 1.0, 2, exclusive=True, rank_s=1.0), _record("tp4", 1.0, 4, rank_s=1.0),
+        _record("plain-1", 0.1), _record("tp2", 1.0, 2, rank_s=1.0), _record("plain-2", 0.1)]})
+    assert [c.id for c in schedule.suite_order(recording.cases)] == ["plain-1", "plain-2", "tp2", "tp4", "perf"]
+    assert sorted(n.world for n in seen) == [2, 2, 4]
+    item = SimpleNamespace(callspec=SimpleNamespace(params={"tp": 2, "world": 4}),
+                           get_closest_marker=lambda name: None)
+    seen.clear()
+    assert scheduling.order(item) == (False, 4, 2)  # type: ignore[arg-type]
+    assert seen == [Needs(frozenset({2}), 4, False)]
+
+
+def test_cli_prints_a_row_per_pair_and_a_json_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    summary = tmp_path / "coc-summary.json"
+    summary.write_text(json.dumps({"cases": [
+        *(_record(f"c{i}", 1.0, 1, rank_s=1.0) for i in range(8)),
+        _record("first", 2.0, 2, rank_s=1.0, pool_start=1.0, pools_started=1),
+        _record("tp8", 1.0, 8, rank_s=1.0)]}))
+    assert "schedule" in BENCHMARKS
+    assert bench_main(["schedule", "--summary", str(summary), "--slots", "2", "8", "--workers", "2", "4"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    rows = out["rows"]
+    assert [(r["slots"], r["workers"]) for r in rows] == [(2, 2), (2, 4), (8, 2), (8, 4)]
+    assert [r["unschedulable"] for r in rows] == [1, 1, 0, 0]
+    assert out["recorded_pools_started"] == 1
+    assert all(r["makespan"] >= r["lower_bound"] - 1e-3 for r in rows)
+    wider = schedule.replay(schedule.load(summary), 8, 4)
+    assert rows[-1]["makespan"] == round(wider.makespan, 3) and wider.pool_start == 1.0
+
+
+def test_cli_refuses_what_it_cannot_replay(tmp_path: Path) -> None:
+    missing = tmp_path / "none.json"
+    with pytest.raises(SystemExit):
+        schedule.main(["--summary", str(missing)])
+    summary = tmp_path / "s.json"
+    summary.write_text(json.dumps({"cases": []}))
+    with pytest.raises(SystemExit):
+        schedule.main(["--summary", str(summary), "--slots", "0"])
