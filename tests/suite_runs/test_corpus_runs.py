@@ -128,7 +128,10 @@ def test_corpus_cases_are_selected_by_their_tp_and_skip_out_of_reach_or_not_offe
     reasons = {c["skip_reason"] for c in cases if c["outcome"] == "skipped"}
     assert any(r.startswith("not offered: ") for r in reasons), reasons
     tp3 = f"test_corpus.py::test_corpus[{_case_id(FAULT_CASES['WrongAtTp3'])}]"
-    assert {c["id"] for c in cases if "[config-" not in c["id"]} == {tp3}, [c["id"] for c in cases]
+    at_tp3 = {f"test_corpus.py::test_corpus[{e.case_id}]" for e in read_corpus([SHIPPED])
+              if not e.case_id.startswith("config-") and getattr(e.spec, "tp", None) == 3}
+    assert tp3 in at_tp3 and {c["id"] for c in cases if "[config-" not in c["id"]} == at_tp3, \
+        [c["id"] for c in cases]
     reference = run_suite("test_corpus", REFERENCE, "--coc-cpu-slots", "1", "-k", "op or layer or w8a16",
                           "--coc-summary", str(tmp_path / "r.json"), *_leases(tmp_path))
     assert reference.ret == 0, reference.output
