@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 from conformance.gating import expectations, gate
+from conformance.report_properties import GATE_NOT_RUN, GATE_REPORTED
 from tests.support import ROOT
 from tests.support.suite_run import SuiteRun
 
@@ -48,3 +50,20 @@ def test_expectations_round_trip(run_suite: Callable[..., SuiteRun], tmp_path: P
     worse = run_suite("test_ops", "tests.support.faulty_impls:ReturnsWrongShapeTwice", *select, "--coc-expectations",
                       str(known))
     assert worse.ret == 1 and worse.failed and all("all_gather_matmul" in f for f in worse.failed), worse.output[-2000:]
+
+
+def test_an_unenforced_perf_gate_is_not_run_unless_its_figures_are_asked_for(
+        run_suite: Callable[..., SuiteRun], tmp_path: Path) -> None:
+    """``cpu-gloo`` enforces nothing: by default its case skips, not judged, holding no devices; with
+    ``--coc-perf-figures`` it measures and reports its figures, still not judged."""
+    cases = {}
+    for name, extra in (("default", ()), ("figures", ("--coc-perf-figures",))):
+        summary = tmp_path / f"{name}.json"
+        run_suite("test_perf", "coc_impl.reference:ReferenceCoC", "-k", "balanced and rs", "--coc-summary",
+                  str(summary), *extra)
+        [cases[name]] = json.loads(summary.read_text())["cases"]
+    default, figures = cases["default"], cases["figures"]
+    assert default["outcome"] == "skipped" and default["skip_reason"].startswith("not judged: "), default
+    assert default["perf_gate"] == GATE_NOT_RUN and "timings" not in default, default
+    assert figures["outcome"] == "not judged" and figures["perf_gate"] == GATE_REPORTED, figures
+    assert figures["perf"] and figures["timings"]["exclusive"], figures

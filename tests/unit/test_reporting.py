@@ -148,3 +148,21 @@ def test_staged_results_leave_out_fixtures_and_add_the_globals(tmp_path: Path) -
     assert globals_["attachments"] == [{"name": "verdict", "source": "coc-global-0-attachment.md",
                                         "type": "text/markdown"}]
     assert globals_["errors"][0]["message"] == "NOT CONFORMANT"
+
+
+def test_the_overview_says_how_many_perf_cases_were_enforced_reported_or_not_run() -> None:
+    from conformance.report_properties import GATE_ENFORCED, GATE_NOT_RUN, GATE_REPORTED
+
+    def perf_case(gate: str) -> dict[str, object]:
+        return {"nodeid": "test_perf.py::x", "outcome": "skipped", "checks": [], "perf_gate": gate}
+
+    def profile(*gates: str) -> str:
+        summary = {"gate": "all", "missing": [], "cases": [perf_case(g) for g in gates], "outcomes": {}}
+        return report_build.verdict(summary, {})["profile"]
+
+    assert profile(GATE_NOT_RUN, GATE_NOT_RUN) == \
+        "no perf gate is enforced on this machine: 0 perf case(s) report, 2 not run; not judged"
+    assert profile(GATE_REPORTED, GATE_NOT_RUN) == \
+        "no perf gate is enforced on this machine: 1 perf case(s) report, 1 not run; not judged"
+    assert profile(GATE_ENFORCED, GATE_REPORTED) == "perf gates enforced in 1 of 2 perf case(s)"
+    assert profile() == "no perf case ran"
