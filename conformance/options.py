@@ -164,8 +164,8 @@ def add_options(parser: pytest.Parser) -> None:
     )
     group.addoption(
         MAX_LIVE_RANKS, type=_positive(int), default=None, metavar="N",
-        help="Idle warm rank processes one pytest worker may keep (default: what fits in half "
-        "the machine's memory shared by the xdist workers, at most 16).",
+        help="Warm rank processes the session keeps, idle and running, for all xdist workers together (default: "
+        "three per device or CPU slot, within half the machine's memory).",
     )
     group.addoption(
         LEASE_DIR, default=None, metavar="DIR",

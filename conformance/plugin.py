@@ -25,6 +25,8 @@ from conformance.roster import is_xdist_worker
 
 if TYPE_CHECKING:
     from conformance.harness.launchers import Launcher
+    from conformance.harness.launchers.devices import DeviceKind
+    from conformance.harness.launchers.rank_server_client import RankServer
     from conformance.harness.runner import CaseRanks, RankRunner
     from conformance.protocol import Declarations
 
@@ -72,6 +74,8 @@ def pytest_configure(config: pytest.Config) -> None:
                             "error kind at TP 2 and 8)")
     import importlib
 
+    if not is_xdist_worker(config) and config.getoption(options.LAUNCHER) == "process":
+        config.pluginmanager.register(_RankServerHooks(), "coc-rank-server")
     for name in SUB_PLUGINS:
         if not config.pluginmanager.has_plugin(name):
             config.pluginmanager.register(importlib.import_module(name), name)
@@ -81,8 +85,16 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.register(AllureHooks(config), "coc-allure-hooks")
 
 
+def _process_kind(config: pytest.Config) -> DeviceKind:
+    """The device family the process launcher runs ranks on (the same in the controller and every worker)."""
+    from conformance.harness.launchers.devices import detect_device_kind
+
+    return detect_device_kind(config.getoption(options.CPU_SLOTS), config.getoption(options.BACKEND),
+                              config.getoption(options.RANKS_PER_DEVICE))
+
+
 def _make_launcher(config: pytest.Config) -> tuple[Launcher, Any]:
-    from conformance.harness.launchers.devices import cpu, detect_device_kind
+    from conformance.harness.launchers.devices import cpu
     from conformance.harness.leases import DeviceLeases, default_lease_dir
 
     name = config.getoption(options.LAUNCHER)
@@ -97,15 +109,21 @@ def _make_launcher(config: pytest.Config) -> tuple[Launcher, Any]:
 
         kind = cpu(config.getoption(options.CPU_SLOTS))
         return ThreadedLauncher(), DeviceLeases(lease_dir, kind.lease_names())
-    from conformance.harness.launchers.process_launcher import ProcessLauncher
     from conformance.harness.launchers.zygote import MEGATRON
     from conformance.plugins.scheduling import needs_megatron_key
 
-    kind = detect_device_kind(config.getoption(options.CPU_SLOTS), backend,
-                              config.getoption(options.RANKS_PER_DEVICE))
-    max_live = config.getoption(options.MAX_LIVE_RANKS) or default_max_live_ranks()
+    kind = _process_kind(config)
     preload = MEGATRON if config.stash.get(needs_megatron_key, True) else ()
-    launcher = ProcessLauncher(kind, max_live_ranks=max_live, preload=preload)
+    server = getattr(config, "workerinput", {}).get(_RANK_SERVER)
+    launcher: Launcher
+    if server:  # an xdist worker: the session's rank server runs its cases
+        from conformance.harness.launchers.rank_server_client import ServerLauncher
+
+        launcher = ServerLauncher(server, preload, binds_devices=kind.binds_devices)
+    else:
+        from conformance.harness.launchers.process_launcher import ProcessLauncher
+
+        launcher = ProcessLauncher(kind, max_live_ranks=_max_live_ranks(config, kind), preload=preload)
     return launcher, DeviceLeases(lease_dir / kind.name, kind.lease_names(), slots_option=options.CPU_SLOTS
                                   if kind.name == "cpu" else None)
 
@@ -114,19 +132,48 @@ def _make_launcher(config: pytest.Config) -> tuple[Launcher, Any]:
 RANK_MEMORY_BYTES = 400 * 2**20
 
 
-def default_max_live_ranks() -> int:
-    """Warm ranks one worker keeps: half the memory, shared by the xdist workers, at most 16.
+def default_max_live_ranks(slots: int) -> int:
+    """Rank processes the session keeps: three per device (or CPU slot), within half the machine's memory.
 
-    Leases cap the ranks *running* at once; this caps the idle ones, so that
-    ``pytest -n 8`` on a small machine keeps fewer pools warm instead of
-    running out of memory (a pool above the budget is started per case).
+    Leases cap the ranks *running* at once at ``slots``; the rest of the
+    budget keeps idle pools of the other world sizes warm.  On a small
+    machine memory caps it instead (a pool above the budget is started per
+    case).
     """
     try:
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
-        return 16
-    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    return max(2, min(16, memory // 2 // RANK_MEMORY_BYTES // workers))
+        memory = 2**63
+    return max(2, min(3 * slots, memory // 2 // RANK_MEMORY_BYTES))
+
+
+def _max_live_ranks(config: pytest.Config, kind: DeviceKind) -> int:
+    return config.getoption(options.MAX_LIVE_RANKS) or default_max_live_ranks(len(kind.lease_names()))
+
+
+#: ``workerinput`` key: the address of the session's rank server.
+_RANK_SERVER = "coc_rank_server"
+
+
+class _RankServerHooks:
+    """On the xdist controller: start the session's rank server for the first worker, stop it at the end."""
+
+    def __init__(self) -> None:
+        self.server: RankServer | None = None
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_configure_node(self, node: Any) -> None:
+        if self.server is None:
+            from conformance.harness.launchers.rank_server_client import RankServer
+
+            kind = _process_kind(node.config)
+            self.server = RankServer(kind, max_live_ranks=_max_live_ranks(node.config, kind))
+        node.workerinput[_RANK_SERVER] = self.server.address
+
+    def pytest_unconfigure(self, config: pytest.Config) -> None:
+        if self.server is not None:
+            self.server.close()
+            self.server = None
 
 
 def rank_runner(config: pytest.Config) -> RankRunner:

@@ -8,32 +8,35 @@ in the same test (a loaded machine slows both).
 from __future__ import annotations
 
 import re
+import threading
 import time
 
 import pytest
 
 from conformance.harness.case import RankTask
 from conformance.harness.case_errors import CaseTimeout, RankCrashed, RankRaised
+from conformance.harness.launchers import Launcher
+from conformance.harness.launchers.devices import cpu
 from conformance.harness.launchers.process_launcher import ProcessLauncher
-from conformance.harness.launchers.threaded import ThreadedLauncher
+from conformance.harness.launchers.rank_server_client import RankServer, ServerLauncher
 from conformance.harness.runner import RankRunner
 from tests.support import rank_cases
 
 IMPL = "coc_impl.reference:ReferenceCoC"
 
 
-def test_collective_results_per_rank(launcher: ProcessLauncher | ThreadedLauncher) -> None:
+def test_collective_results_per_rank(launcher: Launcher) -> None:
     outcomes = launcher.run(RankTask(rank_cases.rank_sum, 4, {"n": 3}), (), IMPL)
     assert [o.rank for o in outcomes] == [0, 1, 2, 3]
     assert all(o.value == [6.0, 6.0, 6.0] for o in outcomes)
 
 
-def test_context_names_rank_world_and_launcher(launcher: ProcessLauncher | ThreadedLauncher) -> None:
+def test_context_names_rank_world_and_launcher(launcher: Launcher) -> None:
     outcomes = launcher.run(RankTask(rank_cases.whoami, 2), (), IMPL)
     assert [o.value for o in outcomes] == [(0, 2, launcher.name), (1, 2, launcher.name)]
 
 
-def test_rank_errors_come_back_with_tracebacks(launcher: ProcessLauncher | ThreadedLauncher) -> None:
+def test_rank_errors_come_back_with_tracebacks(launcher: Launcher) -> None:
     runner = RankRunner(launcher, None, IMPL)
     with pytest.raises(RankRaised) as info:
         runner.run(rank_cases.every_rank_raises, 2)
@@ -43,13 +46,13 @@ def test_rank_errors_come_back_with_tracebacks(launcher: ProcessLauncher | Threa
     assert isinstance(errors[0].exception, KeyError)
 
 
-def test_rank_logs_are_captured_per_rank(launcher: ProcessLauncher | ThreadedLauncher) -> None:
+def test_rank_logs_are_captured_per_rank(launcher: Launcher) -> None:
     outcomes = launcher.run(RankTask(rank_cases.logs_and_prints, 2), (), IMPL)
     assert "rank 0 logged" in outcomes[0].log and "rank 1" not in outcomes[0].log
     assert "rank 1 logged" in outcomes[1].log
 
 
-def trivial_run_s(launcher: ProcessLauncher | ThreadedLauncher, world_size: int) -> float:
+def trivial_run_s(launcher: Launcher, world_size: int) -> float:
     """Seconds a trivial task takes on a warm pool of ``world_size``: how slow the machine is right now."""
     launcher.run(RankTask(rank_cases.rank_sum, world_size), (), IMPL)  # warm: the pool's start is no measure
     start = time.monotonic()
@@ -62,7 +65,7 @@ def slack_s(trivial_s: float) -> float:
     return 10.0 + 50 * trivial_s
 
 
-def timed_verdict(launcher: ProcessLauncher | ThreadedLauncher, task: RankTask,
+def timed_verdict(launcher: Launcher, task: RankTask,
                   error: type[BaseException]) -> tuple[pytest.ExceptionInfo[BaseException], float, float]:
     """Run ``task`` expecting ``error``: the verdict, its wall time, and a trivial run's time in the same pool."""
     trivial = trivial_run_s(launcher, task.world_size)
@@ -76,7 +79,7 @@ def timed_verdict(launcher: ProcessLauncher | ThreadedLauncher, task: RankTask,
 
 
 def test_rank_left_waiting_is_a_hang_and_next_case_passes(
-    launcher: ProcessLauncher | ThreadedLauncher,
+    launcher: Launcher,
 ) -> None:
     info, elapsed, trivial = timed_verdict(launcher, RankTask(rank_cases.rank0_raises_others_wait, 4, timeout=3.0),
                                            CaseTimeout)
@@ -91,7 +94,7 @@ def test_rank_left_waiting_is_a_hang_and_next_case_passes(
     assert outcomes[0].value == [6.0] * 4
 
 
-def test_hung_case_fails_within_timeout_with_stacks(launcher: ProcessLauncher | ThreadedLauncher) -> None:
+def test_hung_case_fails_within_timeout_with_stacks(launcher: Launcher) -> None:
     info, elapsed, trivial = timed_verdict(launcher, RankTask(rank_cases.sleep_forever, 2, timeout=1.5), CaseTimeout)
     assert re.search(r"did not finish within 1.5 s \(the case's ceiling\)", str(info.value))
     assert 1.5 <= elapsed < 1.5 + slack_s(trivial)
@@ -100,44 +103,107 @@ def test_hung_case_fails_within_timeout_with_stacks(launcher: ProcessLauncher | 
         assert launcher.run(RankTask(rank_cases.rank_sum, 2), (), IMPL)[1].value == [1.0] * 4
 
 
-def test_dead_rank_fails_the_case_and_pool_is_rebuilt(pool: ProcessLauncher) -> None:
+def test_dead_rank_fails_the_case_and_pool_is_rebuilt(pool_launcher: Launcher) -> None:
     """Noticed when the rank dies: waiting for the ceiling would be a CaseTimeout, and the survivor sleeps 60 s."""
-    info, elapsed, trivial = timed_verdict(pool, RankTask(rank_cases.rank1_dies, 2, timeout=30.0), RankCrashed)
+    info, elapsed, trivial = timed_verdict(pool_launcher, RankTask(rank_cases.rank1_dies, 2, timeout=30.0), RankCrashed)
     assert elapsed < slack_s(trivial), "a dead rank must not wait for the case timeout"
     assert "exit code 7" in str(info.value)
     assert "rank 1 about to exit" in info.value.stacks[1]
     assert "rank1_dies" in info.value.stacks[0]  # the survivor's stack
-    assert pool.run(RankTask(rank_cases.rank_sum, 2), (), IMPL)[0].value == [1.0] * 4
+    assert pool_launcher.run(RankTask(rank_cases.rank_sum, 2), (), IMPL)[0].value == [1.0] * 4
 
 
-def test_rank_killed_by_a_signal_says_where(pool: ProcessLauncher) -> None:
+def test_rank_killed_by_a_signal_says_where(pool_launcher: Launcher) -> None:
     """A rank that dies of a fatal signal (a crash in native code) leaves its Python stack in the verdict."""
-    info, _, _ = timed_verdict(pool, RankTask(rank_cases.rank1_segfaults, 2, timeout=30.0), RankCrashed)
+    info, _, _ = timed_verdict(pool_launcher, RankTask(rank_cases.rank1_segfaults, 2, timeout=30.0), RankCrashed)
     assert "exit code -11" in str(info.value)
     assert "Segmentation fault" in info.value.stacks[1]
     assert "rank1_segfaults" in info.value.stacks[1]
-    assert pool.run(RankTask(rank_cases.rank_sum, 2), (), IMPL)[0].value == [1.0] * 4
+    assert pool_launcher.run(RankTask(rank_cases.rank_sum, 2), (), IMPL)[0].value == [1.0] * 4
 
 
-def test_unpicklable_result_is_that_ranks_error(pool: ProcessLauncher) -> None:
-    outcomes = pool.run(RankTask(rank_cases.unpicklable_result, 2), (), IMPL)
+def test_unpicklable_result_is_that_ranks_error(pool_launcher: Launcher) -> None:
+    outcomes = pool_launcher.run(RankTask(rank_cases.unpicklable_result, 2), (), IMPL)
     assert all(o.error is not None and "pickle" in o.error.message for o in outcomes)
-    assert pool.run(RankTask(rank_cases.whoami, 2), (), IMPL)[0].value == (0, 2, "process")
+    assert pool_launcher.run(RankTask(rank_cases.whoami, 2), (), IMPL)[0].value == (0, 2, "process")
 
 
 def test_pools_are_warm_and_bounded(pool: ProcessLauncher) -> None:
     pids = [o.value for o in pool.run(RankTask(rank_cases.pid, 2), (), IMPL)]
     assert [o.value for o in pool.run(RankTask(rank_cases.pid, 2), (), IMPL)] == pids, "pool not reused"
     pool.run(RankTask(rank_cases.whoami, 8), (), IMPL)  # 2 + 8 > max_live_ranks=8: evicts size 2
-    assert sum(key.world_size for key in pool._pools) <= 8
+    assert sum(key.world_size for key, _ in pool._idle) <= 8
     assert [o.value for o in pool.run(RankTask(rank_cases.pid, 2), (), IMPL)] != pids
 
 
 @pytest.mark.parametrize("use_async", [True, False])
 def test_probe_sees_collectives_on_every_launcher(
-    launcher: ProcessLauncher | ThreadedLauncher, use_async: bool,
+    launcher: Launcher, use_async: bool,
 ) -> None:
     outcomes = launcher.run(
         RankTask(rank_cases.count_collectives, 2, {"chunks": 3, "use_async": use_async}), (), IMPL)
     for outcome in outcomes:
         assert outcome.value == [("all_reduce", use_async, use_async)] * 3 + [("all_gather", False, False)]
+
+
+def test_workers_share_the_servers_warm_pools(rank_server: RankServer) -> None:
+    """Two workers' cases of one size, one after the other, run on the same ranks: one pool start for both."""
+    first, second = ServerLauncher(rank_server.address), ServerLauncher(rank_server.address)
+    try:
+        pids = [o.value for o in first.run(RankTask(rank_cases.pid, 3), (), IMPL)]
+        started = first.pools_started()
+        assert [o.value for o in second.run(RankTask(rank_cases.pid, 3), (), IMPL)] == pids
+        assert second.last_start_s == 0.0
+        assert second.pools_started() == started
+    finally:
+        first.close()
+        second.close()
+
+
+def test_a_hung_case_on_the_server_costs_only_its_own_ranks(rank_server: RankServer) -> None:
+    """While one worker's case hangs and its pool is torn down, another worker's cases run on their own pool."""
+    hanging, working = ServerLauncher(rank_server.address), ServerLauncher(rank_server.address)
+    verdict: list[BaseException] = []
+
+    def hang() -> None:
+        try:
+            hanging.run(RankTask(rank_cases.sleep_forever, 2, timeout=2.0), (), IMPL)
+        except CaseTimeout as exc:
+            verdict.append(exc)
+
+    try:
+        mine = [o.value for o in working.run(RankTask(rank_cases.pid, 2), (), IMPL)]
+        thread = threading.Thread(target=hang)
+        thread.start()
+        sums = []
+        while thread.is_alive():
+            sums.append(working.run(RankTask(rank_cases.rank_sum, 2), (), IMPL)[1].value)
+        thread.join()
+        assert verdict and "sleep_forever" in verdict[0].stacks[0]
+        assert sums and all(value == [1.0] * 4 for value in sums)
+        assert [o.value for o in working.run(RankTask(rank_cases.pid, 2), (), IMPL)] == mine
+    finally:
+        hanging.close()
+        working.close()
+
+
+def test_closing_the_server_stops_every_rank() -> None:
+    server = RankServer(cpu(4), max_live_ranks=4)
+    launcher = ServerLauncher(server.address)
+    pids = [o.value for o in launcher.run(RankTask(rank_cases.pid, 2), (), IMPL)]
+    launcher.close()
+    server.close()
+    deadline = time.monotonic() + 10
+    while any(_running(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(_running(p) for p in pids)
+    with pytest.raises(RankCrashed, match="rank server .* is gone"):
+        ServerLauncher(server.address).run(RankTask(rank_cases.pid, 2), (), IMPL)
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

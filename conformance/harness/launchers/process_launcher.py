@@ -1,16 +1,19 @@
-"""The process launcher: warm rank pools, one per (world size, device set), the least recently used evicted.
+"""The process launcher: warm rank pools, several per (world size, device set), the least recently used evicted.
 
 Each pool (:mod:`conformance.harness.launchers.process_pool`) starts its ranks
 from the launcher's one fork server (:mod:`conformance.harness.launchers.zygote_client`),
-restarted when it died.
+restarted when it died.  A launcher is safe to share between threads: the
+session's rank server (:mod:`conformance.harness.launchers.rank_server`) runs
+the cases of every pytest-xdist worker through one launcher, each on its own
+thread, so two cases of one world size run at once on two pools.
 """
 
 from __future__ import annotations
 
 import os
 import socket
+import threading
 import time
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -27,12 +30,14 @@ class PoolKey:
 
 
 class ProcessLauncher:
-    """Keeps one warm pool per (world size, device set), evicting the least recently used.
+    """Keeps warm pools per (world size, device set), evicting the least recently used idle one.
 
-    ``max_live_ranks`` bounds how many idle rank processes this launcher keeps
-    (each holds a torch runtime in memory).  ``fork_server=False`` starts every
-    rank as a fresh interpreter instead of forking it from the zygote;
-    ``preload`` names modules the zygote imports beyond its own list.
+    ``max_live_ranks`` bounds how many rank processes this launcher keeps,
+    idle and busy (each holds a torch runtime in memory); a busy pool is never
+    evicted, so the leases' cap on running ranks is the only cap on those.
+    ``fork_server=False`` starts every rank as a fresh interpreter instead of
+    forking it from the zygote; ``preload`` names modules the zygote imports
+    beyond its own list (:meth:`want_preloaded` adds more until it starts).
     """
 
     name = "process"
@@ -45,54 +50,97 @@ class ProcessLauncher:
         self._num_threads = num_threads
         self._fork_server = fork_server and hasattr(socket, "send_fds") and hasattr(os, "fork")
         self._zygote: Zygote | None = None
-        self._pools: OrderedDict[PoolKey, RankPool] = OrderedDict()
-        #: Seconds the last :meth:`run` spent starting ranks (0 when its pool was warm).
-        self.last_start_s = 0.0
+        self._zygote_lock = threading.Lock()
+        self._lock = threading.Lock()
+        self._idle: list[tuple[PoolKey, RankPool]] = []  # least recently used first
+        self._busy_ranks = 0
+        self._calls = threading.local()
+        #: Pools started since the launcher was made (restarts after a hang or crash included).
+        self.pools_started = 0
+
+    @property
+    def last_start_s(self) -> float:
+        """Seconds this thread's last :meth:`run` spent starting ranks (0 when its pool was warm)."""
+        return getattr(self._calls, "start_s", 0.0)
+
+    def want_preloaded(self, names: Sequence[str]) -> None:
+        """Have the fork server import ``names`` too, if it has not started yet (else ranks import them)."""
+        with self._zygote_lock:
+            self._preload += tuple(n for n in names if n not in self._preload)
 
     def preferred_devices(self, world_size: int) -> tuple[str, ...]:
-        """The devices of the warm pool of this size, if any (lease these to stay warm)."""
-        for key in reversed(self._pools):
-            if key.world_size == world_size:
-                return key.devices
+        """The devices of the most recently used idle pool of this size, if any (lease these to stay warm)."""
+        with self._lock:
+            for key, _ in reversed(self._idle):
+                if key.world_size == world_size:
+                    return key.devices
         return ()
 
     def _zygote_for_start(self) -> Zygote | None:
         if not self._fork_server:
             return None
-        if self._zygote is None or not self._zygote.alive:
-            if self._zygote is not None:
-                self._zygote.close()
-            self._zygote = Zygote(self._preload)
-        return self._zygote
+        with self._zygote_lock:
+            if self._zygote is None or not self._zygote.alive:
+                if self._zygote is not None:
+                    self._zygote.close()
+                self._zygote = Zygote(self._preload)
+            return self._zygote
 
-    def run(self, task: RankTask, devices: Sequence[str], impl_spec: str) -> list[RankOutcome]:
+    def run(self, task: RankTask, devices: Sequence[str], impl_spec: str,
+            sys_path: Sequence[str] | None = None) -> list[RankOutcome]:
+        """Run ``task`` on a warm pool of its size bound to ``devices`` (started if none is idle).
+
+        ``sys_path``: where the ranks import the task from (default: this process's path).
+        """
         key = PoolKey(task.world_size, tuple(devices) if self.kind.binds_devices else ())
-        pool = self._pools.pop(key, None)
-        self.last_start_s = 0.0
+        self._calls.start_s = 0.0
+        pool = self._checkout(key)
         if pool is None:
-            same_size = [k for k in self._pools if k.world_size == task.world_size]
-            for stale in same_size:  # a device pool bound elsewhere is rebuilt on the new lease
-                self._pools.pop(stale).close()
-            self._evict(task.world_size)
             begun = time.perf_counter()
             pool = RankPool(task.world_size, self.kind, devices, num_threads=self._num_threads,
                             fork_server=self._zygote_for_start)
-            self.last_start_s = time.perf_counter() - begun
-        self._pools[key] = pool
+            self._calls.start_s = time.perf_counter() - begun
         try:
-            return pool.run(task, impl_spec, self.name)
+            return pool.run(task, impl_spec, self.name, sys_path)
         finally:
-            self.last_start_s += pool.last_start_s
-            self._evict(0)  # a pool larger than the budget is not kept warm
+            self._calls.start_s += pool.last_start_s
+            self._check_in(key, pool)
 
-    def _evict(self, incoming: int) -> None:
-        while self._pools and sum(k.world_size for k in self._pools) + incoming > self.max_live_ranks:
-            _, pool = self._pools.popitem(last=False)
-            pool.close()
+    def _checkout(self, key: PoolKey) -> RankPool | None:
+        """An idle pool for ``key`` (the most recently used), or None; counts its ranks as busy either way."""
+        with self._lock:
+            self._busy_ranks += key.world_size
+            for i in range(len(self._idle) - 1, -1, -1):
+                if self._idle[i][0] == key:
+                    return self._idle.pop(i)[1]
+            victims = self._evictions()
+        for victim in victims:
+            victim.close()
+        return None
+
+    def _check_in(self, key: PoolKey, pool: RankPool) -> None:
+        with self._lock:
+            self.pools_started += bool(pool.last_start_s)
+            self._busy_ranks -= key.world_size
+            if pool.alive:  # a pool that hung or crashed closed itself
+                self._idle.append((key, pool))
+            victims = self._evictions()  # a pool larger than the budget is not kept warm
+        for victim in victims:
+            victim.close()
+
+    def _evictions(self) -> list[RankPool]:
+        """Idle pools to close, least recently used first, until idle and busy ranks fit the budget (under the lock)."""
+        victims = []
+        while self._idle and sum(k.world_size for k, _ in self._idle) + self._busy_ranks > self.max_live_ranks:
+            victims.append(self._idle.pop(0)[1])
+        return victims
 
     def close(self) -> None:
-        while self._pools:
-            self._pools.popitem()[1].close()
-        if self._zygote is not None:
-            self._zygote.close()
-            self._zygote = None
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for _, pool in idle:
+            pool.close()
+        with self._zygote_lock:
+            if self._zygote is not None:
+                self._zygote.close()
+                self._zygote = None

@@ -183,8 +183,12 @@ class RankPool:
                else f"not ready within {self._start_timeout_s:.0f} s")
         raise RankCrashed(f"rank pool of {self.world_size} failed to start: {why}", stacks=stacks)
 
-    def run(self, task: RankTask, impl_spec: str, launcher: str) -> list[RankOutcome]:
-        """Run ``task`` on every rank; raise on hang or crash (the pool is then closed)."""
+    def run(self, task: RankTask, impl_spec: str, launcher: str,
+            sys_path: Sequence[str] | None = None) -> list[RankOutcome]:
+        """Run ``task`` on every rank; raise on hang or crash (the pool is then closed).
+
+        ``sys_path``: the import path the ranks add before loading the task (default: this process's).
+        """
         self.last_start_s = 0.0
         if not self.alive:
             self.close(kill=True)
@@ -192,7 +196,8 @@ class RankPool:
             self.start()
             self.last_start_s = time.perf_counter() - begun
         message = pickle.dumps(
-            (list(sys.path), pickle.dumps((task.fn, task.params)), impl_spec, launcher, task.budget)
+            (list(sys.path if sys_path is None else sys_path), pickle.dumps((task.fn, task.params)), impl_spec,
+             launcher, task.budget)
         )
         offsets = [self._file_size(self._stack_path(r)) for r in range(self.world_size)]
         log_offsets = [self._file_size(self._log_path(r)) for r in range(self.world_size)]

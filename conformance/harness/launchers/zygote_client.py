@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -45,6 +46,7 @@ class Zygote:
             output = Path(self._log.name).read_text(errors="replace")[-4000:]
             raise RankCrashed(f"the rank fork server did not start (exit code {self._proc.poll()}):\n{output}")
         self._sock.settimeout(60)
+        self._lock = threading.Lock()  # pools of several threads may start ranks at once
 
     @property
     def alive(self) -> bool:
@@ -52,8 +54,9 @@ class Zygote:
 
     def fork(self, spec: dict[str, object], env: dict[str, str], log: Path, fd: int) -> int:
         request = json.dumps({"spec": spec, "env": env, "log": str(log)}).encode()
-        socket.send_fds(self._sock, [request], [fd])
-        return int(self._reader.readline())
+        with self._lock:
+            socket.send_fds(self._sock, [request], [fd])
+            return int(self._reader.readline())
 
     def close(self) -> None:
         self._reader.close()

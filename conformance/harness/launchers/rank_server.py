@@ -1,0 +1,131 @@
+"""The session's rank server: one process per session and backend holding the warm pools every xdist worker uses.
+
+Without it each pytest-xdist worker started its own fork server and its own
+pools, so ``pytest -n 8`` imported torch and megatron-core eight times over
+and started a pool of every world size in every worker; on an NPU node each
+pool start is an HCCL initialisation.  The xdist controller starts this
+server once (:class:`~conformance.harness.launchers.rank_server_client.RankServer`),
+and every worker hands it its cases
+(:class:`~conformance.harness.launchers.rank_server_client.ServerLauncher`).
+The server runs each worker's cases on a thread of its own through one
+:class:`~conformance.harness.launchers.process_launcher.ProcessLauncher`:
+one fork server, and pools shared by all workers, several of one size where
+cases of that size run at once.  Leases stay with the workers
+(:mod:`conformance.harness.leases`): a worker asks the server to run a case
+only on devices it holds.
+
+A case that hangs or crashes costs only its own pool (closed by the pool and
+started again on next use); the other threads' cases go on.  The server runs
+no task code itself; it exits, closing every pool, when the controller
+closes its standard input (and so also when the controller dies).
+
+Protocol (``multiprocessing.connection`` over a Unix socket, one connection
+per worker, pickled tuples):
+
+- ``("prefer", world_size)``: the devices of the most recently used idle
+  pool of that size (``()`` if none);
+- ``("run", task_bytes, devices, impl_spec, sys_path, preload)``: the
+  outcomes of running the task on those devices;
+- ``("stats",)``: ``{"pools_started": n}``.
+
+Every answer is ``("ok", value, start_s)`` or ``("raised", error, start_s)``,
+``start_s`` being the time spent starting ranks for the request.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import sys
+import threading
+import traceback
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, Listener
+from pathlib import Path
+from typing import Any
+
+from conformance.harness.case_errors import RankCrashed
+from conformance.harness.launchers.devices import DeviceKind
+from conformance.harness.launchers.process_launcher import ProcessLauncher
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """What the controller starts the server with (pickled into a file beside its socket)."""
+
+    address: str
+    kind: DeviceKind
+    max_live_ranks: int
+    num_threads: int = 1
+
+
+def handle(request: tuple[Any, ...], launcher: ProcessLauncher) -> tuple[str, Any, float]:
+    """The answer to one request (see the module docstring)."""
+    op = request[0]
+    try:
+        if op == "prefer":
+            return ("ok", launcher.preferred_devices(request[1]), 0.0)
+        if op == "stats":
+            return ("ok", {"pools_started": launcher.pools_started}, 0.0)
+        if op != "run":
+            raise ValueError(f"unknown rank server request {op!r}")
+        _, task_bytes, devices, impl_spec, sys_path, preload = request
+        for entry in sys_path:  # where the task's function is importable from
+            if entry and entry not in sys.path:
+                sys.path.append(entry)
+        launcher.want_preloaded(preload)
+        outcomes = launcher.run(pickle.loads(task_bytes), devices, impl_spec, sys_path)
+    except BaseException as exc:  # noqa: BLE001 - the worker's case fails with it
+        return ("raised", _picklable(exc), launcher.last_start_s if op == "run" else 0.0)
+    return ("ok", outcomes, launcher.last_start_s)
+
+
+def _picklable(exc: BaseException) -> BaseException:
+    try:
+        pickle.loads(pickle.dumps(exc))
+    except Exception:  # noqa: BLE001 - said as text instead
+        return RankCrashed("the rank server failed running the case:\n"
+                           + "".join(traceback.format_exception(exc)))
+    return exc
+
+
+def _serve_worker(conn: Connection, launcher: ProcessLauncher) -> None:
+    """Answer one worker's requests, one at a time, until it disconnects."""
+    with conn:
+        while True:
+            try:
+                request = pickle.loads(conn.recv_bytes())
+            except (EOFError, OSError):
+                return
+            try:
+                conn.send_bytes(pickle.dumps(handle(request, launcher)))
+            except (OSError, ValueError):
+                return  # the worker died waiting; the pool went back warm
+
+
+def main() -> None:
+    settings: ServerSettings = pickle.loads(Path(sys.argv[1]).read_bytes())
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the controller stops it, also on Ctrl-C
+    launcher = ProcessLauncher(settings.kind, max_live_ranks=settings.max_live_ranks,
+                               num_threads=settings.num_threads)
+    listener = Listener(settings.address, family="AF_UNIX")
+
+    def stop_when_controller_leaves() -> None:
+        sys.stdin.buffer.read()  # returns at EOF: closed by the controller, or the controller died
+        launcher.close()
+        listener.close()
+        os._exit(0)
+
+    threading.Thread(target=stop_when_controller_leaves, name="controller-watch", daemon=True).start()
+    print("ready", flush=True)
+    while True:
+        try:
+            conn = listener.accept()
+        except OSError:
+            return
+        threading.Thread(target=_serve_worker, args=(conn, launcher), name="worker", daemon=True).start()
+
+
+if __name__ == "__main__":
+    main()
