@@ -59,13 +59,17 @@ WORLD_PARAM = "world"
 LARGEST_WORLD = 8
 
 
+def available_cores() -> int:
+    """The CPU cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 def default_cpu_slots() -> int:
     """CPU slots by default: the cores this process may run on, and never fewer than :data:`LARGEST_WORLD`."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
-    return max(cores, LARGEST_WORLD)
+    return max(available_cores(), LARGEST_WORLD)
 
 
 def _positive(kind: type[int] | type[float], *, zero: bool = False) -> object:

@@ -85,6 +85,19 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.register(AllureHooks(config), "coc-allure-hooks")
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    """``-n auto`` on the suite: workers that fit the node (``scheduling.auto_workers``); elsewhere, or with
+    ``PYTEST_XDIST_AUTO_NUM_WORKERS`` set, xdist's own."""
+    from conformance.plugins.scheduling import auto_workers, runs_the_suite
+
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS") or config.getoption(options.LAUNCHER) != "process" \
+            or not runs_the_suite(config):
+        return None
+    kind = _process_kind(config)
+    return auto_workers(0 if kind.name == "cpu" else kind.count, options.available_cores())
+
+
 def _process_kind(config: pytest.Config) -> DeviceKind:
     """The device family the process launcher runs ranks on (the same in the controller and every worker)."""
     from conformance.harness.launchers.devices import detect_device_kind
@@ -113,7 +126,8 @@ def _make_launcher(config: pytest.Config) -> tuple[Launcher, Any]:
     from conformance.plugins.scheduling import needs_megatron_key
 
     kind = _process_kind(config)
-    preload = MEGATRON if config.stash.get(needs_megatron_key, True) else ()
+    # Made before collection (prestart_ranks), it learns at its end whether layer cases need megatron-core.
+    preload = MEGATRON if config.stash.get(needs_megatron_key, False) else ()
     server = getattr(config, "workerinput", {}).get(_RANK_SERVER)
     launcher: Launcher
     if server:  # an xdist worker: the session's rank server runs its cases
@@ -189,6 +203,28 @@ def rank_runner(config: pytest.Config) -> RankRunner:
             budget=Budget(config.getoption(options.BUDGET_FACTOR), config.getoption(options.BUDGET_FLOOR)),
         )
     return config.stash[runner_key]
+
+
+def prestart_ranks(config: pytest.Config) -> None:
+    """Start the fork server of the ranks now (it imports torch while pytest collects), where this process will
+    run cases: not in an xdist controller, nor when only collecting."""
+    if config.getoption("collectonly") or (not is_xdist_worker(config)
+                                          and getattr(config.option, "dist", "no") != "no"):
+        return
+    prestart = getattr(rank_runner(config).launcher, "prestart", None)
+    if prestart is not None:
+        prestart()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Tell a launcher made before collection whether the rank fork server should import megatron-core."""
+    from conformance.harness.launchers.zygote import MEGATRON
+    from conformance.plugins.scheduling import needs_megatron_key
+
+    runner = session.config.stash.get(runner_key, None)
+    want = getattr(runner.launcher, "want_preloaded", None) if runner is not None else None
+    if want is not None:
+        want(MEGATRON if session.config.stash.get(needs_megatron_key, False) else (), now=True)
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

@@ -15,11 +15,12 @@ with small ones across workers.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
 from conformance import options
-from conformance.caseids import Needs, needs
+from conformance.caseids import SUITE_DIR, Needs, in_suite, needs
 
 #: Whether the collected cases include layer cases (the rank fork server then preloads megatron-core).
 needs_megatron_key = pytest.StashKey[bool]()
@@ -30,6 +31,32 @@ def builds_megatron_state(item: pytest.Item) -> bool:
     parallel state."""
     return any("patch_megatron" in mark.args for mark in item.iter_markers("coc_requires")) or \
         item.get_closest_marker("coc_builds_megatron") is not None
+
+
+#: Fewest CPU cores on which xdist workers pay for themselves: each is a pytest process that imports and collects
+#: (seconds of CPU), and one worker's cases already keep about 1.5 cores busy with their ranks.
+MIN_CORES_FOR_WORKERS = 4
+
+
+def auto_workers(accelerators: int, cores: int) -> int:
+    """Workers for ``-n auto`` on the suite: one per accelerator; on CPU one per two cores, none below
+    :data:`MIN_CORES_FOR_WORKERS` (the run stays in one process, ``docs/DESIGN.md#workers``)."""
+    if accelerators:
+        return accelerators
+    return cores // 2 if cores >= MIN_CORES_FOR_WORKERS else 0
+
+
+def runs_the_suite(config: pytest.Config) -> bool:
+    """Whether the command line names the conformance suite (or part of it), as a path or with ``--pyargs``."""
+    for arg in config.args:
+        target = str(arg).split("::", 1)[0]
+        if config.getoption("pyargs", False) and (target == "conformance.suite"
+                                                  or target.startswith("conformance.suite.")):
+            return True
+        path = Path(config.invocation_params.dir, target)
+        if path.resolve() == SUITE_DIR or (path.suffix == ".py" and in_suite(path)):
+            return True
+    return False
 
 
 def rank_order(need: Needs) -> tuple[bool, int, int]:
@@ -47,7 +74,7 @@ def order(item: pytest.Item) -> tuple[bool, int, int]:
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark the smoke tier; deselect what ``--coc-tp`` leaves out or torchrun cannot host; order the rest."""
-    from conformance.caseids import case_id, in_suite
+    from conformance.caseids import case_id
     from conformance.tiers import in_smoke
 
     for item in items:

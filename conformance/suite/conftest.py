@@ -7,6 +7,13 @@ from typing import Any
 
 import pytest
 
+from conformance.plugin import prestart_ranks
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The suite runs cases on ranks: their fork server starts now, while the suite is collected."""
+    prestart_ranks(config)
+
 
 @pytest.fixture(scope="session")
 def impl_accepts_blocks(coc_impl: Any) -> Callable[[str], bool]:

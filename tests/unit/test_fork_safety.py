@@ -91,8 +91,9 @@ def _calls(path: Path) -> list[str]:
 
 
 def test_the_fork_server_preloads_without_starting_a_device_runtime(stand_in: Path) -> None:
-    zygote = Zygote(preload=(*MEGATRON, "torch_npu"))
+    zygote = Zygote()
     try:
+        zygote.ready(preload=(*MEGATRON, "torch_npu"))
         assert zygote.alive
     finally:
         zygote.close()
@@ -100,8 +101,10 @@ def test_the_fork_server_preloads_without_starting_a_device_runtime(stand_in: Pa
 
 
 def test_the_fork_server_refuses_when_a_preload_starts_the_npu_runtime(stand_in: Path) -> None:
+    zygote = Zygote()
     with pytest.raises(RankCrashed, match=r"refusing to fork ranks: .*started the NPU runtime"):
-        Zygote(preload=("sets_npu_device",))
+        zygote.ready(preload=("sets_npu_device",))
+    zygote.close()
     assert _calls(stand_in) == ["set_device"]
 
 

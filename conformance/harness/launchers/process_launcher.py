@@ -63,10 +63,14 @@ class ProcessLauncher:
         """Seconds this thread's last :meth:`run` spent starting ranks (0 when its pool was warm)."""
         return getattr(self._calls, "start_s", 0.0)
 
-    def want_preloaded(self, names: Sequence[str]) -> None:
-        """Have the fork server import ``names`` too, if it has not started yet (else ranks import them)."""
+    def want_preloaded(self, names: Sequence[str], *, now: bool = False) -> None:
+        """Have the fork server import ``names`` too, unless it was told its modules already (ranks import them
+        then).  ``now``: the list is complete, so a prestarted fork server is told it at once."""
         with self._zygote_lock:
             self._preload += tuple(n for n in names if n not in self._preload)
+            zygote = self._zygote if now else None
+        if zygote is not None:
+            zygote.begin(self._preload)
 
     def preferred_devices(self, world_size: int) -> tuple[str, ...]:
         """The devices of the most recently used idle pool of this size, if any (lease these to stay warm)."""
@@ -76,6 +80,12 @@ class ProcessLauncher:
                     return key.devices
         return ()
 
+    def prestart(self) -> None:
+        """Start the fork server now, so that it imports torch while the session collects its cases."""
+        with self._zygote_lock:
+            if self._fork_server and self._zygote is None:
+                self._zygote = Zygote()
+
     def _zygote_for_start(self) -> Zygote | None:
         if not self._fork_server:
             return None
@@ -83,8 +93,11 @@ class ProcessLauncher:
             if self._zygote is None or not self._zygote.alive:
                 if self._zygote is not None:
                     self._zygote.close()
-                self._zygote = Zygote(self._preload)
-            return self._zygote
+                self._zygote = Zygote()
+            zygote = self._zygote
+            preload = self._preload
+        zygote.ready(preload)
+        return zygote
 
     def run(self, task: RankTask, devices: Sequence[str], impl_spec: str,
             sys_path: Sequence[str] | None = None) -> list[RankOutcome]:

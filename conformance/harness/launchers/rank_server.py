@@ -26,7 +26,10 @@ per worker, pickled tuples):
   pool of that size (``()`` if none);
 - ``("run", task_bytes, devices, impl_spec, sys_path, preload)``: the
   outcomes of running the task on those devices;
-- ``("stats",)``: ``{"pools_started": n}``.
+- ``("stats",)``: ``{"pools_started": n}``;
+- ``("prestart",)``: start the fork server now (``None``);
+- ``("preload", names)``: the modules the fork server imports beyond
+  torch, complete (``None``).
 
 Every answer is ``("ok", value, start_s)`` or ``("raised", error, start_s)``,
 ``start_s`` being the time spent starting ranks for the request.
@@ -68,6 +71,12 @@ def handle(request: tuple[Any, ...], launcher: ProcessLauncher) -> tuple[str, An
             return ("ok", launcher.preferred_devices(request[1]), 0.0)
         if op == "stats":
             return ("ok", {"pools_started": launcher.pools_started}, 0.0)
+        if op == "prestart":
+            launcher.prestart()
+            return ("ok", None, 0.0)
+        if op == "preload":
+            launcher.want_preloaded(request[1], now=True)
+            return ("ok", None, 0.0)
         if op != "run":
             raise ValueError(f"unknown rank server request {op!r}")
         _, task_bytes, devices, impl_spec, sys_path, preload = request

@@ -110,6 +110,17 @@ class ServerLauncher:
             raise value
         return value
 
+    def prestart(self) -> None:
+        """Have the server start its fork server now (it imports torch while this worker collects)."""
+        self._ask("prestart")
+
+    def want_preloaded(self, names: Sequence[str], *, now: bool = False) -> None:
+        """Ask the server's fork server to import ``names`` too (as :meth:`ProcessLauncher.want_preloaded
+        <conformance.harness.launchers.process_launcher.ProcessLauncher.want_preloaded>`)."""
+        self._preload += tuple(n for n in names if n not in self._preload)
+        if now:
+            self._ask("preload", self._preload)
+
     def preferred_devices(self, world_size: int) -> tuple[str, ...]:
         """The devices of the server's most recently used idle pool of this size (lease these to stay warm)."""
         return tuple(self._ask("prefer", world_size)) if self._binds_devices else ()

@@ -18,7 +18,10 @@ each exit status next to the rank's log (``<log>.exit``), so the pool can say
 how a rank died.  It exits when the launcher's control socket closes, killing
 the ranks it forked.
 
-Protocol on the control socket (a Unix socket pair): the launcher sends one
+Protocol on the control socket (a Unix socket pair): the zygote imports
+:data:`PRELOAD` as soon as it starts (the launcher starts it early, while
+pytest collects), then reads one line naming the further modules to import,
+comma-separated, and answers ``ready``.  Then the launcher sends one
 JSON request ``{"spec": {...}, "env": {...}, "log": path}`` together with two
 file descriptors (the rank's end of its socket pair, and nothing else); the
 zygote answers with the child's pid as text.
@@ -169,12 +172,27 @@ def runtimes_started() -> list[str]:
     return started
 
 
+def _read_line(control: socket.socket) -> str:
+    """One line from the control socket, read byte by byte (the fork requests that follow carry descriptors)."""
+    line = b""
+    while not line.endswith(b"\n"):
+        byte = control.recv(1)
+        if not byte:
+            sys.exit(0)  # the launcher went away before it needed a rank
+        line += byte
+    return line.decode().strip()
+
+
 def main() -> None:
     control = socket.socket(fileno=int(sys.argv[1]))
-    preload([name for name in sys.argv[2].split(",") if name] if len(sys.argv) > 2 else [])
+    preload()
+    # The launcher names the rest once it knows them (megatron-core when layer cases were collected),
+    # while this process has imported torch in the meantime.
+    extra = [name for name in _read_line(control).split(",") if name]
+    preload(extra)
     started = runtimes_started()
     if started:  # every rank forked now would fail on its device: say why, once, instead
-        print(f"refusing to fork ranks: importing {', '.join((*PRELOAD, *sys.argv[2:]))} started "
+        print(f"refusing to fork ranks: importing {', '.join((*PRELOAD, *extra))} started "
               f"{' and '.join(started)}", flush=True)
         sys.exit(3)
     control.sendall(b"ready\n")

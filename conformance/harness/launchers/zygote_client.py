@@ -1,7 +1,9 @@
 """The launcher's side of the rank fork server (:mod:`conformance.harness.launchers.zygote`).
 
-One per launcher, started on first use: it starts the server process, waits
-until it has imported what ranks need, and asks it for a forked rank per
+One per launcher, started early (:meth:`ProcessLauncher.prestart
+<conformance.harness.launchers.process_launcher.ProcessLauncher.prestart>`)
+or on first use: it starts the server process, names the modules it should
+import beyond torch, waits until it has, and asks it for a forked rank per
 request.
 """
 
@@ -21,32 +23,59 @@ from conformance.harness.case_errors import RankCrashed
 
 
 class Zygote:
-    """The launcher side of the fork server (one per launcher, started on first use)."""
+    """The launcher side of the fork server (one per launcher).
 
-    def __init__(self, preload: Sequence[str] = (), start_timeout_s: float = 180.0) -> None:
+    Made, it starts the server, which imports torch at once; :meth:`begin`
+    names the further modules it should import, :meth:`ready` waits until it
+    has.
+    """
+
+    def __init__(self, start_timeout_s: float = 180.0) -> None:
         ours, theirs = socket.socketpair()
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         # Its imports' warnings go to a log, not into the output of whichever test started it.
         self._log = tempfile.NamedTemporaryFile(prefix="coc-zygote-", suffix=".log", delete=False)  # noqa: SIM115
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "conformance.harness.launchers.zygote", str(theirs.fileno()), ",".join(preload)],
+            [sys.executable, "-m", "conformance.harness.launchers.zygote", str(theirs.fileno())],
             env=env, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
             pass_fds=(theirs.fileno(),),
         )
         theirs.close()
         self._sock = ours
-        self._sock.settimeout(start_timeout_s)
         self._reader = self._sock.makefile("rb")
-        try:
-            ready = self._reader.readline().strip()
-        except OSError:
-            ready = b""
-        if ready != b"ready":
-            self._proc.kill()
-            output = Path(self._log.name).read_text(errors="replace")[-4000:]
-            raise RankCrashed(f"the rank fork server did not start (exit code {self._proc.poll()}):\n{output}")
-        self._sock.settimeout(60)
+        self._start_timeout_s = start_timeout_s
+        self._named = self._ready = False
         self._lock = threading.Lock()  # pools of several threads may start ranks at once
+
+    def begin(self, preload: Sequence[str] = ()) -> None:
+        """Name the modules it should import beyond torch (only the first call counts); returns at once."""
+        with self._lock:
+            if self._named:
+                return
+            self._named = True
+            try:
+                self._sock.sendall((",".join(preload) + "\n").encode())
+            except OSError:
+                pass  # it died: ready() says so
+
+    def ready(self, preload: Sequence[str] = ()) -> None:
+        """:meth:`begin` with ``preload`` unless begun, then wait until it can fork (at once once it could)."""
+        self.begin(preload)
+        with self._lock:
+            if self._ready:
+                return
+            self._sock.settimeout(self._start_timeout_s)
+            try:
+                ready = self._reader.readline().strip()
+            except OSError:
+                ready = b""
+            if ready != b"ready":
+                self._proc.kill()
+                self._proc.wait()
+                output = Path(self._log.name).read_text(errors="replace")[-4000:]
+                raise RankCrashed(f"the rank fork server did not start (exit code {self._proc.poll()}):\n{output}")
+            self._sock.settimeout(60)
+            self._ready = True
 
     @property
     def alive(self) -> bool:
@@ -54,6 +83,7 @@ class Zygote:
 
     def fork(self, spec: dict[str, object], env: dict[str, str], log: Path, fd: int) -> int:
         request = json.dumps({"spec": spec, "env": env, "log": str(log)}).encode()
+        self.ready()
         with self._lock:
             socket.send_fds(self._sock, [request], [fd])
             return int(self._reader.readline())
