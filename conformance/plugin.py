@@ -85,7 +85,7 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.register(AllureHooks(config), "coc-allure-hooks")
 
 
-@pytest.hookimpl(optionalhook=True)
+@pytest.hookimpl(optionalhook=True, tryfirst=True)  # before xdist's own, which always answers
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
     """``-n auto`` on the suite: workers that fit the node (``scheduling.auto_workers``); elsewhere, or with
     ``PYTEST_XDIST_AUTO_NUM_WORKERS`` set, xdist's own."""

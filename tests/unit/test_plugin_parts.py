@@ -187,3 +187,68 @@ def test_a_skipped_case_does_not_reset_the_storm_count(pytester: pytest.Pytester
     assert cases["test_2_declares_it_lacks_a_mode"]["outcome"] == "skipped"
     assert cases["test_4_needs_ranks"]["outcome"] == "failed", cases["test_4_needs_ranks"]
     assert cases["test_4_needs_ranks"]["failure"]["type"] == "StormBroken", cases["test_4_needs_ranks"]
+
+
+def test_auto_workers_fit_the_node() -> None:
+    """``-n auto`` on the suite: in one process below 4 cores, one worker per two cores, one per accelerator."""
+    from conformance.plugins.scheduling import auto_workers
+
+    assert [auto_workers(0, cores) for cores in (1, 2, 3, 4, 16, 64)] == [0, 0, 0, 2, 8, 32]
+    assert auto_workers(8, 192) == 8
+
+
+@pytest.mark.parametrize(("args", "pyargs", "expected"), [
+    (["conformance.suite"], True, True),
+    (["conformance.suite.test_ops::test_corner_tp1"], True, True),
+    (["conformance/suite"], False, True),
+    (["conformance/suite/test_ops.py::test_corner_tp1"], False, True),
+    (["tests/unit"], False, False),
+    ([], False, False),
+    (["conformance.suite"], False, False),  # a path that does not exist, without --pyargs
+])
+def test_the_suite_is_recognised_on_the_command_line(args: list[str], pyargs: bool, expected: bool) -> None:
+    from types import SimpleNamespace
+
+    from conformance.plugins.scheduling import runs_the_suite
+
+    config = SimpleNamespace(args=args, invocation_params=SimpleNamespace(dir=ROOT),
+                             getoption=lambda name, default=None: pyargs if name == "pyargs" else default)
+    assert runs_the_suite(config) is expected  # type: ignore[arg-type]
+
+
+def test_auto_workers_leave_other_test_suites_to_xdist(pytester: pytest.Pytester,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The plugin is loaded in every session of an environment that has it: ``-n auto`` elsewhere is xdist's."""
+    monkeypatch.delenv("PYTEST_XDIST_AUTO_NUM_WORKERS", raising=False)
+    pytester.makepyfile(test_other="def test_one():\n    pass\n")
+    # In a subprocess (xdist's workers in this one would outlive pytester's module snapshot); on a machine
+    # of fewer than 4 cores the suite's rule would start none.
+    result = pytester.runpytest_subprocess("-p", "conformance.plugin", "-n", "auto")
+    result.assert_outcomes(passed=1)
+    assert "created:" in result.stdout.str() or "bringing up nodes" in result.stdout.str()
+
+
+@pytest.mark.parametrize(("cores", "workers"), [(2, 0), (4, 2)])
+def test_auto_workers_on_the_suite_are_the_suites(pytestconfig: pytest.Config, monkeypatch: pytest.MonkeyPatch,
+                                                  cores: int, workers: int) -> None:
+    """The answer xdist gets: on 2 cores no workers, on 4 cores two; asked before xdist's own (which always
+    answers, and the first answer wins)."""
+    from types import SimpleNamespace
+
+    from conformance import options
+    from conformance.harness.launchers.devices import cpu
+    from conformance.plugin import pytest_xdist_auto_num_workers
+
+    impls = pytestconfig.pluginmanager.hook.pytest_xdist_auto_num_workers.get_hookimpls()
+    assert impls[-1].plugin_name == "conformance.plugin"  # pluggy calls the last one first
+    given = {options.LAUNCHER: "process", options.CPU_SLOTS: 8, options.BACKEND: None,
+             options.RANKS_PER_DEVICE: 1, "pyargs": True}
+    config = SimpleNamespace(args=["conformance.suite"], invocation_params=SimpleNamespace(dir=ROOT),
+                             getoption=lambda name, default=None: given.get(name, default))
+    monkeypatch.delenv("PYTEST_XDIST_AUTO_NUM_WORKERS", raising=False)
+    monkeypatch.setattr("conformance.options.available_cores", lambda: cores)
+    # A CPU node, said without asking torch (pytester's runs in this process unload what they imported).
+    monkeypatch.setattr("conformance.harness.launchers.devices.detect_device_kind", lambda *_, **__: cpu(8))
+    assert pytest_xdist_auto_num_workers(config) == workers  # type: ignore[arg-type]
+    monkeypatch.setenv("PYTEST_XDIST_AUTO_NUM_WORKERS", "3")  # the user's say stays xdist's
+    assert pytest_xdist_auto_num_workers(config) is None  # type: ignore[arg-type]
