@@ -178,10 +178,15 @@ class _RankServerHooks:
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node: Any) -> None:
         if self.server is None:
-            from conformance.harness.launchers.rank_server_client import RankServer
+            from conformance.harness.launchers.rank_server_client import RankServer, ServerLauncher
+            from conformance.plugins.scheduling import runs_the_suite
 
             kind = _process_kind(node.config)
             self.server = RankServer(kind, max_live_ranks=_max_live_ranks(node.config, kind))
+            if runs_the_suite(node.config):  # its fork server imports torch while the workers start and collect
+                client = ServerLauncher(self.server.address)
+                client.prestart()
+                client.close()
         node.workerinput[_RANK_SERVER] = self.server.address
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:

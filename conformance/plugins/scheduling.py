@@ -33,17 +33,20 @@ def builds_megatron_state(item: pytest.Item) -> bool:
         item.get_closest_marker("coc_builds_megatron") is not None
 
 
-#: Fewest CPU cores on which xdist workers pay for themselves: each is a pytest process that imports and collects
-#: (seconds of CPU), and one worker's cases already keep about 1.5 cores busy with their ranks.
-MIN_CORES_FOR_WORKERS = 4
+#: CPU cores per xdist worker for ``-n auto`` on the suite, and the fewest cores on which workers pay for
+#: themselves: each is a pytest process that imports and collects (seconds of CPU), one worker's cases already
+#: keep more than a core busy with their ranks, and CPU ranks spend most of their time waiting on each other,
+#: so more workers add lease waits rather than throughput (``docs/DESIGN.md#workers``).
+CORES_PER_WORKER = 4
+MIN_CORES_FOR_WORKERS = 8
 
 
 def auto_workers(accelerators: int, cores: int) -> int:
-    """Workers for ``-n auto`` on the suite: one per accelerator; on CPU one per two cores, none below
-    :data:`MIN_CORES_FOR_WORKERS` (the run stays in one process, ``docs/DESIGN.md#workers``)."""
+    """Workers for ``-n auto`` on the suite: one per accelerator; on CPU one per :data:`CORES_PER_WORKER`
+    cores, none below :data:`MIN_CORES_FOR_WORKERS` (the run stays in one process)."""
     if accelerators:
         return accelerators
-    return cores // 2 if cores >= MIN_CORES_FOR_WORKERS else 0
+    return cores // CORES_PER_WORKER if cores >= MIN_CORES_FOR_WORKERS else 0
 
 
 def runs_the_suite(config: pytest.Config) -> bool:

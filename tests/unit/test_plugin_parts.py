@@ -190,10 +190,10 @@ def test_a_skipped_case_does_not_reset_the_storm_count(pytester: pytest.Pytester
 
 
 def test_auto_workers_fit_the_node() -> None:
-    """``-n auto`` on the suite: in one process below 4 cores, one worker per two cores, one per accelerator."""
+    """``-n auto`` on the suite: in one process below 8 cores, one worker per four cores, one per accelerator."""
     from conformance.plugins.scheduling import auto_workers
 
-    assert [auto_workers(0, cores) for cores in (1, 2, 3, 4, 16, 64)] == [0, 0, 0, 2, 8, 32]
+    assert [auto_workers(0, cores) for cores in (1, 2, 4, 7, 8, 16, 64)] == [0, 0, 0, 0, 2, 4, 16]
     assert auto_workers(8, 192) == 8
 
 
@@ -222,16 +222,16 @@ def test_auto_workers_leave_other_test_suites_to_xdist(pytester: pytest.Pytester
     monkeypatch.delenv("PYTEST_XDIST_AUTO_NUM_WORKERS", raising=False)
     pytester.makepyfile(test_other="def test_one():\n    pass\n")
     # In a subprocess (xdist's workers in this one would outlive pytester's module snapshot); on a machine
-    # of fewer than 4 cores the suite's rule would start none.
+    # of fewer than 8 cores the suite's rule would start none.
     result = pytester.runpytest_subprocess("-p", "conformance.plugin", "-n", "auto")
     result.assert_outcomes(passed=1)
     assert "created:" in result.stdout.str() or "bringing up nodes" in result.stdout.str()
 
 
-@pytest.mark.parametrize(("cores", "workers"), [(2, 0), (4, 2)])
+@pytest.mark.parametrize(("cores", "workers"), [(2, 0), (16, 4)])
 def test_auto_workers_on_the_suite_are_the_suites(pytestconfig: pytest.Config, monkeypatch: pytest.MonkeyPatch,
                                                   cores: int, workers: int) -> None:
-    """The answer xdist gets: on 2 cores no workers, on 4 cores two; asked before xdist's own (which always
+    """The answer xdist gets: on 2 cores no workers, on 16 cores four; asked before xdist's own (which always
     answers, and the first answer wins)."""
     from types import SimpleNamespace
 

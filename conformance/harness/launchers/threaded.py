@@ -103,6 +103,8 @@ def _thread_watch(threads: Sequence[threading.Thread]) -> ProgressWatch | None:
     """
     watch = ProgressWatch({r: Rank(os.getpid(), t.native_id) for r, t in enumerate(threads)
                            if t.native_id and t.is_alive()})
+    if not watch.available:  # a rank that returned between the two reads leaves no thread: watch the others
+        watch = ProgressWatch({r: rank for r, rank in watch.ranks.items() if threads[r].is_alive()})
     return watch if watch.available else None
 
 
