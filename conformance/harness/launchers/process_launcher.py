@@ -151,6 +151,8 @@ class ProcessLauncher:
     def close(self) -> None:
         with self._lock:
             idle, self._idle = self._idle, []
+        for _, pool in idle:  # every pool's ranks leave at once, then each pool is reaped
+            pool.ask_to_stop()
         for _, pool in idle:
             pool.close()
         with self._zygote_lock:

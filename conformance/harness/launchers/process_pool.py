@@ -113,6 +113,7 @@ class RankPool:
         self._procs: list[_RankProcess] = []
         self._conns: list[Connection] = []
         self._tmp: Path | None = None
+        self._stopping = False
         #: Seconds the last :meth:`run` spent starting the ranks (0 when they were warm).
         self.last_start_s = 0.0
 
@@ -295,14 +296,21 @@ class RankPool:
             stacks[rank] = text or "(no stack captured)"
         return stacks
 
-    def close(self, *, kill: bool = False) -> None:
-        """Stop the ranks (politely unless ``kill``) and remove the pool's files."""
+    def ask_to_stop(self) -> None:
+        """Tell every rank to leave its loop, without waiting (:meth:`close` then waits for them)."""
         for conn, proc in zip(self._conns, self._procs):
-            if not kill and proc.alive():
+            if not self._stopping and proc.alive():
                 try:
                     conn.send_bytes(STOP)
                 except OSError:
                     pass
+        self._stopping = True
+
+    def close(self, *, kill: bool = False) -> None:
+        """Stop the ranks (politely unless ``kill``) and remove the pool's files."""
+        if not kill:
+            self.ask_to_stop()
+        self._stopping = False
         for proc in self._procs:
             if kill:
                 proc.signal(signal.SIGKILL)
