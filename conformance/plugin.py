@@ -211,14 +211,12 @@ def rank_runner(config: pytest.Config) -> RankRunner:
 
 
 def prestart_ranks(config: pytest.Config) -> None:
-    """Start the fork server of the ranks now (it imports torch while pytest collects), where this process will
-    run cases: not in an xdist controller, nor when only collecting."""
-    if config.getoption("collectonly") or (not is_xdist_worker(config)
-                                          and getattr(config.option, "dist", "no") != "no"):
+    """Start the fork server of the process launcher's ranks now (it imports torch while pytest collects), where
+    this process will run cases: not in an xdist controller, nor when only collecting."""
+    if config.getoption(options.LAUNCHER) != "process" or config.getoption("collectonly") or (
+            not is_xdist_worker(config) and getattr(config.option, "dist", "no") != "no"):
         return
-    prestart = getattr(rank_runner(config).launcher, "prestart", None)
-    if prestart is not None:
-        prestart()
+    rank_runner(config).launcher.prestart()  # type: ignore[attr-defined]
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
