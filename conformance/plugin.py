@@ -27,10 +27,13 @@ if TYPE_CHECKING:
     from conformance.harness.launchers import Launcher
     from conformance.harness.launchers.devices import DeviceKind
     from conformance.harness.launchers.rank_server_client import RankServer
+    from conformance.harness.launchers.zygote_client import Zygote  # noqa: F401 - named by a stash key
     from conformance.harness.runner import CaseRanks, RankRunner
     from conformance.protocol import Declarations
 
 runner_key = pytest.StashKey["RankRunner"]()
+#: The rank fork server :func:`prestart_ranks` started before this process imported torch.
+_early_zygote_key = pytest.StashKey["Zygote"]()
 launcher_key = pytest.StashKey["Launcher"]()
 
 #: Sub-plugins, in registration order (each is a module of hook implementations).
@@ -137,7 +140,8 @@ def _make_launcher(config: pytest.Config) -> tuple[Launcher, Any]:
     else:
         from conformance.harness.launchers.process_launcher import ProcessLauncher
 
-        launcher = ProcessLauncher(kind, max_live_ranks=_max_live_ranks(config, kind), preload=preload)
+        launcher = ProcessLauncher(kind, max_live_ranks=_max_live_ranks(config, kind), preload=preload,
+                                   zygote=config.stash.get(_early_zygote_key, None))
     return launcher, DeviceLeases(lease_dir / kind.name, kind.lease_names(), slots_option=options.CPU_SLOTS
                                   if kind.name == "cpu" else None)
 
@@ -212,22 +216,36 @@ def rank_runner(config: pytest.Config) -> RankRunner:
 
 def prestart_ranks(config: pytest.Config) -> None:
     """Start the fork server of the process launcher's ranks now (it imports torch while pytest collects), where
-    this process will run cases: not in an xdist controller, nor when only collecting."""
+    this process will run cases: not in an xdist controller, nor when only collecting.
+
+    In one process the fork server starts before this process detects its
+    devices (which imports torch), so the two import torch side by side.
+    """
     if config.getoption(options.LAUNCHER) != "process" or config.getoption("collectonly") or (
             not is_xdist_worker(config) and getattr(config.option, "dist", "no") != "no"):
         return
-    rank_runner(config).launcher.prestart()  # type: ignore[attr-defined]
+    if not getattr(config, "workerinput", {}).get(_RANK_SERVER) and runner_key not in config.stash:
+        from conformance.harness.launchers.zygote_client import Zygote, can_fork_ranks
+
+        if can_fork_ranks():
+            config.stash[_early_zygote_key] = Zygote()
+    rank_runner(config).launcher.prestart()
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Tell a launcher made before collection whether the rank fork server should import megatron-core."""
+    """Tell a launcher made before collection whether the rank fork server should import megatron-core, and
+    which world sizes to start ranks of ahead of the cases (in the order the cases need them)."""
+    from conformance.caseids import needs
     from conformance.harness.launchers.zygote import MEGATRON
     from conformance.plugins.scheduling import needs_megatron_key
 
     runner = session.config.stash.get(runner_key, None)
-    want = getattr(runner.launcher, "want_preloaded", None) if runner is not None else None
-    if want is not None:
-        want(MEGATRON if session.config.stash.get(needs_megatron_key, False) else (), now=True)
+    if runner is None:
+        return
+    runner.launcher.want_preloaded(MEGATRON if session.config.stash.get(needs_megatron_key, False) else (),
+                                   now=True)
+    runner.launcher.warm([needs(item).world for item in session.items
+                          if "coc_ranks" in getattr(item, "fixturenames", ())])
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

@@ -35,6 +35,13 @@ def sleep_forever(ctx: RankContext) -> None:
         time.sleep(0.05)
 
 
+def say_then_sleep_forever(ctx: RankContext, path: str) -> None:
+    """Hang, once every rank has written its pid to ``path`` + its rank (so a test knows the ranks are busy)."""
+    with open(f"{path}{ctx.rank}", "w") as f:
+        f.write(str(os.getpid()))
+    sleep_forever(ctx)
+
+
 def rank1_dies(ctx: RankContext) -> None:
     if ctx.rank == 1:
         print("rank 1 about to exit", flush=True)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import re
 import threading
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -160,26 +162,32 @@ def test_workers_share_the_servers_warm_pools(rank_server: RankServer) -> None:
         second.close()
 
 
-def test_a_hung_case_on_the_server_costs_only_its_own_ranks(rank_server: RankServer) -> None:
+def test_a_hung_case_on_the_server_costs_only_its_own_ranks(rank_server: RankServer, tmp_path: Path) -> None:
     """While one worker's case hangs and its pool is torn down, another worker's cases run on their own pool."""
     hanging, working = ServerLauncher(rank_server.address), ServerLauncher(rank_server.address)
     verdict: list[BaseException] = []
+    said = tmp_path / "hung-rank-"
 
     def hang() -> None:
         try:
-            hanging.run(RankTask(rank_cases.sleep_forever, 2, timeout=2.0), (), IMPL)
+            hanging.run(RankTask(rank_cases.say_then_sleep_forever, 2, {"path": str(said)}, timeout=3.0), (), IMPL)
         except CaseTimeout as exc:
             verdict.append(exc)
 
     try:
-        mine = [o.value for o in working.run(RankTask(rank_cases.pid, 2), (), IMPL)]
         thread = threading.Thread(target=hang)
         thread.start()
+        deadline = time.monotonic() + 60
+        while not all(Path(f"{said}{rank}").exists() for rank in range(2)) and time.monotonic() < deadline:
+            time.sleep(0.01)  # the hanging case holds its ranks: the working one cannot take them
+        mine = [o.value for o in working.run(RankTask(rank_cases.pid, 2), (), IMPL)]
+        hung = [int(Path(f"{said}{rank}").read_text()) for rank in range(2)]
+        assert not set(mine) & set(hung)
         sums = []
         while thread.is_alive():
             sums.append(working.run(RankTask(rank_cases.rank_sum, 2), (), IMPL)[1].value)
         thread.join()
-        assert verdict and "sleep_forever" in verdict[0].stacks[0]
+        assert verdict and "say_then_sleep_forever" in verdict[0].stacks[0]
         assert sums and all(value == [1.0] * 4 for value in sums)
         assert [o.value for o in working.run(RankTask(rank_cases.pid, 2), (), IMPL)] == mine
     finally:
@@ -207,3 +215,59 @@ def _running(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+@pytest.fixture(params=["process", "served"])
+def unwarmed(request: pytest.FixtureRequest) -> Iterator[ProcessLauncher | ServerLauncher]:
+    """A launcher that has started no pool yet: in this process, or a worker's on a rank server of its own."""
+    if request.param == "process":
+        launcher: ProcessLauncher | ServerLauncher = ProcessLauncher(cpu(8), max_live_ranks=8)
+        yield launcher
+        launcher.close()
+        return
+    server = RankServer(cpu(8), max_live_ranks=8)
+    launcher = ServerLauncher(server.address, binds_devices=False)
+    yield launcher
+    launcher.close()
+    server.close()
+
+
+def _pools_started(launcher: ProcessLauncher | ServerLauncher) -> int:
+    return launcher.pools_started() if isinstance(launcher, ServerLauncher) else launcher.pools_started
+
+
+def test_pools_warmed_ahead_serve_the_cases_that_need_them(unwarmed: ProcessLauncher | ServerLauncher) -> None:
+    unwarmed.warm([2, 3, 2])
+    deadline = time.monotonic() + 120
+    while _pools_started(unwarmed) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _pools_started(unwarmed) == 2  # before any case asked for ranks
+    for size in (3, 2, 3):
+        assert [o.value for o in unwarmed.run(RankTask(rank_cases.whoami, size), (), IMPL)] == [
+            (rank, size, "process") for rank in range(size)]
+        assert unwarmed.last_start_s == 0.0
+    assert _pools_started(unwarmed) == 2
+
+
+def test_a_case_waits_for_its_pool_being_warmed_instead_of_starting_another() -> None:
+    launcher = ProcessLauncher(cpu(8), max_live_ranks=8)
+    try:
+        launcher.warm([4])
+        time.sleep(0.2)  # the warming has begun: its fork server takes seconds to import torch
+        launcher.run(RankTask(rank_cases.pid, 4), (), IMPL)
+        assert launcher.last_start_s > 0  # it waited for the pool's start
+        assert launcher.pools_started == 1
+    finally:
+        launcher.close()
+
+
+def test_warming_stays_within_the_slots_and_the_live_rank_budget() -> None:
+    launcher = ProcessLauncher(cpu(4), max_live_ranks=5)
+    try:
+        launcher.warm([8, 2, 4])  # 8: more than the slots; 4: beyond the budget once 2 is warm
+        launcher.run(RankTask(rank_cases.pid, 2), (), IMPL)
+        launcher.run(RankTask(rank_cases.pid, 4), (), IMPL)
+        assert launcher.last_start_s > 0  # the case started its own pool: none of 4 was warmed
+        assert launcher.pools_started == 2
+    finally:
+        launcher.close()

@@ -10,17 +10,16 @@ thread, so two cases of one world size run at once on two pools.
 
 from __future__ import annotations
 
-import os
-import socket
 import threading
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from conformance.harness.case import RankOutcome, RankTask
 from conformance.harness.launchers.devices import DeviceKind
 from conformance.harness.launchers.process_pool import RankPool
-from conformance.harness.launchers.zygote_client import Zygote
+from conformance.harness.launchers.zygote_client import Zygote, can_fork_ranks
 
 
 @dataclass(frozen=True)
@@ -37,23 +36,29 @@ class ProcessLauncher:
     evicted, so the leases' cap on running ranks is the only cap on those.
     ``fork_server=False`` starts every rank as a fresh interpreter instead of
     forking it from the zygote; ``preload`` names modules the zygote imports
-    beyond its own list (:meth:`want_preloaded` adds more until it starts).
+    beyond its own list (:meth:`want_preloaded` adds more until it starts);
+    ``zygote``: one started already (before this process imported torch, so
+    that both import at once).
     """
 
     name = "process"
 
     def __init__(self, kind: DeviceKind, *, max_live_ranks: int = 16, num_threads: int = 1,
-                 fork_server: bool = True, preload: Sequence[str] = ()) -> None:
+                 fork_server: bool = True, preload: Sequence[str] = (), zygote: Zygote | None = None) -> None:
         self.kind = kind
         self._preload = tuple(preload)
         self.max_live_ranks = max_live_ranks
         self._num_threads = num_threads
-        self._fork_server = fork_server and hasattr(socket, "send_fds") and hasattr(os, "fork")
-        self._zygote: Zygote | None = None
+        self._fork_server = fork_server and can_fork_ranks()
+        self._zygote = zygote if self._fork_server else None
         self._zygote_lock = threading.Lock()
         self._lock = threading.Lock()
         self._idle: list[tuple[PoolKey, RankPool]] = []  # least recently used first
-        self._busy_ranks = 0
+        self._busy: Counter[PoolKey] = Counter()  # pools running a case, by key
+        #: Pools being started ahead of their first case (:meth:`warm`), and when each is done.
+        self._warming: dict[PoolKey, threading.Event] = {}
+        self._warmer: threading.Thread | None = None
+        self._closed = False
         self._calls = threading.local()
         #: Pools started since the launcher was made (restarts after a hang or crash included).
         self.pools_started = 0
@@ -86,6 +91,51 @@ class ProcessLauncher:
             if self._fork_server and self._zygote is None:
                 self._zygote = Zygote()
 
+    def warm(self, world_sizes: Sequence[int]) -> None:
+        """Start an idle pool of each of ``world_sizes`` (in that order) in the background, as soon as the fork
+        server is ready; returns at once.
+
+        The session names the sizes its cases need, first needed first, once
+        it has collected them: the pools then start while the first cases
+        run, and a case whose pool is still starting waits for it rather than
+        starting another.  Only for ranks that bind no device (CPU slots): a
+        device pool's devices are known only once leased.  Sizes beyond the
+        slots or the live-rank budget are left to start when needed.
+        """
+        if self.kind.binds_devices:
+            return
+        sizes = [w for w in dict.fromkeys(world_sizes) if 0 < w <= len(self.kind.lease_names())]
+        with self._lock:
+            if not sizes or self._closed or self._warmer is not None:
+                return
+            self._warmer = threading.Thread(target=self._warm, args=(sizes,), name="warm-pools", daemon=True)
+            self._warmer.start()
+
+    def _warm(self, sizes: Sequence[int]) -> None:
+        for size in sizes:
+            key = PoolKey(size, ())
+            with self._lock:
+                if self._closed or self._live_ranks() + size > self.max_live_ranks:
+                    return
+                if key in self._warming or self._busy[key] or any(k == key for k, _ in self._idle):
+                    continue  # a case started it already
+                done = self._warming[key] = threading.Event()
+            pool = RankPool(size, self.kind, (), num_threads=self._num_threads, fork_server=self._zygote_for_start)
+            try:
+                pool.start()
+                started = True
+            except Exception:  # noqa: BLE001 - the case that needs it starts its own and says why
+                started = False
+            with self._lock:
+                del self._warming[key]
+                keep = started and not self._closed
+                if keep:
+                    self._idle.append((key, pool))
+                    self.pools_started += 1
+            done.set()
+            if started and not keep:
+                pool.close()
+
     def _zygote_for_start(self) -> Zygote | None:
         if not self._fork_server:
             return None
@@ -109,10 +159,8 @@ class ProcessLauncher:
         self._calls.start_s = 0.0
         pool = self._checkout(key)
         if pool is None:
-            begun = time.perf_counter()
             pool = RankPool(task.world_size, self.kind, devices, num_threads=self._num_threads,
                             fork_server=self._zygote_for_start)
-            self._calls.start_s = time.perf_counter() - begun
         try:
             return pool.run(task, impl_spec, self.name, sys_path)
         finally:
@@ -120,13 +168,22 @@ class ProcessLauncher:
             self._check_in(key, pool)
 
     def _checkout(self, key: PoolKey) -> RankPool | None:
-        """An idle pool for ``key`` (the most recently used), or None; counts its ranks as busy either way."""
-        with self._lock:
-            self._busy_ranks += key.world_size
-            for i in range(len(self._idle) - 1, -1, -1):
-                if self._idle[i][0] == key:
-                    return self._idle.pop(i)[1]
-            victims = self._evictions()
+        """An idle pool for ``key`` (the most recently used; one being warmed is waited for), or None; counts its
+        ranks as busy either way."""
+        while True:
+            with self._lock:
+                for i in range(len(self._idle) - 1, -1, -1):
+                    if self._idle[i][0] == key:
+                        self._busy[key] += 1
+                        return self._idle.pop(i)[1]
+                warming = self._warming.get(key)
+                if warming is None:
+                    self._busy[key] += 1
+                    victims = self._evictions()
+                    break
+            begun = time.perf_counter()
+            warming.wait()
+            self._calls.start_s += time.perf_counter() - begun  # its start, as far as this case waited for it
         for victim in victims:
             victim.close()
         return None
@@ -134,7 +191,7 @@ class ProcessLauncher:
     def _check_in(self, key: PoolKey, pool: RankPool) -> None:
         with self._lock:
             self.pools_started += bool(pool.last_start_s)
-            self._busy_ranks -= key.world_size
+            self._busy[key] -= 1
             if pool.alive:  # a pool that hung or crashed closed itself
                 self._idle.append((key, pool))
             victims = self._evictions()  # a pool larger than the budget is not kept warm
@@ -144,18 +201,26 @@ class ProcessLauncher:
     def _evictions(self) -> list[RankPool]:
         """Idle pools to close, least recently used first, until idle and busy ranks fit the budget (under the lock)."""
         victims = []
-        while self._idle and sum(k.world_size for k, _ in self._idle) + self._busy_ranks > self.max_live_ranks:
+        while self._idle and self._live_ranks() > self.max_live_ranks:
             victims.append(self._idle.pop(0)[1])
         return victims
 
+    def _live_ranks(self) -> int:
+        """Ranks of idle and busy pools (under the lock)."""
+        return sum(k.world_size for k, _ in self._idle) + sum(k.world_size * n for k, n in self._busy.items())
+
     def close(self) -> None:
         with self._lock:
+            self._closed = True
             idle, self._idle = self._idle, []
+            warmer = self._warmer
         for _, pool in idle:  # every pool's ranks leave at once, then each pool is reaped
             pool.ask_to_stop()
         for _, pool in idle:
             pool.close()
         with self._zygote_lock:
             if self._zygote is not None:
-                self._zygote.close()
+                self._zygote.close()  # its ranks die with it, so a pool still starting fails at once
                 self._zygote = None
+        if warmer is not None:
+            warmer.join(timeout=30)

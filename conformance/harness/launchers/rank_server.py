@@ -29,7 +29,9 @@ per worker, pickled tuples):
 - ``("stats",)``: ``{"pools_started": n}``;
 - ``("prestart",)``: start the fork server now (``None``);
 - ``("preload", names)``: the modules the fork server imports beyond
-  torch, complete (``None``).
+  torch, complete (``None``);
+- ``("warm", world_sizes)``: start pools of those sizes ahead of their cases,
+  first needed first; only the first worker's list counts (``None``).
 
 Every answer is ``("ok", value, start_s)`` or ``("raised", error, start_s)``,
 ``start_s`` being the time spent starting ranks for the request.
@@ -76,6 +78,9 @@ def handle(request: tuple[Any, ...], launcher: ProcessLauncher) -> tuple[str, An
             return ("ok", None, 0.0)
         if op == "preload":
             launcher.want_preloaded(request[1], now=True)
+            return ("ok", None, 0.0)
+        if op == "warm":
+            launcher.warm(request[1])
             return ("ok", None, 0.0)
         if op != "run":
             raise ValueError(f"unknown rank server request {op!r}")

@@ -121,6 +121,11 @@ class ServerLauncher:
         if now:
             self._ask("preload", self._preload)
 
+    def warm(self, world_sizes: Sequence[int]) -> None:
+        """Ask the server to start pools of these sizes ahead of the cases (as :meth:`ProcessLauncher.warm
+        <conformance.harness.launchers.process_launcher.ProcessLauncher.warm>`; the first worker's list counts)."""
+        self._ask("warm", tuple(world_sizes))
+
     def preferred_devices(self, world_size: int) -> tuple[str, ...]:
         """The devices of the server's most recently used idle pool of this size (lease these to stay warm)."""
         return tuple(self._ask("prefer", world_size)) if self._binds_devices else ()

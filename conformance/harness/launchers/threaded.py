@@ -16,12 +16,13 @@ from conformance.harness.case import RankContext, RankOutcome, RankTask, run_on_
 from conformance.harness.case_clock import CaseClock
 from conformance.harness.case_errors import CaseTimeout
 from conformance.harness.impl_loader import preload_implementation
+from conformance.harness.launchers import StartsNothingAhead
 from conformance.harness.progress import ProgressWatch, Rank, TaskSampler, format_stack, thread_stacks
 
 _LOCK = threading.Lock()  # one threaded world at a time per process
 
 
-class ThreadedLauncher:
+class ThreadedLauncher(StartsNothingAhead):
     name = "threaded"
 
     def run(self, task: RankTask, devices: Sequence[str], impl_spec: str) -> list[RankOutcome]:

@@ -25,6 +25,7 @@ from typing import Any
 
 from conformance.harness.case import RankContext, RankOutcome, RankTask, run_on_rank
 from conformance.harness.impl_loader import preload_implementation
+from conformance.harness.launchers import StartsNothingAhead
 
 
 def stacks_path(rank: int | str) -> Path:
@@ -32,7 +33,7 @@ def stacks_path(rank: int | str) -> Path:
     return Path(tempfile.gettempdir()) / f"coc-torchrun-rank{rank}.stacks"
 
 
-class TorchrunLauncher:
+class TorchrunLauncher(StartsNothingAhead):
     name = "torchrun"
 
     def __init__(self, backend: str | None = None) -> None:

@@ -197,6 +197,9 @@ def main() -> None:
         sys.exit(3)
     control.sendall(b"ready\n")
     serve(control)
+    # Nothing here needs tearing down, and unloading torch and megatron-core would keep the session waiting.
+    sys.stdout.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

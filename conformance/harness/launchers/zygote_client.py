@@ -22,6 +22,11 @@ from pathlib import Path
 from conformance.harness.case_errors import RankCrashed
 
 
+def can_fork_ranks() -> bool:
+    """Whether this platform can run the fork server (it passes descriptors over a Unix socket, and forks)."""
+    return hasattr(socket, "send_fds") and hasattr(os, "fork")
+
+
 class Zygote:
     """The launcher side of the fork server (one per launcher).
 
