@@ -101,4 +101,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     others = [item for item in keep if "coc_ranks" not in getattr(item, "fixturenames", ())]
     on_ranks.sort(key=order)
     items[:] = others + on_ranks
-    config.stash[needs_megatron_key] = any(map(builds_megatron_state, on_ranks))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Whether the cases left to run (after ``-m`` and ``-k``) build Megatron's state: the rank fork server then
+    imports megatron-core (seconds before the first rank can start)."""
+    session.config.stash[needs_megatron_key] = any(
+        builds_megatron_state(item) for item in session.items if "coc_ranks" in getattr(item, "fixturenames", ()))

@@ -252,3 +252,20 @@ def test_auto_workers_on_the_suite_are_the_suites(pytestconfig: pytest.Config, m
     assert pytest_xdist_auto_num_workers(config) == workers  # type: ignore[arg-type]
     monkeypatch.setenv("PYTEST_XDIST_AUTO_NUM_WORKERS", "3")  # the user's say stays xdist's
     assert pytest_xdist_auto_num_workers(config) is None  # type: ignore[arg-type]
+
+
+def test_megatron_is_preloaded_only_when_a_case_left_to_run_builds_its_state(pytester: pytest.Pytester) -> None:
+    from conformance.plugins.scheduling import needs_megatron_key
+
+    pytester.makepyfile(test_cases="""
+        import pytest
+        @pytest.mark.coc_requires("patch_megatron")
+        def test_layer(coc_ranks):
+            pass
+        def test_op(coc_ranks):
+            pass
+    """)
+    for args, expected in ((["-k", "op"], False), ([], True)):
+        run = pytester.inline_run("-p", "conformance.plugin", "--collect-only", *args)
+        session = run.getcall("pytest_collection_finish").session
+        assert session.config.stash[needs_megatron_key] is expected
