@@ -25,8 +25,8 @@ class CaseTimings:
 
     lease_wait: float = 0.0
     longest_lease_wait: float = 0.0  #: the longest single wait (a case may lease several times)
-    pool_start: float = 0.0
-    pools_started: int = 0
+    pool_start: float = 0.0  #: waiting for ranks to start (the case's own pool, or one started ahead of it)
+    pools_started: int = 0  #: runs that waited for ranks to start
     ranks: float = 0.0  #: wall time of the launcher runs (the ranks' whole work)
     impl: float = 0.0  #: the implementation's calls (max over ranks, per run)
     reference: float = 0.0  #: the suite's own references on the ranks (max over ranks, per run)

@@ -104,7 +104,7 @@ class TimeTally:
         terminalreporter.section("coc-conformance: where the time went")
         terminalreporter.write_line(
             f"{len(self.cases)} distributed cases: " + ", ".join(f"{c} {totals[c]:.1f} s" for c in COLUMNS)
-            + f"; {pools} pool start(s); longest single lease wait {worst_wait:.2f} s")
+            + f"; {pools} run(s) waited for ranks to start; longest single lease wait {worst_wait:.2f} s")
         slots, wall = self.slots(), time.monotonic() - self.started
         if slots and wall > 0:
             used = sum(slot_seconds(t) for _, t in self.cases)
