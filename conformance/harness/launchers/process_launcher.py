@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from conformance.harness.case import RankOutcome, RankTask
+from conformance.harness.case_errors import RankCrashed
 from conformance.harness.launchers.devices import DeviceKind
 from conformance.harness.launchers.process_pool import RankPool
 from conformance.harness.launchers.zygote_client import Zygote, can_fork_ranks
@@ -121,18 +122,20 @@ class ProcessLauncher:
                     continue  # a case started it already
                 done = self._warming[key] = threading.Event()
             pool = RankPool(size, self.kind, (), num_threads=self._num_threads, fork_server=self._zygote_for_start)
+            started = keep = False
             try:
                 pool.start()
                 started = True
             except Exception:  # noqa: BLE001 - the case that needs it starts its own and says why
-                started = False
-            with self._lock:
-                del self._warming[key]
-                keep = started and not self._closed
-                if keep:
-                    self._idle.append((key, pool))
-                    self.pools_started += 1
-            done.set()
+                pass
+            finally:
+                with self._lock:
+                    del self._warming[key]
+                    keep = started and not self._closed
+                    if keep:
+                        self._idle.append((key, pool))
+                        self.pools_started += 1
+                done.set()
             if started and not keep:
                 pool.close()
 
@@ -140,6 +143,8 @@ class ProcessLauncher:
         if not self._fork_server:
             return None
         with self._zygote_lock:
+            if self._closed:  # a pool still warming when the session ended
+                raise RankCrashed("the launcher is closed: no rank is started any more")
             if self._zygote is None or not self._zygote.alive:
                 if self._zygote is not None:
                     self._zygote.close()
@@ -206,8 +211,9 @@ class ProcessLauncher:
         return victims
 
     def _live_ranks(self) -> int:
-        """Ranks of idle and busy pools (under the lock)."""
-        return sum(k.world_size for k, _ in self._idle) + sum(k.world_size * n for k, n in self._busy.items())
+        """Ranks of idle, busy and warming pools (under the lock)."""
+        return (sum(k.world_size for k, _ in self._idle) + sum(k.world_size * n for k, n in self._busy.items())
+                + sum(k.world_size for k in self._warming))
 
     def close(self) -> None:
         with self._lock:
