@@ -15,6 +15,7 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 #: Separates a device from a rank's place on it in a lease slot's name (``"0/1"``: device 0, second rank).
@@ -186,7 +187,31 @@ def node_identity(kind: DeviceKind) -> dict[str, str]:
     return {"device": kind.name, "name": name, "backend": kind.backend}
 
 
+#: Libraries a torch build that can see GPUs ships (CUDA, ROCm): without them ``torch.cuda`` sees none.
+_GPU_LIBRARIES = ("*torch_cuda*", "*torch_hip*")
+
+
+def _torch_sees_no_gpu() -> bool:
+    """Whether the installed torch is a CPU-only build, read from its files without importing it.
+
+    Importing torch costs seconds of CPU; on a CPU machine detection is the
+    first thing to import it, ahead of the ranks' fork server.  Only a torch
+    whose ``lib`` folder has its CPU library and no GPU library counts as
+    CPU-only; any other layout is asked by importing torch.
+    """
+    try:
+        spec = importlib.util.find_spec("torch")
+    except (ImportError, ValueError):
+        return False
+    if spec is None or not spec.submodule_search_locations:
+        return False
+    lib = Path(next(iter(spec.submodule_search_locations)), "lib")
+    return any(lib.glob("*torch_cpu*")) and not any(any(lib.glob(name)) for name in _GPU_LIBRARIES)
+
+
 def _cuda_count() -> int:
+    if "torch" not in sys.modules and _torch_sees_no_gpu():
+        return 0
     import torch
 
     # device_count() uses NVML where it can and does not initialise CUDA.
