@@ -44,6 +44,12 @@ def matches(case: str, pattern: str) -> bool:
     return fnmatch.fnmatchcase(case, pattern.replace("[", "[[]"))
 
 
+def on_ranks(item: pytest.Item) -> bool:
+    """Whether the case runs on rank pools (it asks for the ``coc_ranks`` fixture): only such cases are leased,
+    ordered by the world they need, broken by the storm breaker and started ahead."""
+    return "coc_ranks" in getattr(item, "fixturenames", ())
+
+
 def capability(item: pytest.Item) -> str | None:
     """The op or layer kind a case exercises (marker ``coc_capability``, else its parameters)."""
     mark = item.get_closest_marker("coc_capability")

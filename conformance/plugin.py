@@ -235,7 +235,7 @@ def prestart_ranks(config: pytest.Config) -> None:
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Tell a launcher made before collection whether the rank fork server should import megatron-core, and
     which world sizes to start ranks of ahead of the cases (in the order the cases need them)."""
-    from conformance.caseids import needs
+    from conformance.caseids import needs, on_ranks
     from conformance.harness.launchers.zygote import MEGATRON
     from conformance.plugins.scheduling import needs_megatron_key
 
@@ -244,8 +244,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         return
     runner.launcher.want_preloaded(MEGATRON if session.config.stash.get(needs_megatron_key, False) else (),
                                    now=True)
-    runner.launcher.warm([needs(item).world for item in session.items
-                          if "coc_ranks" in getattr(item, "fixturenames", ())])
+    runner.launcher.warm([needs(item).world for item in session.items if on_ranks(item)])
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -342,9 +341,10 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
                 reason = missing_capability(impl, capability)
                 if reason:
                     pytest.skip(reason)
-    if "coc_ranks" not in getattr(item, "fixturenames", ()):
+    from conformance.caseids import needs, on_ranks
+
+    if not on_ranks(item):
         return
-    from conformance.caseids import needs
 
     need = needs(item)
     devices = node_devices(item.config) if need.world else None
@@ -356,12 +356,13 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
     """A run asking for more ranks than the node has devices skips the case, saying so (never a crash)."""
+    from conformance.caseids import on_ranks
     from conformance.harness.leases import LeaseUnsatisfiable
 
     try:
         return (yield)
     except LeaseUnsatisfiable as exc:
-        if "coc_ranks" not in getattr(item, "fixturenames", ()):
+        if not on_ranks(item):
             raise
         pytest.skip(str(exc))
 

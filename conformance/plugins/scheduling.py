@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from conformance import options
-from conformance.caseids import SUITE_DIR, Needs, in_suite, needs
+from conformance.caseids import SUITE_DIR, Needs, in_suite, needs, on_ranks
 
 #: Whether the collected cases include layer cases (the rank fork server then preloads megatron-core).
 needs_megatron_key = pytest.StashKey[bool]()
@@ -97,10 +97,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if drop:
         config.hook.pytest_deselected(items=drop)
     # Only cases on rank pools move; everything else keeps its place (and its module fixtures).
-    on_ranks = [item for item in keep if "coc_ranks" in getattr(item, "fixturenames", ())]
-    others = [item for item in keep if "coc_ranks" not in getattr(item, "fixturenames", ())]
-    on_ranks.sort(key=order)
-    items[:] = others + on_ranks
+    ranked = sorted((item for item in keep if on_ranks(item)), key=order)
+    items[:] = [item for item in keep if not on_ranks(item)] + ranked
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -108,4 +106,4 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     """Whether the cases left to run (after ``-m`` and ``-k``) build Megatron's state: the rank fork server then
     imports megatron-core (seconds before the first rank can start)."""
     session.config.stash[needs_megatron_key] = any(
-        builds_megatron_state(item) for item in session.items if "coc_ranks" in getattr(item, "fixturenames", ()))
+        builds_megatron_state(item) for item in session.items if on_ranks(item))

@@ -33,11 +33,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def _check_collection(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Fail the session when a case on ranks escapes the storm breaker, or a combination is uncovered."""
-    from conformance.caseids import capability, in_suite
+    from conformance.caseids import capability, in_suite, on_ranks
     from conformance.suite.coverage import holes
 
     unbroken = sorted({item.nodeid.split("[")[0] for item in items
-                       if "coc_ranks" in getattr(item, "fixturenames", ()) and capability(item) is None})
+                       if on_ranks(item) and capability(item) is None})
     if unbroken:
         raise pytest.UsageError("cases on ranks without a capability (the storm breaker could not stop a "
                                 "storm of them; mark them coc_capability): " + ", ".join(unbroken))

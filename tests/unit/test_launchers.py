@@ -232,21 +232,17 @@ def unwarmed(request: pytest.FixtureRequest) -> Iterator[ProcessLauncher | Serve
     server.close()
 
 
-def _pools_started(launcher: ProcessLauncher | ServerLauncher) -> int:
-    return launcher.pools_started() if isinstance(launcher, ServerLauncher) else launcher.pools_started
-
-
 def test_pools_warmed_ahead_serve_the_cases_that_need_them(unwarmed: ProcessLauncher | ServerLauncher) -> None:
     unwarmed.warm([2, 3, 2])
     deadline = time.monotonic() + 120
-    while _pools_started(unwarmed) < 2 and time.monotonic() < deadline:
+    while unwarmed.pools_started() < 2 and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert _pools_started(unwarmed) == 2  # before any case asked for ranks
+    assert unwarmed.pools_started() == 2  # before any case asked for ranks
     for size in (3, 2, 3):
         assert [o.value for o in unwarmed.run(RankTask(rank_cases.whoami, size), (), IMPL)] == [
             (rank, size, "process") for rank in range(size)]
         assert unwarmed.last_start_s == 0.0
-    assert _pools_started(unwarmed) == 2
+    assert unwarmed.pools_started() == 2
 
 
 def test_a_case_waits_for_its_pool_being_warmed_instead_of_starting_another() -> None:
@@ -256,7 +252,7 @@ def test_a_case_waits_for_its_pool_being_warmed_instead_of_starting_another() ->
         time.sleep(0.2)  # the warming has begun: its fork server takes seconds to import torch
         launcher.run(RankTask(rank_cases.pid, 4), (), IMPL)
         assert launcher.last_start_s > 0  # it waited for the pool's start
-        assert launcher.pools_started == 1
+        assert launcher.pools_started() == 1
     finally:
         launcher.close()
 
@@ -268,6 +264,6 @@ def test_warming_stays_within_the_slots_and_the_live_rank_budget() -> None:
         launcher.run(RankTask(rank_cases.pid, 2), (), IMPL)
         launcher.run(RankTask(rank_cases.pid, 4), (), IMPL)
         assert launcher.last_start_s > 0  # the case started its own pool: none of 4 was warmed
-        assert launcher.pools_started == 2
+        assert launcher.pools_started() == 2
     finally:
         launcher.close()

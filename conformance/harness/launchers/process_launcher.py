@@ -61,8 +61,11 @@ class ProcessLauncher:
         self._warmer: threading.Thread | None = None
         self._closed = False
         self._calls = threading.local()
-        #: Pools started since the launcher was made (restarts after a hang or crash included).
-        self.pools_started = 0
+        self._pools_started = 0
+
+    def pools_started(self) -> int:
+        """Pools started since the launcher was made (restarts after a hang or crash included)."""
+        return self._pools_started
 
     @property
     def last_start_s(self) -> float:
@@ -134,7 +137,7 @@ class ProcessLauncher:
                     keep = started and not self._closed
                     if keep:
                         self._idle.append((key, pool))
-                        self.pools_started += 1
+                        self._pools_started += 1
                 done.set()
             if started and not keep:
                 pool.close()
@@ -195,7 +198,7 @@ class ProcessLauncher:
 
     def _check_in(self, key: PoolKey, pool: RankPool) -> None:
         with self._lock:
-            self.pools_started += bool(pool.last_start_s)
+            self._pools_started += bool(pool.last_start_s)
             self._busy[key] -= 1
             if pool.alive:  # a pool that hung or crashed closed itself
                 self._idle.append((key, pool))

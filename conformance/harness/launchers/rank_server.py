@@ -72,7 +72,7 @@ def handle(request: tuple[Any, ...], launcher: ProcessLauncher) -> tuple[str, An
         if op == "prefer":
             return ("ok", launcher.preferred_devices(request[1]), 0.0)
         if op == "stats":
-            return ("ok", {"pools_started": launcher.pools_started}, 0.0)
+            return ("ok", {"pools_started": launcher.pools_started()}, 0.0)
         if op == "prestart":
             launcher.prestart()
             return ("ok", None, 0.0)
