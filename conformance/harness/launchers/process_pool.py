@@ -34,6 +34,7 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import NoReturn, cast
 
+from conformance.harness import wire
 from conformance.harness.case import RankOutcome, RankTask
 from conformance.harness.case_clock import CaseClock
 from conformance.harness.case_errors import CaseTimeout, RankCrashed
@@ -197,7 +198,7 @@ class RankPool:
             self.start()
             self.last_start_s = time.perf_counter() - begun
         message = pickle.dumps(
-            (list(sys.path if sys_path is None else sys_path), pickle.dumps((task.fn, task.params)), impl_spec,
+            (list(sys.path if sys_path is None else sys_path), wire.dumps((task.fn, task.params)), impl_spec,
              launcher, task.budget)
         )
         offsets = [self._file_size(self._stack_path(r)) for r in range(self.world_size)]

@@ -50,6 +50,7 @@ from multiprocessing.connection import Connection, Listener
 from pathlib import Path
 from typing import Any
 
+from conformance.harness import wire
 from conformance.harness.case_errors import RankCrashed
 from conformance.harness.launchers.devices import DeviceKind
 from conformance.harness.launchers.process_launcher import ProcessLauncher
@@ -113,7 +114,7 @@ def _serve_worker(conn: Connection, launcher: ProcessLauncher) -> None:
             except (EOFError, OSError):
                 return
             try:
-                conn.send_bytes(pickle.dumps(handle(request, launcher)))
+                conn.send_bytes(wire.dumps(handle(request, launcher)))
             except (OSError, ValueError):
                 return  # the worker died waiting; the pool went back warm
 

@@ -20,6 +20,7 @@ from multiprocessing.connection import Client, Connection
 from pathlib import Path
 from typing import Any
 
+from conformance.harness import wire
 from conformance.harness.case import RankOutcome, RankTask
 from conformance.harness.case_errors import RankCrashed
 from conformance.harness.launchers.devices import DeviceKind
@@ -136,7 +137,7 @@ class ServerLauncher:
 
     def run(self, task: RankTask, devices: Sequence[str], impl_spec: str) -> list[RankOutcome]:
         self.last_start_s = 0.0
-        return list(self._ask("run", pickle.dumps(task), tuple(devices), impl_spec, list(sys.path), self._preload))
+        return list(self._ask("run", wire.dumps(task), tuple(devices), impl_spec, list(sys.path), self._preload))
 
     def close(self) -> None:
         if self._conn is not None:

@@ -127,14 +127,15 @@ def _completed_since(begun: int) -> Callable[[], int]:
 
 
 def _outcome_bytes(outcome: Any) -> bytes:
+    from conformance.harness import wire
     from conformance.harness.case import CapturedError
 
     try:
-        return pickle.dumps(outcome)
+        return wire.dumps(outcome)
     except Exception as exc:  # noqa: BLE001 - an unpicklable result is the task's error
         outcome.value = None
         outcome.error = CapturedError.capture(TypeError(f"task result cannot be pickled: {exc}"))
-        return pickle.dumps(outcome)
+        return wire.dumps(outcome)
 
 
 if __name__ == "__main__":
