@@ -219,7 +219,8 @@ def prestart_ranks(config: pytest.Config) -> None:
     this process will run cases: not in an xdist controller, nor when only collecting.
 
     In one process the fork server starts before this process detects its
-    devices (which imports torch), so the two import torch side by side.
+    devices (which imports torch wherever torch is built for GPUs), so the two
+    import torch side by side.
     """
     if config.getoption(options.LAUNCHER) != "process" or config.getoption("collectonly") or (
             not is_xdist_worker(config) and getattr(config.option, "dist", "no") != "no"):
