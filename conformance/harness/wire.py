@@ -24,14 +24,19 @@ PROTOCOL = pickle.HIGHEST_PROTOCOL
 
 
 def dumps(obj: Any) -> bytes:
-    """``pickle.dumps(obj)``, CPU tensor storages as raw bytes (module docstring)."""
-    if "torch" not in sys.modules:  # nothing here can hold a tensor
-        return pickle.dumps(obj, PROTOCOL)
-    from torch.storage import TypedStorage
+    """``pickle.dumps(obj)``, CPU tensor storages as raw bytes (module docstring).
 
+    It imports nothing: in the rank server one thread may be importing torch
+    while another answers, and importing ``torch.storage`` beside a
+    half-initialised torch fails.  Until torch has defined its storages no
+    object here can hold one.
+    """
+    typed_storage = getattr(sys.modules.get("torch.storage"), "TypedStorage", None)
+    if typed_storage is None:
+        return pickle.dumps(obj, PROTOCOL)
     buffer = io.BytesIO()
     pickler = pickle.Pickler(buffer, PROTOCOL)
-    pickler.dispatch_table = {**copyreg.dispatch_table, TypedStorage: _reduce_storage}
+    pickler.dispatch_table = {**copyreg.dispatch_table, typed_storage: _reduce_storage}
     pickler.dump(obj)
     return buffer.getvalue()
 

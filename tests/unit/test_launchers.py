@@ -12,12 +12,14 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from conformance.harness import wire
 from conformance.harness.case import RankTask
 from conformance.harness.case_errors import CaseTimeout, RankCrashed, RankRaised
-from conformance.harness.launchers import Launcher
+from conformance.harness.launchers import Launcher, rank_server
 from conformance.harness.launchers.devices import cpu
 from conformance.harness.launchers.process_launcher import ProcessLauncher
 from conformance.harness.launchers.rank_server_client import RankServer, ServerLauncher
@@ -207,6 +209,40 @@ def test_closing_the_server_stops_every_rank() -> None:
     assert not any(_running(p) for p in pids)
     with pytest.raises(RankCrashed, match="rank server .* is gone"):
         ServerLauncher(server.address).run(RankTask(rank_cases.pid, 2), (), IMPL)
+
+
+class _NoRanks:
+    """A launcher that runs nothing: what :func:`rank_server.handle` answers without ranks."""
+
+    last_start_s = 0.0
+
+    def want_preloaded(self, *_: object) -> None:
+        pass
+
+    def pools_started(self) -> int:
+        return 0
+
+    def run(self, *_: object) -> list[object]:
+        return []
+
+
+def test_the_server_unpickles_a_task_only_once_torch_is_imported(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two threads importing torch at once can meet it half-initialised, so a case waits for the server's own
+    import of torch (started with the server) before its task is unpickled; answers that unpickle nothing
+    do not wait."""
+    imported = threading.Event()
+    monkeypatch.setattr(rank_server, "torch_imported", imported)
+    launcher: Any = _NoRanks()
+    request = ("run", wire.dumps(RankTask(rank_cases.pid, 2)), (), IMPL, [], ())
+    answers: list[tuple[str, Any, float]] = []
+    waiting = threading.Thread(target=lambda: answers.append(rank_server.handle(request, launcher)))
+    waiting.start()
+    waiting.join(0.3)
+    assert not answers  # still waiting for torch
+    assert rank_server.handle(("stats",), launcher) == ("ok", {"pools_started": 0}, 0.0)
+    imported.set()
+    waiting.join(10)
+    assert answers == [("ok", [], 0.0)]
 
 
 def _running(pid: int) -> bool:

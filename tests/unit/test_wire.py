@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,3 +68,11 @@ def test_a_storage_off_the_cpu_is_left_to_torch() -> None:
     sent = torch.empty(3, 2, device="meta")
     received = pickle.loads(wire.dumps(sent))
     assert received.device.type == "meta" and received.shape == sent.shape
+
+
+def test_dumps_imports_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """In the rank server a thread may answer while another imports torch; importing ``torch.storage`` beside a
+    half-initialised torch fails, so until torch has defined its storages a pickle is a plain one."""
+    monkeypatch.delitem(sys.modules, "torch.storage")
+    assert pickle.loads(wire.dumps({"pools_started": 2})) == {"pools_started": 2}
+    assert "torch.storage" not in sys.modules

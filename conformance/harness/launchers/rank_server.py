@@ -66,6 +66,19 @@ class ServerSettings:
     num_threads: int = 1
 
 
+#: Set once this process has imported torch.  Tasks and outcomes are unpickled only then: threads that import
+#: torch at once can meet it half-initialised (importing a submodule does not wait for its parent package).
+torch_imported = threading.Event()
+torch_imported.set()  # only :func:`main` imports it ahead, on a thread of its own
+
+
+def _import_torch() -> None:
+    try:
+        import torch  # noqa: F401 - imported for every later unpickling thread
+    finally:
+        torch_imported.set()
+
+
 def handle(request: tuple[Any, ...], launcher: ProcessLauncher) -> tuple[str, Any, float]:
     """The answer to one request (see the module docstring)."""
     op = request[0]
@@ -86,6 +99,7 @@ def handle(request: tuple[Any, ...], launcher: ProcessLauncher) -> tuple[str, An
         if op != "run":
             raise ValueError(f"unknown rank server request {op!r}")
         _, task_bytes, devices, impl_spec, sys_path, preload = request
+        torch_imported.wait()
         for entry in sys_path:  # where the task's function is importable from
             if entry and entry not in sys.path:
                 sys.path.append(entry)
@@ -133,6 +147,8 @@ def main() -> None:
         os._exit(0)
 
     threading.Thread(target=stop_when_controller_leaves, name="controller-watch", daemon=True).start()
+    torch_imported.clear()  # imported while the workers start: their first case finds it ready
+    threading.Thread(target=_import_torch, name="import-torch", daemon=True).start()
     print("ready", flush=True)
     while True:
         try:
