@@ -26,7 +26,7 @@ import pytest
 from conformance import options, report_properties
 from conformance.caseids import case_id
 from conformance.gating.expectations import Expectation, Expectations, ExpectationsError, judge_checks
-from conformance.gating.gate import UNEXPECTED_PASS
+from conformance.judge.run_diff import UNEXPECTED_PASS
 from conformance.harness.case_errors import HANGS
 
 expectations_key = pytest.StashKey[Expectations]()

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from conformance.gating import expectations, gate
+from conformance.judge import run_diff
 from conformance.report_properties import GATE_NOT_RUN, GATE_REPORTED
 from tests.support import ROOT
 from tests.support.suite_run import SuiteRun
@@ -23,9 +24,9 @@ def test_gate_over_real_runs(run_suite: Callable[..., SuiteRun], tmp_path: Path)
                        ("broken", "tests.support.faulty_impls:ReturnsWrongShape")):
         (tmp_path / name).mkdir()
         run_suite("test_ops", impl, "-k", OP_CASE, "--coc-summary", str(tmp_path / name / "coc-summary.json"))
-        runs[name] = gate.load_run(tmp_path / name)
-    assert not gate.diff_runs(runs["base"], runs["same"]).red
-    result = gate.diff_runs(runs["base"], runs["broken"])
+        runs[name] = run_diff.load_run(tmp_path / name)
+    assert not run_diff.diff_runs(runs["base"], runs["same"]).red
+    result = run_diff.diff_runs(runs["base"], runs["broken"])
     assert result.red and len(result.new_failures) == 1
     assert "expected a tensor [64, 64]" in gate.markdown(result)
 

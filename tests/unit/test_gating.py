@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from conformance.gating import expectations, gate, matrix
+from conformance.judge import run_diff
 from tests.support import ROOT
 
 
@@ -41,7 +42,7 @@ def _numeric(outcome: str) -> dict[str, Any]:
 def test_gate_is_red_on_a_numeric_failure_and_a_clearly_slower_coc(tmp_path: Path) -> None:
     baseline = _summary(tmp_path, "base", [_numeric("passed"), _perf_case(0.20, 1)])
     current = _summary(tmp_path, "cur", [_numeric("failed"), _perf_case(0.10, 2)])
-    result = gate.diff_runs(gate.load_run(baseline), gate.load_run(current))
+    result = run_diff.diff_runs(run_diff.load_run(baseline), run_diff.load_run(current))
     text = gate.markdown(result)
     assert result.red
     assert [c["id"] for c in result.new_failures] == [_numeric("failed")["id"]]
@@ -53,10 +54,10 @@ def test_gate_is_red_on_a_numeric_failure_and_a_clearly_slower_coc(tmp_path: Pat
 def test_gate_is_green_over_two_clean_runs_and_says_when_a_drop_is_noise(tmp_path: Path) -> None:
     baseline = _summary(tmp_path, "base", [_numeric("passed"), _perf_case(0.20, 1)])
     current = _summary(tmp_path, "cur", [_numeric("passed"), _perf_case(0.20, 2)])
-    assert not gate.diff_runs(gate.load_run(baseline), gate.load_run(current)).red
+    assert not run_diff.diff_runs(run_diff.load_run(baseline), run_diff.load_run(current)).red
     noisy = _perf_case(0.16, 3)
     noisy["perf"]["variants"]["scripted-4"]["paired_gains"] = [0.16 + 0.2 * (-1) ** i for i in range(12)]
-    result = gate.diff_runs(gate.load_run(baseline), gate.load_run(_summary(tmp_path, "noisy", [noisy])))
+    result = run_diff.diff_runs(run_diff.load_run(baseline), run_diff.load_run(_summary(tmp_path, "noisy", [noisy])))
     (change,) = result.perf_regressions
     assert not change.clear and change.verdict.startswith("within the noise") and not result.red
 
@@ -117,7 +118,7 @@ def test_gate_reads_unexpected_passes_and_every_hang_class_from_the_summary(tmp_
         "category": "hang", "type": "StormBroken", "message": "StormBroken: not run"}}
     path = tmp_path / "cur.json"
     path.write_text(json.dumps({"cases": [unexpected, storm], "missing": ["suite/test_ops.py::test_lost[x]"]}))
-    result = gate.diff_runs(gate.load_run(_summary(tmp_path, "base", [passed])), gate.load_run(path))
+    result = run_diff.diff_runs(run_diff.load_run(_summary(tmp_path, "base", [passed])), run_diff.load_run(path))
     assert [c["id"] for c in result.unexpected_passes] == [passed["id"]]
     assert sorted(c["id"] for c in result.hangs) == sorted([storm["id"], "test_ops.py::test_lost[x]"])
     assert result.red and not result.new_failures
@@ -132,7 +133,7 @@ def test_gate_reads_hangs_and_unexpected_passes_from_allure(tmp_path: Path, mess
     allure.mkdir()
     (allure / "a-result.json").write_text(json.dumps({"fullName": "suite.test_x", "status": "failed",
                                                       "statusDetails": {"message": message}}))
-    result = gate.diff_runs(gate.Run("b", "?", {}), gate.load_run(allure))
+    result = run_diff.diff_runs(run_diff.Run("b", "?", {}), run_diff.load_run(allure))
     assert len(getattr(result, kind)) == 1 and not result.new_failures
 
 
@@ -210,17 +211,17 @@ def test_a_new_failing_check_in_a_case_that_already_failed_turns_the_gate_red(tm
     baseline = _summary(tmp_path, "base", [_case("failed", (("all_gather_matmul: numerics", "MUST"),))])
     current = _summary(tmp_path, "cur", [_case("failed", (("all_gather_matmul: numerics", "MUST"),
                                                           ("matmul_all_reduce: numerics", "MUST")))])
-    result = gate.diff_runs(gate.load_run(baseline), gate.load_run(current))
+    result = run_diff.diff_runs(run_diff.load_run(baseline), run_diff.load_run(current))
     assert result.red and result.new_failures == []
     [(case, new)] = result.new_checks
     assert case["id"] == "test_explore.py::test_explore" and new == [("matmul_all_reduce: numerics", "MUST")]
-    same = gate.diff_runs(gate.load_run(baseline), gate.load_run(baseline))
+    same = run_diff.diff_runs(run_diff.load_run(baseline), run_diff.load_run(baseline))
     assert not same.red and same.new_checks == []
 
 
 def test_a_failure_that_became_not_judged_is_no_fix(tmp_path: Path) -> None:
     baseline = _summary(tmp_path, "base", [_case("failed", (("numerics", "MUST"),))])
     current = _summary(tmp_path, "cur", [_case("not judged", passed=("the exploration judged a case",))])
-    result = gate.diff_runs(gate.load_run(baseline), gate.load_run(current))
+    result = run_diff.diff_runs(run_diff.load_run(baseline), run_diff.load_run(current))
     assert result.fixes == [] and result.no_longer_judged == ["test_explore.py::test_explore"]
     assert not result.red

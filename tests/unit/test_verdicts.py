@@ -162,12 +162,12 @@ def test_outcomes_per_check_in_the_summary_and_the_tally(pytester: pytest.Pytest
 
 
 def test_the_gate_reads_an_unexpected_pass_from_a_real_summary(pytester: pytest.Pytester) -> None:
-    from conformance.gating import gate
+    from conformance.judge import run_diff
 
     pytester.makepyfile(test_cases=CASES)
     pytester.makefile(".toml", known=EXPECTED)
     _summary(pytester, "--coc-expectations", "known.toml", "-k", "fixed")
-    result = gate.diff_runs(gate.Run("b", "?", {}), gate.load_run(pytester.path / "summary.json"))
+    result = run_diff.diff_runs(run_diff.Run("b", "?", {}), run_diff.load_run(pytester.path / "summary.json"))
     assert [c["id"] for c in result.unexpected_passes] == ["test_cases.py::test_fixed"]
 
 
