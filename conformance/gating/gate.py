@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from conformance.judge.run_diff import (PERF_THRESHOLD, RunDiff, RunError, diff_runs, load_run)
+from conformance.judge.run_diff import PERF_THRESHOLD, RunDiff, RunError, diff_runs, load_run
 from conformance.judge.verdicts import FAILED as CHECK_FAILED
 from conformance.judge.verdicts import outcome_of
 
