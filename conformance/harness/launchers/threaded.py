@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from conformance.harness.case import RankContext, RankOutcome, RankTask, run_on_rank
 from conformance.harness.case_clock import CaseClock
@@ -49,9 +49,10 @@ class ThreadedLauncher(StartsNothingAhead):
             def rank_thread(rank: int) -> None:
                 dist.init_process_group("threaded", rank=rank, world_size=task.world_size, store=store)
                 ctx = RankContext(rank, task.world_size, "cpu", impl_spec, self.name,
-                                  on_budget=lambda seconds: clock.budget(seconds, rank), budget=task.budget)
+                                  on_budget=lambda seconds: clock.budget(seconds, rank), budget=task.budget,
+                                  device_thread_backward=task.device_thread_backward)
                 try:
-                    outcome = run_on_rank(task.fn, task.params, ctx, capture_stdio=False)
+                    outcome = run_on_rank(task.fn, task.params, ctx, capture_stdio=False, carry=_world_carry())
                     if outcome.error is not None and outcome.error.type_name == "builtins.SystemExit":
                         terminated.add(rank)  # woken out of a collective nobody else joined
                     outcomes[rank] = outcome
@@ -110,12 +111,31 @@ def _thread_watch(threads: Sequence[threading.Thread]) -> ProgressWatch | None:
 
 
 def _sampler(thread: threading.Thread) -> TaskSampler:
-    """A rank thread's evidence: its stack and the collectives it saw complete since now."""
+    """A rank thread's evidence: its stack and the collectives it (or a thread working for it) saw complete since
+    now."""
     from conformance.harness.probes import COMPLETED
 
     assert thread.ident is not None
-    ident, begun = thread.ident, COMPLETED.of_thread(thread.ident)
-    return TaskSampler(ident, lambda: COMPLETED.of_thread(ident) - begun)
+    ident, begun = thread.ident, COMPLETED.of_rank(thread.ident)
+    return TaskSampler(ident, lambda: COMPLETED.of_rank(ident) - begun)
+
+
+def _world_carry() -> Callable[[], None]:
+    """What a helper thread of this rank thread takes over to issue its collectives: the threaded process group
+    keeps a rank's world in Python thread-locals, and its group registry per thread (thread isolation mode),
+    where a real backend's groups are the process's."""
+    import torch
+    import torch.distributed as dist
+
+    world = dist.distributed_c10d._world
+    mine = world._get_world()  # type: ignore[attr-defined]
+
+    def carry() -> None:
+        type(world)._world.world = mine  # type: ignore[attr-defined]
+        for group, name in mine.pg_names.items():
+            torch._C._distributed_c10d._register_process_group(name, group)
+
+    return carry
 
 
 def _thread_stacks(threads: Sequence[threading.Thread]) -> dict[int, str]:
