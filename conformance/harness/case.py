@@ -233,15 +233,15 @@ class RankOutcome:
 
 def run_on_rank(
     task_fn: TaskFn, params: dict[str, Any], ctx: RankContext, *, capture_stdio: bool = True,
-    carry: Callable[[], None] | None = None,
+    carry: Callable[[], contextlib.AbstractContextManager[None]] | None = None,
 ) -> RankOutcome:
     """Run one task on this rank, capturing its output, logs, timings and exception.
 
     Ranks that are threads of one process share ``sys.stdout``; they pass
     ``capture_stdio=False`` and only their threads' log records are kept.
     The calling thread is the rank's task thread while the task runs
-    (:func:`conformance.harness.rank_threads.rank_thread`; ``carry``: what a
-    helper thread of the rank must take over first).
+    (:func:`conformance.harness.rank_threads.rank_thread`; ``carry``: the
+    context a helper thread of the rank runs the rank's code in).
     """
     buffer = io.StringIO()
     ctx.timings = {}

@@ -29,7 +29,7 @@ from __future__ import annotations
 import functools
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -58,9 +58,7 @@ def run_backward(fn: Callable[[], T], *, device: str, off_thread: bool = True) -
     def device_thread() -> None:
         with rank_threads.working_for(rank):
             try:
-                if carry is not None:
-                    carry()
-                with state.applied():
+                with carry() if carry is not None else nullcontext(), state.applied():
                     box["value"] = fn()
             except BaseException as exc:  # noqa: BLE001 - raised again on the caller's thread
                 box["error"] = exc

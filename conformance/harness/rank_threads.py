@@ -17,27 +17,28 @@ happened to run them (``docs/DESIGN.md#progress-evidence``).
   the threaded launcher (several rank threads in one process) a thread nobody
   adopted belongs to no rank.
 
-A rank thread may name a *carry*: what a helper thread working for it must
-take over before it runs the rank's code (the threaded launcher's process
-group lives in the rank thread's Python thread-locals).  Imports nothing.
+A rank thread may name a *carry*: a context a helper thread working for it
+enters around the rank's code, to take over what the launcher keeps per thread
+(the threaded launcher's process group lives in the rank thread's Python
+thread-locals).  Imports nothing.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 
 _lock = threading.Lock()
 #: Rank task thread ident -> its carry (None: nothing to take over), for every task running in this process.
-_rank_threads: dict[int, Callable[[], None] | None] = {}
+_rank_threads: dict[int, Callable[[], AbstractContextManager[None]] | None] = {}
 #: Helper thread ident -> (the rank thread it works for, its native id: where its CPU time is read).
 _helpers: dict[int, tuple[int, int]] = {}
 
 
 @contextmanager
-def rank_thread(carry: Callable[[], None] | None = None) -> Iterator[None]:
-    """The current thread is a rank's task thread inside the block; ``carry`` is run first by its helpers."""
+def rank_thread(carry: Callable[[], AbstractContextManager[None]] | None = None) -> Iterator[None]:
+    """The current thread is a rank's task thread inside the block; its helpers run its code inside ``carry()``."""
     ident = threading.get_ident()
     with _lock:
         outer = _rank_threads.get(ident, _MISSING)
@@ -102,6 +103,6 @@ def helpers_of(rank: int) -> list[tuple[int, int]]:
         return [(helper, native) for helper, (owner, native) in _helpers.items() if owner == rank]
 
 
-def carry_of(rank: int | None) -> Callable[[], None] | None:
-    """What a helper of rank thread ``rank`` must take over first (None: nothing)."""
+def carry_of(rank: int | None) -> Callable[[], AbstractContextManager[None]] | None:
+    """The context a helper of rank thread ``rank`` runs its code in (None: none)."""
     return None if rank is None else _rank_threads.get(rank)

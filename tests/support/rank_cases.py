@@ -341,3 +341,29 @@ def every_wait_style(ctx: RankContext) -> dict[str, object]:
         helper.join()
     seen["helper matmul"] = observed_collectives(log).other_threads
     return seen
+
+
+def warns_from_its_backward(ctx: RankContext) -> dict[str, object]:
+    """Every rank warns and logs at once, from its backward (on the emulated device thread), and all-reduces
+    there: what each rank observed of warnings, and the sum."""
+    import logging
+    import threading
+    import warnings
+
+    import torch
+    import torch.distributed as dist
+
+    from conformance.harness.case import observed_warnings
+
+    def backward() -> float:
+        dist.barrier(group=ctx.group)  # every rank warns at the same moment
+        warnings.warn(f"rank {ctx.rank} warned", UserWarning, stacklevel=1)
+        logging.getLogger("coc.test").warning("rank %d logged from %s", ctx.rank, threading.current_thread().name)
+        total = torch.ones(1)
+        dist.all_reduce(total, group=ctx.group)
+        dist.barrier(group=ctx.group)  # no rank stops observing before every rank has warned
+        return float(total.item())
+
+    with observed_warnings() as said:
+        total = ctx.backward(backward)
+    return {"said": sorted(said), "total": total}

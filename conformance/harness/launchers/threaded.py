@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 
 from conformance.harness.case import RankContext, RankOutcome, RankTask, run_on_rank
 from conformance.harness.case_clock import CaseClock
@@ -120,20 +121,30 @@ def _sampler(thread: threading.Thread) -> TaskSampler:
     return TaskSampler(ident, lambda: COMPLETED.of_rank(ident) - begun)
 
 
-def _world_carry() -> Callable[[], None]:
-    """What a helper thread of this rank thread takes over to issue its collectives: the threaded process group
-    keeps a rank's world in Python thread-locals, and its group registry per thread (thread isolation mode),
-    where a real backend's groups are the process's."""
+def _world_carry() -> Callable[[], AbstractContextManager[None]]:
+    """What a helper thread of this rank thread takes over to issue its collectives, while it works for the rank:
+    the threaded process group keeps a rank's world in Python thread-locals, and its group registry per thread
+    (thread isolation mode), where a real backend's groups are the process's.  Given back when the helper is done
+    (a later thread may get the same id, and a registry entry left behind would refuse its groups)."""
     import torch
     import torch.distributed as dist
 
     world = dist.distributed_c10d._world
     mine = world._get_world()  # type: ignore[attr-defined]
+    c10d = torch._C._distributed_c10d
 
-    def carry() -> None:
+    @contextmanager
+    def carry() -> Iterator[None]:
         type(world)._world.world = mine  # type: ignore[attr-defined]
-        for group, name in mine.pg_names.items():
-            torch._C._distributed_c10d._register_process_group(name, group)
+        names = list(mine.pg_names.items())
+        for group, name in names:
+            c10d._register_process_group(name, group)
+        try:
+            yield
+        finally:
+            for _, name in names:
+                c10d._unregister_process_group(name)
+            del type(world)._world.world  # type: ignore[attr-defined]
 
     return carry
 
