@@ -50,7 +50,8 @@ class ObservedCollectives:
 
     collectives: tuple[ObservedCollective, ...] = ()
     fused_ops: tuple[str, ...] = ()  #: vendor ops that multiply and communicate in one
-    #: Collectives another thread of the rank issued meanwhile (entry points): not recorded, so not judged.
+    #: Work a thread no recording mode reached did meanwhile (each names the op and the thread): not recorded, so the
+    #: phase's structure is not judged.
     other_threads: tuple[str, ...] = ()
 
     def of_kind(self, kind: str) -> list[ObservedCollective]:

@@ -79,8 +79,9 @@ def check_phase(timeline: ObservedCollectives | None, key: str, declared: Overla
     if timeline is None:
         raise StructureMismatch(f"{key}: the phase was not observed (no timeline recorded)")
     if timeline.other_threads:
-        raise NotJudged(f"{key}: collective(s) {list(timeline.other_threads)} were issued from another thread of "
-                        "the rank, which the probes do not record: the phase's structure is not judged")
+        raise NotJudged(f"{key}: collective(s) or matmul(s) ran on a thread the probes cannot follow "
+                        f"({'; '.join(timeline.other_threads)}): the phase's timeline is incomplete, so its "
+                        "structure is not judged")
     calls = timeline.of_kind(kind)
     seen = f"observed {timeline.describe()}"
     if isinstance(declared, Chunked):

@@ -51,8 +51,9 @@ def test_a_phase_with_a_helper_threads_collective_is_not_judged_for_structure() 
     from conformance.protocol import Chunked
 
     serial = ObservedCollective("all_gather", "c10d._allgather_base_", None, False, (0, 1), ((4,),), (), False)
-    timeline = ObservedCollectives((serial,), other_threads=("all_gather_into_tensor",))
-    with pytest.raises(NotJudged, match="another thread"):
+    timeline = ObservedCollectives((serial,), other_threads=("all_gather_into_tensor on thread 'helper'",))
+    with pytest.raises(NotJudged, match="on a thread the probes cannot follow .all_gather_into_tensor on thread "
+                                        "'helper'.: the phase's timeline is incomplete"):
         check_phase(timeline, "column/sp/forward", Chunked(), chunks=1, matmuls=PartMatmuls("w", (4, 4)))
 
 
