@@ -140,7 +140,8 @@ class CollectiveCall:
 @dataclass(frozen=True)
 class Event:
     """One entry of the timeline: ``launch`` / ``wait`` (of ``call``), ``matmul``, ``mark``, ``other_thread`` (work
-    on a thread no recording mode reached, ``label`` naming it and the thread: not recorded).
+    on a thread no recording mode reached, ``label`` naming it and the thread, ``op`` ``collective`` or
+    ``matmul``: not recorded).
 
     A matmul has its output ``shape`` and the ``operands``: the names its
     inputs carry (:meth:`CollectiveLog.name_operand`).
@@ -205,12 +206,13 @@ class CollectiveLog:
                 self.events.append(Event("wait", call=index))
                 COMPLETED.note()
 
-    def note_other_thread(self, what: str) -> None:
-        """Note work no recording mode reached (``what`` names it and its thread), once per thread and kind."""
+    def note_other_thread(self, what: str, *, collective: bool = True) -> None:
+        """Note work no recording mode reached (``what`` names it and its thread; a collective, or a matmul), once
+        per thread and kind."""
         with self._lock:
             if all(label != what for _, label in self.other_threads):
                 self.other_threads.append((len(self.events), what))
-                self.events.append(Event("other_thread", label=what))
+                self.events.append(Event("other_thread", label=what, op="collective" if collective else "matmul"))
 
     def matmuls_while_in_flight(self, index: int, end: int | None = None) -> list[Event]:
         """Matmuls that ran after collective ``index`` was launched and before it was waited for -- or, never
@@ -690,7 +692,7 @@ def _mode_classes() -> tuple[type, type]:
                 label = f"{func.namespace}.{func._opname} in {self.what}"
                 for recording in list(_live):
                     if recording.mine(self.rank):
-                        recording.log.note_other_thread(label)
+                        recording.log.note_other_thread(label, collective=collective)
             return func(*args, **(kwargs or {}))
 
     return RecordingMode, UnseenMode

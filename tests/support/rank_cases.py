@@ -283,7 +283,8 @@ def backward_on_device_thread(ctx: RankContext, off_thread: bool) -> dict[str, o
         del _THREAD_LOCAL_PROBE.api_stack
     return {"threads": threads[:1], "calls": [(c.kind, c.overlappable, c.pending) for c in seen.collectives],
             "overlapped": [[m.shape for m in c.overlapped] for c in seen.collectives],
-            "other_threads": seen.other_threads, "completed_for_rank": COMPLETED.of_rank(rank) > begun,
+            "other_threads": (seen.other_threads, seen.other_thread_matmuls),
+            "completed_for_rank": COMPLETED.of_rank(rank) > begun,
             "old_probe": old}
 
 
@@ -333,13 +334,15 @@ def every_wait_style(ctx: RankContext) -> dict[str, object]:
     with record_collectives() as log:  # the callback multiplies, on whichever thread completes the future
         work = dist.all_reduce(torch.ones(4), group=ctx.group, async_op=True)
         work.get_future().then(lambda f: torch.ones(3, 3) @ torch.ones(3, 3)).wait()
+    timeline = observed_collectives(log)
     seen["callback matmul"] = ([e.shape for e in log.events if e.what == "matmul"],
-                               observed_collectives(log).other_threads)
+                               timeline.other_threads + timeline.other_thread_matmuls)
     with record_collectives() as log:  # a helper thread multiplies: unseen, so named
         helper = threading.Thread(target=lambda: torch.ones(2, 2) @ torch.ones(2, 2), name="coc-helper")
         helper.start()
         helper.join()
-    seen["helper matmul"] = observed_collectives(log).other_threads
+    timeline = observed_collectives(log)
+    seen["helper matmul"] = (timeline.other_threads, timeline.other_thread_matmuls)
     return seen
 
 

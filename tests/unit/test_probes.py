@@ -68,7 +68,7 @@ def test_a_backward_on_the_device_thread_is_recorded_like_the_recording_thread(p
             assert seen["threads"] == [thread]
             assert seen["calls"] == [("all_reduce", True, False)]  # launched, and waited, on that thread
             assert seen["overlapped"] == [[(2, 3)]]  # the weight gradient, in flight with it
-            assert seen["other_threads"] == ()  # judged like the recording thread, never "another thread"
+            assert seen["other_threads"] == ((), ())  # judged like the recording thread, never "another thread"
             assert seen["completed_for_rank"]
             if off_thread:
                 assert "has no attribute 'api_stack'" in seen["old_probe"], seen["old_probe"]
@@ -85,4 +85,19 @@ def test_every_documented_wait_is_a_wait_whichever_thread_waits(pool: ProcessLau
             assert seen[how] == [True, True], (how, seen[how])
         assert seen["callback only"] == [False]  # a callback runs because the future is done: no wait of the program
         assert seen["callback matmul"] == ([(3, 3)], ())  # the callback carries the recording's mode
-        assert seen["helper matmul"] == ("aten.mm in helper thread 'coc-helper'",)
+        assert seen["helper matmul"] == ((), ("aten.mm in helper thread 'coc-helper'",))  # no collective
+
+
+def test_a_phase_with_a_helper_threads_matmul_is_not_judged_and_issued_no_collective() -> None:
+    import pytest
+
+    from conformance.contract.results import ObservedCollective, ObservedCollectives
+    from conformance.judge.structure import PartMatmuls, check_phase
+    from conformance.judge.verdicts import NotJudged
+    from conformance.protocol import Chunked
+
+    serial = ObservedCollective("all_gather", "c10d._allgather_base_", None, False, (0, 1), ((4,),), (), False)
+    timeline = ObservedCollectives((serial,), other_thread_matmuls=("aten.mm in helper thread 'helper'",))
+    assert timeline.other_threads == ()  # a refusal after it came before any collective
+    with pytest.raises(NotJudged, match="aten.mm in helper thread 'helper'"):
+        check_phase(timeline, "column/sp/forward", Chunked(), chunks=1, matmuls=PartMatmuls("w", (4, 4)))
