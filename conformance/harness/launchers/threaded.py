@@ -150,6 +150,15 @@ def _world_carry() -> Callable[[], AbstractContextManager[None]]:
 
 
 def _thread_stacks(threads: Sequence[threading.Thread]) -> dict[int, str]:
+    """Each rank thread's stack, and those of the threads working for it (its backward's, where a hang often is)."""
+    from conformance.harness import rank_threads
+
     stacks = thread_stacks()
-    return {rank: format_stack(stacks[thread.ident]) if thread.ident in stacks else "(finished)"
-            for rank, thread in enumerate(threads)}
+    found = {}
+    for rank, thread in enumerate(threads):
+        text = format_stack(stacks[thread.ident]) if thread.ident in stacks else "(finished)"
+        for helper, _ in rank_threads.helpers_of(thread.ident or 0):
+            if helper in stacks:
+                text += f"--- a thread working for it ---\n{format_stack(stacks[helper])}"
+        found[rank] = text
+    return found
