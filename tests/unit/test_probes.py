@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
+
+from conformance.contract.results import ObservedCollective, ObservedCollectives
 from conformance.harness.case import RankTask
 from conformance.harness.launchers.process_launcher import ProcessLauncher
+from conformance.judge.structure import PartMatmuls, check_phase
+from conformance.judge.verdicts import NotJudged
+from conformance.protocol import Chunked
 from tests.support import rank_cases
 
 IMPL = "coc_impl.reference:ReferenceCoC"
@@ -43,13 +49,6 @@ def test_every_wait_is_seen_nothing_is_counted_twice_or_invented_and_a_helper_th
 
 def test_a_phase_with_a_helper_threads_collective_is_not_judged_for_structure() -> None:
     """Serial as recorded, but a collective came from another thread: not judged, never a false "serial"."""
-    import pytest
-
-    from conformance.contract.results import ObservedCollective, ObservedCollectives
-    from conformance.judge.structure import PartMatmuls, check_phase
-    from conformance.judge.verdicts import NotJudged
-    from conformance.protocol import Chunked
-
     serial = ObservedCollective("all_gather", "c10d._allgather_base_", None, False, (0, 1), ((4,),), (), False)
     timeline = ObservedCollectives((serial,), other_threads=("all_gather_into_tensor on thread 'helper'",))
     with pytest.raises(NotJudged, match="on a thread the probes cannot follow .all_gather_into_tensor on thread "
@@ -89,13 +88,6 @@ def test_every_documented_wait_is_a_wait_whichever_thread_waits(pool: ProcessLau
 
 
 def test_a_phase_with_a_helper_threads_matmul_is_not_judged_and_issued_no_collective() -> None:
-    import pytest
-
-    from conformance.contract.results import ObservedCollective, ObservedCollectives
-    from conformance.judge.structure import PartMatmuls, check_phase
-    from conformance.judge.verdicts import NotJudged
-    from conformance.protocol import Chunked
-
     serial = ObservedCollective("all_gather", "c10d._allgather_base_", None, False, (0, 1), ((4,),), (), False)
     timeline = ObservedCollectives((serial,), other_thread_matmuls=("aten.mm in helper thread 'helper'",))
     assert timeline.other_threads == ()  # a refusal after it came before any collective
