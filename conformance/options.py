@@ -40,6 +40,7 @@ REPLAY = "--coc-replay"
 EXPLORE_DIR = "--coc-explore-dir"
 CORPUS = "--coc-corpus"
 NO_SHIPPED_CORPUS = "--coc-no-shipped-corpus"
+SAME_THREAD_BACKWARD = "--coc-same-thread-backward"
 
 #: ini settings a project can pin in ``pytest.ini`` / ``pyproject.toml`` (the option wins).
 INI_IMPL, INI_GATE, INI_EXPECTATIONS = "coc_impl", "coc_gate", "coc_expectations"
@@ -165,6 +166,12 @@ def add_options(parser: pytest.Parser) -> None:
         RANKS_PER_DEVICE, type=_positive(int), default=1, metavar="N",
         help="Ranks that share one accelerator (default 1): N > 1 runs TP cases of up to N times the "
         "devices on gloo with device tensors, e.g. TP 2 on one GPU. CUDA only; refused elsewhere, saying why.",
+    )
+    group.addoption(
+        SAME_THREAD_BACKWARD, action="store_true", default=False,
+        help="Run a CPU rank's backward on the thread that called it, as torch does for CPU tensors. By default it "
+        "runs on another thread carrying the caller's thread-local state (grad mode, autocast, dispatch modes), "
+        "as the autograd engine runs every accelerator's backward, so code that breaks there fails on CPU too.",
     )
     group.addoption(
         MAX_LIVE_RANKS, type=_positive(int), default=None, metavar="N",

@@ -210,6 +210,7 @@ def rank_runner(config: pytest.Config) -> RankRunner:
             launcher, leases, impl_spec(config),
             default_timeout=config.getoption(options.CASE_TIMEOUT),
             budget=Budget(config.getoption(options.BUDGET_FACTOR), config.getoption(options.BUDGET_FLOOR)),
+            device_thread_backward=not config.getoption(options.SAME_THREAD_BACKWARD),
         )
     return config.stash[runner_key]
 

@@ -28,8 +28,9 @@ from __future__ import annotations
 
 import time
 import zlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from contextlib import nullcontext
+from functools import partial
 from typing import Any
 
 from conformance.cases.memory import clone, overlaps, poisoned_allocations, to_device
@@ -150,7 +151,7 @@ def layer_task(ctx: RankContext, *, job: LayerJob) -> LayerOutcome:
         started = time.perf_counter()
         if job.serial:
             with ctx.timer(REFERENCE):
-                outcome.serial = _train(problem, job, par, batches, log=None, fusion=False)
+                outcome.serial = _train(problem, job, par, batches, log=None, fusion=False, backward=ctx.backward)
         serial_s = (time.perf_counter() - started) if job.serial else 0.5
         ctx.budget_from(serial_s, calls=job.runs * 2)
         straggler = _straggler(ctx, job)
@@ -158,7 +159,7 @@ def layer_task(ctx: RankContext, *, job: LayerJob) -> LayerOutcome:
         for run in range(job.runs):
             def patched(log: CollectiveLog, first: bool = run == 0) -> list[StepRun]:
                 with ctx.impl.patch_megatron(config):
-                    return _train(problem, job, par, batches, log=log, fusion=job.main_grad,
+                    return _train(problem, job, par, batches, log=log, fusion=job.main_grad, backward=ctx.backward,
                                   straggler=straggler, outcome=outcome if first else None)
 
             with observed_warnings() as said, record_collectives(straggler) as log, \
@@ -216,9 +217,14 @@ def _phases(log: CollectiveLog) -> dict[str, ObservedCollectives]:
 
 
 def _train(problem: LayerProblem, job: LayerJob, par: Any, batches: list[list[dict[str, Any]]], *,
-           log: CollectiveLog | None, fusion: bool, straggler: Straggler | None = None,
-           outcome: LayerOutcome | None = None) -> list[StepRun]:
-    """Every step of ``job`` on fresh layers; CoC when called inside ``patch_megatron``."""
+           log: CollectiveLog | None, fusion: bool, backward: Callable[[Callable[[], Any]], Any],
+           straggler: Straggler | None = None, outcome: LayerOutcome | None = None) -> list[StepRun]:
+    """Every step of ``job`` on fresh layers; CoC when called inside ``patch_megatron``.
+
+    Each backward runs through ``backward`` (:meth:`RankContext.backward
+    <conformance.harness.case.RankContext.backward>`): on a CPU rank, on
+    another thread, as an accelerator's autograd engine runs it.
+    """
     import torch
 
     tp, rank = par.size, par.rank
@@ -256,7 +262,7 @@ def _train(problem: LayerProblem, job: LayerJob, par: Any, batches: list[list[di
         for i, (y, batch) in enumerate(zip(ys, micro_batches)):
             _mark(log, "row/backward" if kind in ("row", "mlp") else "column/backward", f"{step}.{i}")
             with _precision(job, y.device):
-                y.backward(batch["dy"])
+                backward(partial(y.backward, batch["dy"]))
         outputs = [{"y": y.detach().cpu(), "dx": x.grad.detach().cpu().clone()} for x, y in zip(xs, ys)]
         if outcome is not None:
             for i, (x, batch) in enumerate(zip(xs, micro_batches)):

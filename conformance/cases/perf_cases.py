@@ -47,6 +47,7 @@ from conformance.cases.references import serial_composition
 from conformance.contract.jobs import coc_argv
 from conformance.contract.perf_items import COMM, MM, SERIAL, SERIAL_REUSED, block_key
 from conformance.harness.case import RankContext, call_capturing_errors
+from conformance.harness.case import synchronize as synchronize_device
 from conformance.harness.impl_loader import missing_capability
 from conformance.harness.launchers.devices import cpu_name
 from conformance.harness.probes import record_collectives
@@ -199,8 +200,10 @@ def _armed_per_call(ctx: RankContext, items: dict[str, Callable[[], Any]]) -> di
     if ctx.budget is None:
         return items
     ctx.budget_from(0.0)
+    synchronize_device(ctx.device)
     started = time.perf_counter()
     items[SERIAL]()
+    synchronize_device(ctx.device)  # what ran on the device, not what was queued
     seconds = ctx.budget.seconds(time.perf_counter() - started)
 
     def armed(call: Callable[[], Any]) -> Callable[[], Any]:

@@ -50,8 +50,11 @@ class ObservedCollectives:
 
     collectives: tuple[ObservedCollective, ...] = ()
     fused_ops: tuple[str, ...] = ()  #: vendor ops that multiply and communicate in one
-    #: Collectives another thread of the rank issued meanwhile (entry points): not recorded, so not judged.
+    #: Collectives a thread no recording mode reached issued meanwhile (each names the entry point or op and the
+    #: thread): not recorded, so the phase's structure is not judged.
     other_threads: tuple[str, ...] = ()
+    #: Matmuls such a thread ran meanwhile (named so): not recorded either.
+    other_thread_matmuls: tuple[str, ...] = ()
 
     def of_kind(self, kind: str) -> list[ObservedCollective]:
         return [c for c in self.collectives if c.kind == kind]
@@ -77,8 +80,9 @@ def observed_collectives(log: Any, start: int = 0, end: int | None = None) -> Ob
             pending=call.overlappable and call.waited is None and not call.functional, group_state=call.group_state,
         ))
     fused = tuple(e.op for e in log.events[start:end] if e.what == "matmul" and e.label == "fused")
-    others = tuple(name for index, name in log.other_threads if start <= index < end)
-    return ObservedCollectives(tuple(found), fused, others)
+    unseen = [e for e in log.events[start:end] if e.what == "other_thread"]
+    return ObservedCollectives(tuple(found), fused, tuple(e.label for e in unseen if e.op != "matmul"),
+                               tuple(e.label for e in unseen if e.op == "matmul"))
 
 
 @dataclass(frozen=True)

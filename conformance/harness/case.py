@@ -27,6 +27,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from conformance.harness import rank_threads
+
 #: ``timer`` kinds: the implementation under test, and the suite's own references.
 IMPL, REFERENCE = "impl", "reference"
 
@@ -61,6 +63,9 @@ class RankContext:
     on_budget: Callable[[float], None] | None = None
     budget: Budget | None = None
     timings: dict[str, float] = field(default_factory=dict)
+    #: Whether a CPU rank runs each backward on another thread, as an accelerator's autograd engine does
+    #: (:func:`backward`; ``--coc-same-thread-backward`` turns it off).
+    device_thread_backward: bool = True
 
     @property
     def impl(self) -> Any:
@@ -88,12 +93,25 @@ class RankContext:
 
     @contextlib.contextmanager
     def timer(self, kind: str) -> Iterator[None]:
-        """Add the block's wall time to ``timings[kind]`` (:data:`IMPL` or :data:`REFERENCE`)."""
+        """Add the block's wall time to ``timings[kind]`` (:data:`IMPL` or :data:`REFERENCE`).
+
+        The device is synchronised at the block's edges (:func:`synchronize`):
+        work queued before it is not the block's, and work the block queued is.
+        """
+        synchronize(self.device)
         start = time.perf_counter()
         try:
             yield
         finally:
+            synchronize(self.device)
             self.timings[kind] = self.timings.get(kind, 0.0) + time.perf_counter() - start
+
+    def backward(self, fn: Callable[[], Any]) -> Any:
+        """Run ``fn`` (a backward) as this rank's device runs one: on a CPU rank, on another thread carrying this
+        one's thread-local state (:func:`conformance.harness.device_thread.run_backward`)."""
+        from conformance.harness.device_thread import run_backward
+
+        return run_backward(fn, device=self.device, off_thread=self.device_thread_backward)
 
 
 TaskFn = Callable[..., Any]
@@ -113,6 +131,7 @@ class RankTask:
     timeout: float = 60.0
     exclusive: bool = False
     budget: Budget | None = None
+    device_thread_backward: bool = True  #: :attr:`RankContext.device_thread_backward` of its ranks
 
     @property
     def name(self) -> str:
@@ -213,16 +232,20 @@ class RankOutcome:
 
 
 def run_on_rank(
-    task_fn: TaskFn, params: dict[str, Any], ctx: RankContext, *, capture_stdio: bool = True
+    task_fn: TaskFn, params: dict[str, Any], ctx: RankContext, *, capture_stdio: bool = True,
+    carry: Callable[[], contextlib.AbstractContextManager[None]] | None = None,
 ) -> RankOutcome:
     """Run one task on this rank, capturing its output, logs, timings and exception.
 
     Ranks that are threads of one process share ``sys.stdout``; they pass
-    ``capture_stdio=False`` and only their log records are kept.
+    ``capture_stdio=False`` and only their threads' log records are kept.
+    The calling thread is the rank's task thread while the task runs
+    (:func:`conformance.harness.rank_threads.rank_thread`; ``carry``: the
+    context a helper thread of the rank runs the rank's code in).
     """
     buffer = io.StringIO()
     ctx.timings = {}
-    with _capture_output(buffer, capture_stdio):
+    with rank_threads.rank_thread(carry), _capture_output(buffer, capture_stdio):
         try:
             value = task_fn(ctx, **params)
             error = None
@@ -248,7 +271,7 @@ def _capture_output(buffer: io.StringIO, capture_stdio: bool) -> Iterator[None]:
     handler = logging.StreamHandler(buffer)
     handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
     own_thread = threading.get_ident()
-    handler.addFilter(lambda record: record.thread == own_thread)
+    handler.addFilter(lambda record: record.thread is None or rank_threads.works_for(record.thread, own_thread))
     root = logging.getLogger()
     root.addHandler(handler)
     try:
@@ -265,21 +288,92 @@ def _capture_output(buffer: io.StringIO, capture_stdio: bool) -> Iterator[None]:
 
 @contextlib.contextmanager
 def observed_warnings() -> Iterator[list[str]]:
-    """What the implementation warned about inside the block: UserWarnings and WARNING+ log records.
+    """What the implementation warned about inside the block: UserWarnings and WARNING+ log records, of this rank.
 
-    torch's own notices about the deterministic-algorithms switch (set while
-    fresh allocations are poisoned) are not the implementation's and are left out.
+    Of every thread that works for this thread's rank
+    (:mod:`conformance.harness.rank_threads`: its device thread, its helpers;
+    every thread of a process rank), and of no other rank's (ranks as threads
+    share one process).  torch's own notices about the deterministic-algorithms
+    switch (set while fresh allocations are poisoned) are not the
+    implementation's and are left out.
     """
     seen: list[str] = []
+    rank = rank_threads.rank_of()
     handler = logging.Handler(logging.WARNING)
+    handler.addFilter(lambda record: record.thread is None or rank is None
+                      or rank_threads.works_for(record.thread, rank))
     handler.emit = lambda record: seen.append(record.getMessage())  # type: ignore[method-assign]
     root = logging.getLogger()
     root.addHandler(handler)
+    caught: list[warnings.WarningMessage] = []
     try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
+        with _WARNINGS.observing(rank, caught):
             yield seen
     finally:
         root.removeHandler(handler)
         seen.extend(str(w.message) for w in caught if issubclass(w.category, UserWarning)
                     and "use_deterministic_algorithms" not in str(w.message))
+
+
+class _WarningRoutes:
+    """One process-wide ``warnings.showwarning`` while any rank observes: each warning goes to the observer of
+    the rank its thread works for (``warnings.catch_warnings`` swaps process-wide state: ranks as threads, each
+    catching its own, took each other's warnings and restored each other's filters)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._observers: dict[int | None, list[list[warnings.WarningMessage]]] = {}
+        self._saved: tuple[Any, Any] | None = None
+
+    @contextlib.contextmanager
+    def observing(self, rank: int | None, sink: list[warnings.WarningMessage]) -> Iterator[None]:
+        with self._lock:
+            if self._saved is None:
+                self._saved = (warnings.filters[:], warnings.showwarning)
+                warnings.simplefilter("always")  # every warning, however often the same line warned before
+                warnings.showwarning = self._show
+            self._observers.setdefault(rank, []).append(sink)
+        try:
+            yield
+        finally:
+            with self._lock:
+                sinks = self._observers[rank]
+                sinks.remove(sink)
+                if not sinks:
+                    del self._observers[rank]
+                if not self._observers and self._saved is not None:
+                    warnings.filters, warnings.showwarning = self._saved
+                    warnings._filters_mutated()  # type: ignore[attr-defined]
+                    self._saved = None
+
+    def _show(self, message: Any, category: type[Warning], filename: str, lineno: int, file: Any = None,
+              line: str | None = None) -> None:
+        rank = rank_threads.rank_of()
+        with self._lock:
+            sinks = self._observers.get(rank) or (self._observers.get(None) if rank is not None else None)
+            saved = self._saved
+        if sinks:
+            sinks[-1].append(warnings.WarningMessage(message, category, filename, lineno, file, line))
+        elif saved is not None:
+            saved[1](message, category, filename, lineno, file, line)  # another rank's, or no rank's: as before
+
+
+_WARNINGS = _WarningRoutes()
+
+
+def synchronize(device: str) -> None:
+    """Wait for the work queued on ``device`` (``cuda:N``, ``npu:N``) to finish; nothing on the CPU.
+
+    Device kernels run asynchronously: a block timed without it measures
+    what was queued, not what ran.  Never starts a runtime the rank has not.
+    """
+    kind, _, index = device.partition(":")
+    if kind not in ("cuda", "npu"):
+        return
+    torch = sys.modules.get("torch")
+    runtime = getattr(torch, kind, None) if torch is not None else None
+    try:
+        if runtime is not None and runtime.is_initialized():
+            runtime.synchronize(int(index or 0))
+    except Exception:  # noqa: BLE001 - a device error is the task's to report, not the timer's
+        pass

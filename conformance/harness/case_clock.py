@@ -110,7 +110,8 @@ class CaseClock:
 
     def progressed(self, ranks: Collection[int], since: _Mark) -> dict[int, list[str]]:
         """What each of ``ranks`` showed of its own progress since ``since`` (absent: nothing)."""
-        busy = set(self.watch.progressed(list(ranks), since.cpu)) if self.watch is not None else set()
+        busy = (set(self.watch.progressed(list(ranks), since.cpu, self._helper_cpu(ranks, since)))
+                if self.watch is not None else set())
         shown = {}
         for rank in ranks:
             what = self._latest.get(rank, Evidence()).grew(since.evidence.get(rank, Evidence()))
@@ -119,6 +120,11 @@ class CaseClock:
             if what:
                 shown[rank] = what
         return shown
+
+    def _helper_cpu(self, ranks: Collection[int], since: _Mark) -> dict[int, float]:
+        """CPU seconds each rank's helper threads (its emulated device thread) used since ``since``."""
+        return {r: max(0.0, self._latest.get(r, Evidence()).helper_cpu_s
+                       - since.evidence.get(r, Evidence()).helper_cpu_s) for r in ranks}
 
     def hung(self, pending: Collection[int]) -> str | None:
         """None while ``pending`` ranks have time left, or progressed (the deadline moves on); else why they hung."""
@@ -150,7 +156,8 @@ class CaseClock:
                     f"completed on them for its last {span:.3g} s; ceiling {self.ceiling_s:g} s)")
         what = "no collective completed, no stack changed"
         if self.watch is not None:
-            most = max(self.watch.used(stalled if progressed else ranks, since.cpu).values(), default=0.0)
+            most = max(self.watch.used(stalled if progressed else ranks, since.cpu,
+                                       self._helper_cpu(ranks, since)).values(), default=0.0)
             what += (f" and no rank used CPU time for the last {span:.3g} s of the case's budget (at most "
                      f"{most * 1e3:.0f} ms each, what a rank blocked in a collective uses")
         else:

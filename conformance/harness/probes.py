@@ -1,4 +1,4 @@
-"""Observe (and perturb) the collectives and matmuls an implementation issues on this rank.
+"""Observe (and perturb) the collectives and matmuls an implementation issues on this rank, on every thread.
 
 Every call style meets in the dispatcher, so that is where collectives are
 recorded (``docs/DESIGN.md#overlap-structure``):
@@ -8,15 +8,32 @@ recorded (``docs/DESIGN.md#overlap-structure``):
   implementation reached it -- ``torch.distributed.all_reduce``, a name bound
   at its own import (``from torch.distributed import all_reduce``), a module
   alias, a wrapper -- and keeps the ``Work`` each returns;
-* ``Work.wait`` (and a ``Work.is_completed`` that answers True) is patched on
-  the class, once per process, so waiting on any handle of a recorded launch
-  is seen, whoever holds it; a functional collective is waited for by
+* every documented wait is patched on its class, once per process, so that
+  waiting on any handle of a recorded launch is seen, whoever holds it and on
+  whichever thread: ``Work.wait`` / ``synchronize`` / ``result``,
+  ``Future.wait`` / ``value``, a poll of ``Work.is_completed`` or
+  ``Future.done`` that answers True, the future of ``get_future()``, of
+  ``then(...)`` and of ``torch.futures.collect_all`` (and so ``wait_all``),
+  the coalescing manager's ``wait``; a functional collective is waited for by
   ``wait_tensor``, or lazily at the first later op that reads its result;
 * wrappers around the ``torch.distributed`` Python entry points bind each
   call's arguments to the function's real signature (``async_op`` and
   ``group`` by keyword or position), and record calls that never reach the
   dispatcher (process groups written in Python, such as torch's threaded one),
   whose handles they wrap.
+
+The recording travels with PyTorch's own thread-local state, not Python's:
+the code under test finds it through the dispatch-mode stack (the mode the
+recording pushed), which the autograd engine carries to an accelerator's
+device thread (and :mod:`conformance.harness.device_thread` to the CPU's
+emulated one).  A thread that carries the mode is recorded like the thread
+that recorded; per-thread scratch (the nesting of entry points) is kept per
+thread under the recording.  A ``then`` / ``add_done_callback`` callback
+registered inside a recording runs with its mode, on whichever thread completes
+the future.  What no mode reaches -- a helper thread, or a callback registered
+outside the recording, that issues a collective or multiplies -- is noted in
+the recordings of its rank, naming the thread: their structure is then not
+judged, never judged on an incomplete timeline.
 
 Each collective's group is resolved to global ranks when it is launched; a
 group that no longer exists (destroyed, or left over from an earlier case) is
@@ -28,9 +45,9 @@ every op that derives a tensor from them (views, copies, casts, gathers), and a
 matmul records the names its operands carry.
 
 The same interception injects delays (:class:`Straggler`): before every
-collective, whichever entry point reached it, so a rank can be made to arrive
-late at each one.  Everything is per thread, so ranks running as threads do
-not see each other.
+collective, whichever entry point and thread reached it, so a rank can be made
+to arrive late at each one.  Ranks running as threads record apart: each
+recording is its own rank's (:mod:`conformance.harness.rank_threads`).
 """
 
 from __future__ import annotations
@@ -44,6 +61,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
+
+from conformance.harness import rank_threads
 
 #: torch.distributed entry points that are wrapped (those this torch has).
 PY_COLLECTIVES = (
@@ -67,15 +86,23 @@ _KINDS = (("all_reduce", ("allreduce", "all_reduce")),
 #: Group states: resolved while it exists, resolved from an earlier recording (it no longer exists), unknown.
 LIVE, GONE, UNKNOWN = "live", "gone", "unknown"
 
-_local = threading.local()
+
 _install_lock = threading.Lock()
-#: Thread ident -> the log it is recording into, for every thread recording now (a collective issued by another
-#: thread of the process is noted there: a helper thread's collectives are not recorded, and a reader must know).
-_recording: dict[int, CollectiveLog] = {}
+#: Every recording live in this process, innermost last (under the threaded launcher, every rank's).
+_live: list[_Recording] = []
 _installed = False
-_waits_patched = False  #: whether Work's waits are patched (counting completions; :func:`count_completions`)
+_waits_patched = False  #: whether the waits are patched (counting completions; :func:`count_completions`)
 #: Process group name -> its global ranks, for every group seen alive at a recording (groups are named once).
 _known_groups: dict[str, tuple[int, ...]] = {}
+#: Threads running a future's callback now: a wait there is no wait of the program (the future is done).
+_in_callback: set[int] = set()
+#: Threads inside an entry point already noted as another thread's (the process group's method under it is not).
+_noting: set[int] = set()
+#: ProcessGroup methods that issue a collective (a name bound before the probes still calls one of these).
+PG_METHODS = ("allreduce", "allreduce_coalesced", "allgather", "_allgather_base", "allgather_coalesced",
+              "allgather_into_tensor_coalesced", "reduce_scatter", "_reduce_scatter_base",
+              "reduce_scatter_tensor_coalesced", "alltoall", "alltoall_base", "broadcast", "reduce", "barrier",
+              "gather", "scatter", "send", "recv")
 
 
 @dataclass
@@ -112,8 +139,9 @@ class CollectiveCall:
 
 @dataclass(frozen=True)
 class Event:
-    """One entry of the timeline: ``launch`` / ``wait`` (of ``call``), ``matmul``, ``mark``, ``other_thread`` (a
-    collective another thread issued, by entry point ``label``: not recorded).
+    """One entry of the timeline: ``launch`` / ``wait`` (of ``call``), ``matmul``, ``mark``, ``other_thread`` (work
+    on a thread no recording mode reached, ``label`` naming it and the thread, ``op`` ``collective`` or
+    ``matmul``: not recorded).
 
     A matmul has its output ``shape`` and the ``operands``: the names its
     inputs carry (:meth:`CollectiveLog.name_operand`).
@@ -131,12 +159,15 @@ class Event:
 class CollectiveLog:
     calls: list[CollectiveCall] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
-    #: (event index, entry point) of each collective another thread issued while this one recorded: not recorded
+    #: (event index, what) of work on a thread no recording mode reached while this one recorded (a helper
+    #: thread's collective or matmul, naming the thread): not recorded, so the phase it falls in is not judged
     other_threads: list[tuple[int, str]] = field(default_factory=list)
     _lazy: dict[int, int] = field(default_factory=dict)  # storage ptr of a functional result -> call
     #: id(Work or Future) -> (it, kept alive; the calls waiting on it completes)
     _works: dict[int, tuple[Any, tuple[int, ...]]] = field(default_factory=dict)
     _names: dict[int, tuple[Any, frozenset[str]]] = field(default_factory=dict)  # storage ptr -> (storage; names)
+    #: Threads (device, callback) append while the recording thread waits, or beside it: one at a time.
+    _lock: Any = field(default_factory=threading.RLock, repr=False)
 
     def of_kind(self, kind: str) -> list[CollectiveCall]:
         return [c for c in self.calls if c.kind == kind]
@@ -158,20 +189,30 @@ class CollectiveLog:
         _name_storages(self, [tensor], frozenset({name}))
 
     def launch(self, call: CollectiveCall) -> int:
-        call.launched = len(self.events)
-        self.calls.append(call)
-        index = len(self.calls) - 1
-        self.events.append(Event("launch", call=index))
-        if not call.overlappable:
-            self.waited(index)  # a blocking call is done when it returns
-        return index
+        with self._lock:
+            call.launched = len(self.events)
+            self.calls.append(call)
+            index = len(self.calls) - 1
+            self.events.append(Event("launch", call=index))
+            if not call.overlappable:
+                self.waited(index)  # a blocking call is done when it returns
+            return index
 
     def waited(self, index: int) -> None:
-        call = self.calls[index]
-        if call.waited is None:
-            call.waited = len(self.events)
-            self.events.append(Event("wait", call=index))
-            COMPLETED.note()
+        with self._lock:
+            call = self.calls[index]
+            if call.waited is None:
+                call.waited = len(self.events)
+                self.events.append(Event("wait", call=index))
+                COMPLETED.note()
+
+    def note_other_thread(self, what: str, *, collective: bool = True) -> None:
+        """Note work no recording mode reached (``what`` names it and its thread; a collective, or a matmul), once
+        per thread and kind."""
+        with self._lock:
+            if all(label != what for _, label in self.other_threads):
+                self.other_threads.append((len(self.events), what))
+                self.events.append(Event("other_thread", label=what, op="collective" if collective else "matmul"))
 
     def matmuls_while_in_flight(self, index: int, end: int | None = None) -> list[Event]:
         """Matmuls that ran after collective ``index`` was launched and before it was waited for -- or, never
@@ -182,16 +223,18 @@ class CollectiveLog:
         return [e for e in self.events[call.launched + 1:stop] if e.what == "matmul"]
 
     def _work_waited(self, work: Any) -> None:
-        entry = self._works.get(id(work))
-        if entry is not None and entry[0] is work:
-            del self._works[id(work)]
-            for index in entry[1]:
-                self.waited(index)
+        with self._lock:
+            entry = self._works.get(id(work))
+            if entry is not None and entry[0] is work:
+                del self._works[id(work)]
+                for index in entry[1]:
+                    self.waited(index)
 
     def _waits_for(self, handle: Any, calls: tuple[int, ...]) -> None:
         """Waiting on ``handle`` (a Work, or a Future) completes ``calls``."""
         if calls:
-            self._works[id(handle)] = (handle, calls)
+            with self._lock:
+                self._works[id(handle)] = (handle, calls)
 
     def _calls_of(self, work: Any) -> tuple[int, ...]:
         entry = self._works.get(id(work))
@@ -278,9 +321,80 @@ def _group_ranks(group: Any) -> tuple[tuple[int, ...] | None, str]:
         return known, (GONE if known is not None else UNKNOWN)
 
 
+@dataclass(eq=False)
+class _Recording:
+    """One live :func:`record_collectives` block: its log, its delay, the rank it records for, per-thread scratch."""
+
+    log: CollectiveLog
+    delay: Callable[[], None] | None
+    rank: int | None  #: the rank thread it records for (:func:`conformance.harness.rank_threads.rank_of`)
+    #: Thread ident -> the torch.distributed entry points it is inside now (outermost first).
+    api_stacks: dict[int, list[tuple[str, bool, Any]]] = field(default_factory=dict)
+
+    def api_stack(self) -> list[tuple[str, bool, Any]]:
+        return self.api_stacks.setdefault(threading.get_ident(), [])
+
+    def mine(self, rank: int | None) -> bool:
+        """Whether work of rank thread ``rank`` (None: of no known rank) may belong to this recording."""
+        return rank is None or self.rank is None or self.rank == rank
+
+
+def _current() -> _Recording | None:
+    """The innermost recording whose mode this thread carries (None: none does).
+
+    The dispatch-mode stack is C++ thread-local state, which the autograd
+    engine carries to its device threads (Python's ``threading.local`` is not).
+    """
+    import torch
+
+    c = torch._C
+    for index in range(c._len_torch_dispatch_stack() - 1, -1, -1):
+        recording = getattr(c._get_dispatch_stack_at(index), "_coc_recording", None)
+        if recording is not None:
+            return recording
+    return None
+
+
+def _handle_waited(handle: Any) -> None:
+    """``handle`` (a Work or a Future) was waited on: its calls complete in every recording that launched them,
+    whichever thread waited."""
+    if threading.get_ident() in _in_callback:
+        return  # a callback runs because its future is done: the program has not waited
+    for recording in list(_live):
+        recording.log._work_waited(handle)
+
+
+def _calls_of(handle: Any) -> list[tuple[CollectiveLog, tuple[int, ...]]]:
+    """The calls waiting on ``handle`` completes, per live recording."""
+    found = []
+    for recording in list(_live):
+        calls = recording.log._calls_of(handle)
+        if calls:
+            found.append((recording.log, calls))
+    return found
+
+
+def _note_other_thread(what: str) -> None:
+    """Note ``what`` (work no recording mode reached) in every live recording of this thread's rank, naming the
+    thread: those phases' structure is then not judged."""
+    rank = rank_threads.rank_of()
+    label = f"{what} on thread {threading.current_thread().name!r}"
+    for recording in list(_live):
+        if recording.mine(rank):
+            recording.log.note_other_thread(label)
+
+
+def _watched_by_none() -> bool:
+    """Whether this thread carries no recording while one of its rank is live (what it issues goes unrecorded)."""
+    if not _live or threading.get_ident() in _noting:
+        return False
+    rank = rank_threads.rank_of()
+    return _current() is None and any(r.mine(rank) for r in list(_live))
+
+
 def count_completions() -> None:
-    """Patch ``Work``'s and ``Future``'s waits on the class, once per process: every wait that returns counts in
-    :data:`COMPLETED`.
+    """Patch the waits of ``Work`` and ``Future`` on the class, once per process: every wait that returns counts in
+    :data:`COMPLETED`, and marks the calls of a recorded handle waited.
 
     So does every rendezvous of a group creation (torch's private helpers:
     Megatron creates 20 or more groups a case, and on a loaded machine that
@@ -296,8 +410,8 @@ def count_completions() -> None:
     with _install_lock:
         if _waits_patched:
             return
-        _patch_waits(dist.distributed_c10d.Work)
-        _patch_waits(torch._C.Future, ("wait", "value"))
+        _patch_waits(dist.distributed_c10d.Work, ("wait", "synchronize", "result"), ("is_completed",))
+        _patch_waits(torch._C.Future, ("wait", "value"), ("done",))
         for name in _RENDEZVOUS:
             original = getattr(dist.distributed_c10d, name, None)
             if original is not None:
@@ -321,8 +435,29 @@ def _counted(original: Any) -> Any:
     return counted
 
 
+def _patch_waits(cls: Any, waits: tuple[str, ...], polls: tuple[str, ...]) -> None:
+    """Patch ``waits`` and ``polls`` on ``cls`` (a Work, a Future): a handle waited on marks the calls it completes
+    waited (a poll only when it answers True), and every wait that returns counts in :data:`COMPLETED` (a poll
+    does not: polling a finished handle again is no new progress)."""
+    for method in (*waits, *polls):
+        original = getattr(cls, method, None)
+        if original is None:
+            continue
+        poll = method in polls
+
+        def patched(self: Any, *args: Any, _original: Any = original, _poll: bool = poll, **kwargs: Any) -> Any:
+            result = _original(self, *args, **kwargs)
+            if _live and (not _poll or result):
+                _handle_waited(self)
+            if not _poll:
+                COMPLETED.note()
+            return result
+
+        setattr(cls, method, patched)
+
+
 def _install() -> None:
-    """Patch ``Work``'s waits and wrap torch.distributed's Python collectives, once per process."""
+    """Patch the waits, the futures' chaining and torch.distributed's Python collectives, once per process."""
     global _installed
     import torch
     import torch.distributed as dist
@@ -332,27 +467,7 @@ def _install() -> None:
     with _install_lock:
         if _installed:
             return
-        original_get_future = dist.distributed_c10d.Work.get_future
-
-        def get_future(self: Any) -> Any:
-            future = original_get_future(self)
-            log: CollectiveLog | None = getattr(_local, "log", None)
-            if log is not None:
-                log._waits_for(future, log._calls_of(self))
-            return future
-
-        dist.distributed_c10d.Work.get_future = get_future  # type: ignore[method-assign]
-        original_wait_all = torch.futures.wait_all
-
-        @functools.wraps(original_wait_all)
-        def wait_all(futures: Any) -> Any:
-            result = original_wait_all(futures)
-            log: CollectiveLog | None = getattr(_local, "log", None)
-            for future in futures if log is not None else ():
-                log._work_waited(future)  # type: ignore[union-attr]
-            return result
-
-        torch.futures.wait_all = wait_all
+        _patch_futures(dist.distributed_c10d.Work, torch._C)
         c10d._coalescing_manager = _coalescing(c10d._coalescing_manager)
         for name in PY_COLLECTIVES:
             original = getattr(c10d, name, None)
@@ -362,28 +477,113 @@ def _install() -> None:
             setattr(c10d, name, wrapped)
             if getattr(dist, name, None) is original:
                 setattr(dist, name, wrapped)
+        for method in PG_METHODS:
+            original = getattr(dist.ProcessGroup, method, None)
+            if original is not None:
+                setattr(dist.ProcessGroup, method, _unseen_if_unrecorded(f"ProcessGroup.{method}", original))
+        original_start = threading.Thread.start
+        threading.Thread.start = functools.wraps(original_start)(  # type: ignore[method-assign]
+            lambda self: _start_watched(self, original_start))
         _installed = True
 
 
-def _patch_waits(cls: Any, methods: tuple[str, ...] = ("wait", "synchronize", "result", "is_completed")) -> None:
-    """Patch each of ``methods`` on ``cls`` (a Work, a Future) so that a handle waited on through it marks the
-    calls it completes waited (``is_completed`` only when it answers True), and every wait that returns counts in
-    :data:`COMPLETED` (a poll of ``is_completed`` does not: polling a finished handle again is no new progress)."""
-    for method in methods:
-        original = getattr(cls, method, None)
-        if original is None:
-            continue
+def _patch_futures(work: Any, c: Any) -> None:
+    """A future got from a recorded Work, chained with ``then`` or gathered by ``collect_all`` completes the
+    calls its sources do when waited on; a callback registered inside a recording runs with its mode."""
+    original_get_future = work.get_future
 
-        def patched(self: Any, *args: Any, _original: Any = original, _method: str = method, **kwargs: Any) -> Any:
-            result = _original(self, *args, **kwargs)
-            log: CollectiveLog | None = getattr(_local, "log", None)
-            if log is not None and (_method != "is_completed" or result):
-                log._work_waited(self)
-            if _method != "is_completed":
-                COMPLETED.note()
-            return result
+    def get_future(self: Any) -> Any:
+        future = original_get_future(self)
+        for log, calls in _calls_of(self):
+            log._waits_for(future, calls)
+        return future
 
-        setattr(cls, method, patched)
+    work.get_future = get_future
+    original_then, original_add = c.Future.then, c.Future.add_done_callback
+
+    def then(self: Any, callback: Any) -> Any:
+        chained = original_then(self, _callback(callback))
+        for log, calls in _calls_of(self):
+            log._waits_for(chained, calls)
+        return chained
+
+    c.Future.then = then
+    c.Future.add_done_callback = lambda self, callback: original_add(self, _callback(callback))
+    original_collect = c._collect_all
+
+    def collect_all(futures: Any) -> Any:
+        gathered = original_collect(futures)
+        for recording in list(_live):
+            calls = tuple(i for future in futures for i in recording.log._calls_of(future))
+            recording.log._waits_for(gathered, calls)
+        return gathered
+
+    c._collect_all = collect_all
+
+
+def _callback(callback: Any) -> Any:
+    """``callback`` as it runs on whichever thread completes its future: with the mode of the recording it was
+    registered in, or -- registered outside any while one of its rank is live -- watched, its collectives and
+    matmuls noted as unrecorded; never counting the waits inside it as the program's."""
+    recording, rank = _current(), rank_threads.rank_of()
+    watched = recording is None and any(r.mine(rank) for r in list(_live))
+
+    @functools.wraps(callback)
+    def run(future: Any) -> Any:
+        ident = threading.get_ident()
+        nested = ident in _in_callback
+        _in_callback.add(ident)
+        try:
+            if recording is not None and recording in _live and _current() is not recording:
+                with _mode_of(recording):
+                    return callback(future)
+            if watched and _current() is None:
+                with _unseen_mode()(f"a future's callback (registered outside the recording), on thread "
+                                    f"{threading.current_thread().name!r}", rank):
+                    return callback(future)
+            return callback(future)
+        finally:
+            if not nested:
+                _in_callback.discard(ident)
+
+    return run
+
+
+def _start_watched(thread: threading.Thread, original_start: Any) -> None:
+    """``Thread.start``: a thread started while a recording of its rank is live, carrying no mode, has what it
+    issues or multiplies noted as unrecorded (the harness's own device thread carries the mode: not watched)."""
+    rank = rank_threads.rank_of()
+    if _live and not getattr(thread, "_coc_carries_mode", False) and any(r.mine(rank) for r in list(_live)):
+        run = thread.run
+
+        def watched_run() -> None:
+            with rank_threads.working_for(rank):
+                if _current() is not None:
+                    run()
+                    return
+                with _unseen_mode()(f"helper thread {thread.name!r}", rank):
+                    run()
+
+        thread.run = watched_run  # type: ignore[method-assign]
+    original_start(thread)
+
+
+def _unseen_if_unrecorded(what: str, original: Any) -> Any:
+    """``original`` (an entry point), noted as another thread's when its thread carries no live recording."""
+
+    @functools.wraps(original)
+    def entry(*args: Any, **kwargs: Any) -> Any:
+        if not _watched_by_none():
+            return original(*args, **kwargs)
+        _note_other_thread(what)
+        ident = threading.get_ident()
+        _noting.add(ident)
+        try:
+            return original(*args, **kwargs)
+        finally:
+            _noting.discard(ident)
+
+    return entry
 
 
 def _coalescing(original: Any) -> Any:
@@ -392,7 +592,8 @@ def _coalescing(original: Any) -> Any:
     @contextmanager
     @functools.wraps(original)
     def manager(*args: Any, **kwargs: Any) -> Iterator[Any]:
-        log: CollectiveLog | None = getattr(_local, "log", None)
+        recording = _current()
+        log = recording.log if recording is not None else None
         start = len(log.calls) if log is not None else 0
         with original(*args, **kwargs) as cm:
             yield cm
@@ -407,16 +608,6 @@ def _coalescing(original: Any) -> Any:
 
     manager._coalescing_probe = True  # type: ignore[attr-defined]
     return manager
-
-
-def _note_other_thread(name: str) -> None:
-    """A collective from a thread that has never recorded, while exactly one thread records (a rank's helper
-    thread): noted in that recording, whose structure then cannot be judged.  Ranks running as threads (several
-    recording) are not told apart, so nothing is noted then."""
-    if len(_recording) == 1 and not getattr(_local, "recorded", False):
-        for log in list(_recording.values()):
-            log.other_threads.append((len(log.events), name))
-            log.events.append(Event("other_thread", label=name))
 
 
 def _coalescing_now(group: Any) -> bool:
@@ -436,15 +627,15 @@ def _api_wrapper(name: str, original: Any) -> Any:
         signature: inspect.Signature | None = inspect.signature(original)
     except (TypeError, ValueError):
         signature = None
+    unseen = _unseen_if_unrecorded(name, original)
 
     @functools.wraps(original)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        log: CollectiveLog | None = getattr(_local, "log", None)
-        delay: Callable[[], None] | None = getattr(_local, "delay", None)
-        if log is None and delay is None:
-            _note_other_thread(name)
-            return original(*args, **kwargs)
-        stack: list[tuple[str, bool, Any]] = _local.api_stack
+        recording = _current()
+        if recording is None:
+            return unseen(*args, **kwargs)
+        log, delay = recording.log, recording.delay
+        stack = recording.api_stack()
         outermost = not stack
         async_op, group = False, None
         if signature is not None:
@@ -457,13 +648,13 @@ def _api_wrapper(name: str, original: Any) -> Any:
                 pass
         if outermost and delay is not None:
             delay()
-        seen = len(log.calls) if log is not None else 0
+        seen = len(log.calls)
         stack.append((name, async_op, group))
         try:
             result = original(*args, **kwargs)
         finally:
             stack.pop()
-        if log is None or not outermost or len(log.calls) > seen or _coalescing_now(group):
+        if not outermost or len(log.calls) > seen or _coalescing_now(group):
             return result  # the dispatcher saw it (its Work's wait is seen on the class), or it is only queued
         index = log.launch(CollectiveCall(f"api.{name}", _shapes(args), name, async_op, *_group_ranks(group)))
         return _TrackedWork(result, log, index) if async_op and result is not None else result
@@ -472,68 +663,104 @@ def _api_wrapper(name: str, original: Any) -> Any:
     return wrapper
 
 
+@functools.cache
+def _mode_classes() -> tuple[type, type]:
+    """The recording's dispatch mode and the watch of threads no recording reaches (made once torch is imported)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class RecordingMode(TorchDispatchMode):
+        """Records every collective and matmul into its recording, on whichever thread carries it."""
+
+        def __init__(self, recording: _Recording) -> None:
+            super().__init__()
+            self._coc_recording = recording
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            return _dispatch(self._coc_recording, func, args, kwargs or {})
+
+    class UnseenMode(TorchDispatchMode):
+        """Notes, once, that a thread no recording reaches issued a collective or multiplied."""
+
+        def __init__(self, what: str, rank: int | None) -> None:
+            super().__init__()
+            self.what, self.rank = what, rank
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            collective = func.namespace in COLLECTIVE_NAMESPACES and func._opname not in NOT_COLLECTIVES
+            noted = threading.get_ident() in _noting  # by the entry point that reached it
+            if not noted and (collective or func._opname in MATMUL_OPS or _fused_name(func._opname)):
+                label = f"{func.namespace}.{func._opname} in {self.what}"
+                for recording in list(_live):
+                    if recording.mine(self.rank):
+                        recording.log.note_other_thread(label, collective=collective)
+            return func(*args, **(kwargs or {}))
+
+    return RecordingMode, UnseenMode
+
+
+def _mode_of(recording: _Recording) -> Any:
+    return _mode_classes()[0](recording)
+
+
+def _unseen_mode() -> Any:
+    return _mode_classes()[1]
+
+
+def _dispatch(recording: _Recording, func: Any, args: Any, kwargs: Any) -> Any:
+    """One op under a recording's mode: a collective is launched (and delayed), a matmul noted, names followed."""
+    log = recording.log
+    if log._lazy:
+        _note_lazy_waits(log, args, kwargs)
+    names = _names_of(log, args, kwargs) if log._names else frozenset()
+    if func.namespace in COLLECTIVE_NAMESPACES and func._opname not in NOT_COLLECTIVES:
+        if "wait" in func._opname:
+            _note_lazy_waits(log, args, kwargs)
+            return func(*args, **kwargs)
+        stack = recording.api_stack()
+        if not stack and recording.delay is not None:
+            recording.delay()
+        call = _dispatched_call(func, args, kwargs, stack)
+        out = func(*args, **kwargs)
+        index = log.launch(call)
+        for work in _works(out):
+            log._waits_for(work, (index,))
+        if call.functional:
+            for ptr in _storages(out):
+                log._lazy[ptr] = index
+    elif func._opname in MATMUL_OPS:
+        out = func(*args, **kwargs)
+        shape = tuple(out.shape) if hasattr(out, "shape") else None
+        log.events.append(Event("matmul", shape=shape, op=f"{func.namespace}.{func._opname}", operands=names))
+        return out
+    else:
+        out = func(*args, **kwargs)
+        if func.namespace not in ("aten", "prim", "prims") and _fused_name(func._opname):
+            log.events.append(Event("matmul", shape=tuple(getattr(out, "shape", ()) or ()), label="fused",
+                                    op=f"{func.namespace}.{func._opname}", operands=names))
+    if names:
+        _name_storages(log, [out, *_written(func, args, kwargs)], names)
+    return out
+
+
 @contextmanager
 def record_collectives(delay: Callable[[], None] | None = None) -> Iterator[CollectiveLog]:
-    """Record every collective and matmul this thread issues inside the block.
+    """Record every collective and matmul issued inside the block, on this thread and on every thread that carries
+    its dispatch mode (an accelerator's autograd device thread, the CPU's emulated one).
 
     ``delay`` (e.g. a :class:`Straggler`) is called before every collective.
     """
-    from torch.utils._python_dispatch import TorchDispatchMode
-
     _install()
     _remember_live_groups()
     log = CollectiveLog()
-
-    class _Mode(TorchDispatchMode):
-        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-            kwargs = kwargs or {}
-            if log._lazy:
-                _note_lazy_waits(log, args, kwargs)
-            names = _names_of(log, args, kwargs) if log._names else frozenset()
-            if func.namespace in COLLECTIVE_NAMESPACES and func._opname not in NOT_COLLECTIVES:
-                if "wait" in func._opname:
-                    _note_lazy_waits(log, args, kwargs)
-                    return func(*args, **kwargs)
-                stack = _local.api_stack
-                if not stack and delay is not None:
-                    delay()
-                call = _dispatched_call(func, args, kwargs, stack)
-                out = func(*args, **kwargs)
-                index = log.launch(call)
-                for work in _works(out):
-                    log._waits_for(work, (index,))
-                if call.functional:
-                    for ptr in _storages(out):
-                        log._lazy[ptr] = index
-            elif func._opname in MATMUL_OPS:
-                out = func(*args, **kwargs)
-                shape = tuple(out.shape) if hasattr(out, "shape") else None
-                log.events.append(Event("matmul", shape=shape, op=f"{func.namespace}.{func._opname}",
-                                        operands=names))
-                return out
-            else:
-                out = func(*args, **kwargs)
-                if func.namespace not in ("aten", "prim", "prims") and _fused_name(func._opname):
-                    log.events.append(Event("matmul", shape=tuple(getattr(out, "shape", ()) or ()),
-                                            label="fused", op=f"{func.namespace}.{func._opname}", operands=names))
-            if names:
-                _name_storages(log, [out, *_written(func, args, kwargs)], names)
-            return out
-
-    previous = (getattr(_local, "log", None), getattr(_local, "api_stack", None), getattr(_local, "delay", None))
-    _local.log, _local.api_stack, _local.delay, _local.recorded = log, [], delay, True
-    thread = threading.get_ident()
-    outer = _recording.get(thread)
-    _recording[thread] = log
+    recording = _Recording(log, delay, rank_threads.rank_of())
+    with _install_lock:
+        _live.append(recording)
     try:
-        with _Mode():
+        with _mode_of(recording):
             yield log
     finally:
-        _local.log, _local.api_stack, _local.delay = previous
-        if outer is None:
-            _recording.pop(thread, None)
-        else:
-            _recording[thread] = outer
+        with _install_lock:
+            _live.remove(recording)
 
 
 def _dispatched_call(func: Any, args: Any, kwargs: Any, stack: list[tuple[str, bool, Any]]) -> CollectiveCall:
@@ -675,28 +902,34 @@ def _shapes(args: Any) -> list[tuple[int, ...]]:
 
 @dataclass
 class CompletionCount:
-    """Collectives this process saw complete, in all and per thread; counted always once :func:`count_completions` ran.
+    """Collectives this process saw complete, in all and per rank thread; counted always once
+    :func:`count_completions` ran.
 
     A rank reports its count in its progress evidence
     (:mod:`conformance.harness.progress`), so that
     :class:`~conformance.harness.case_clock.CaseClock` does not take a rank
     blocked in a slow collective that completes (it uses no CPU) for a hung
-    one.  Each wait that returns counts (a blocking call waits too); inside a
-    recording a completion the timeline sees otherwise (a functional wait, a
-    poll answering True) counts as well, so one completion may count twice:
-    the count is evidence that something completed, not how many did.
+    one.  Each wait that returns counts (a blocking call waits too), on
+    whichever thread: a completion counts for the rank thread the waiting
+    thread works for (:func:`conformance.harness.rank_threads.rank_of`: its
+    device thread's count for it).  Inside a recording a completion the
+    timeline sees otherwise (a functional wait, a poll answering True) counts as
+    well, so one completion may count twice: the count is evidence that
+    something completed, not how many did.
     """
 
     count: int = 0
-    by_thread: dict[int, int] = field(default_factory=dict)
+    by_rank: dict[int, int] = field(default_factory=dict)
 
     def note(self) -> None:
         self.count += 1
-        thread = threading.get_ident()
-        self.by_thread[thread] = self.by_thread.get(thread, 0) + 1
+        rank = rank_threads.rank_of()
+        key = threading.get_ident() if rank is None else rank
+        self.by_rank[key] = self.by_rank.get(key, 0) + 1
 
-    def of_thread(self, thread_id: int) -> int:
-        return self.by_thread.get(thread_id, 0)
+    def of_rank(self, rank_thread: int) -> int:
+        """Completions counted for rank thread ``rank_thread`` (on it, or on a thread working for it)."""
+        return self.by_rank.get(rank_thread, 0)
 
 
 COMPLETED = CompletionCount()

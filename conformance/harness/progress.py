@@ -35,6 +35,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
+from conformance.harness import rank_threads
+
 #: The share of one core a rank's task thread must use over a window to count as progressing: measured
 #: here, a rank blocked in a gloo all-reduce used 1-2.2 ms per second, while ranks of a correct case beside CPU hogs
 #: and two busy pytest workers on 2 cores got 16-70 ms per second (taking turns at every all-reduce).
@@ -120,23 +122,25 @@ class ProgressWatch:
         """When, and each rank's CPU seconds then: a mark to measure from later (:meth:`used`, :meth:`progressed`)."""
         return time.monotonic(), {r: rank.cpu() for r, rank in self.ranks.items()}
 
-    def used(self, ranks: Sequence[int],
-             since: tuple[float, dict[int, float | None]] | None = None) -> dict[int, float]:
-        """CPU seconds each of ``ranks`` used since ``since`` (or the last :meth:`mark`; unreadable ones left out)."""
+    def used(self, ranks: Sequence[int], since: tuple[float, dict[int, float | None]] | None = None,
+             helpers: Mapping[int, float] | None = None) -> dict[int, float]:
+        """CPU seconds each of ``ranks`` used since ``since`` (or the last :meth:`mark`; unreadable ones left out),
+        with what its helper threads used meanwhile (``helpers``, reported by the rank)."""
         before_all = self._cpu if since is None else since[1]
         used = {}
         for r in ranks:
             before, now = before_all.get(r), self.ranks[r].cpu() if r in self.ranks else None
             if before is not None and now is not None:
-                used[r] = now - before
+                used[r] = now - before + (helpers or {}).get(r, 0.0)
         return used
 
-    def progressed(self, ranks: Sequence[int],
-                   since: tuple[float, dict[int, float | None]] | None = None) -> list[int]:
-        """Those of ``ranks`` that used at least :data:`BUSY_SHARE` of a core since ``since`` (or the last mark)."""
+    def progressed(self, ranks: Sequence[int], since: tuple[float, dict[int, float | None]] | None = None,
+                   helpers: Mapping[int, float] | None = None) -> list[int]:
+        """Those of ``ranks`` that used at least :data:`BUSY_SHARE` of a core since ``since`` (or the last mark),
+        their helper threads' CPU time (``helpers``) included."""
         span = self.span() if since is None else time.monotonic() - since[0]
         floor = max(MIN_CPU_S, BUSY_SHARE * span)
-        return sorted(r for r, s in self.used(ranks, since).items() if s >= floor)
+        return sorted(r for r, s in self.used(ranks, since, helpers).items() if s >= floor)
 
 
 @dataclass(frozen=True)
@@ -147,7 +151,10 @@ class Evidence:
     stack_changes: int = 0  #: samples at which its task thread's stack differed from the one before
     device_done: int = 0  #: device events, queued behind its work, that completed
     samples: int = 0  #: samples taken of its stack
-    waiting: bool = False  #: its task thread is inside a collective (or a wait for one) now
+    waiting: bool = False  #: its task thread (or a thread working for it) is inside a collective now
+    #: CPU seconds its helper threads used (the emulated device thread running its backward): judged with its task
+    #: thread's CPU time, against the same share of a core
+    helper_cpu_s: float = 0.0
 
     def grew(self, since: Evidence) -> list[str]:
         """The counters that grew since ``since`` (empty: no progress of this rank's own).
@@ -285,12 +292,17 @@ class DeviceEvents:
 
 
 class TaskSampler:
-    """Samples one thread's evidence (:class:`Evidence`) in its own process, from another thread.
+    """Samples one rank thread's evidence (:class:`Evidence`) in its own process, from another thread.
 
-    ``completed`` says how many collectives the rank saw complete.  With
-    ``whole_process`` (a rank that is a process), the rank also waits while
-    any other Python thread of it is in a collective (a task waiting for a
-    helper thread that waits for the others).
+    ``completed`` says how many collectives the rank saw complete.  The
+    threads working for the rank thread
+    (:func:`conformance.harness.rank_threads.helpers_of`: the CPU's emulated
+    device thread, while it runs a backward and the task thread waits for it)
+    are sampled with it: their stacks are part of its stack, their waits its
+    waits, their CPU time its ``helper_cpu_s``.  With ``whole_process`` (a
+    rank that is a process), the rank also waits while any other Python thread
+    of it is in a collective (a task waiting for a helper thread that waits
+    for the others).
     """
 
     def __init__(self, thread_id: int, completed: Callable[[], int], device: str = "cpu", *,
@@ -299,10 +311,17 @@ class TaskSampler:
         self._device = DeviceEvents(device)
         self._stack: tuple[Frame, ...] | None = None
         self._changes = self._samples = 0
+        self._helper_cpu: dict[int, float] = {}  #: native id -> its CPU seconds when last read (ended ones kept)
 
     def sample(self) -> Evidence:
         stacks = thread_stacks()
         stack, waiting = stack_state(stacks.get(self.thread_id, ()))
+        for ident, native in rank_threads.helpers_of(self.thread_id):
+            frames, helper_waits = stack_state(stacks.get(ident, ()))
+            stack, waiting = stack + (("(helper thread)", str(ident), ""), *frames), waiting or helper_waits
+            used = cpu_seconds(os.getpid(), [native])
+            if used is not None:
+                self._helper_cpu[native] = used
         if self._whole_process and not waiting:
             me = threading.get_ident()
             waiting = any(stack_state(f)[1] for t, f in stacks.items() if t not in (me, self.thread_id))
@@ -314,7 +333,8 @@ class TaskSampler:
         except Exception:  # noqa: BLE001 - a device error is the task's to report, not the sampler's
             device = self._device.done
         self._samples += 1
-        return Evidence(self._completed(), self._changes, device, self._samples, waiting)
+        return Evidence(self._completed(), self._changes, device, self._samples, waiting,
+                        round(sum(self._helper_cpu.values()), 6))
 
 
 class Reporter:

@@ -50,12 +50,15 @@ class RankRunner:
     """Leases devices and runs tasks on ranks for the whole session; each case sees it through :meth:`for_case`."""
 
     def __init__(self, launcher: Launcher, leases: DeviceLeases | None, impl_spec: str, *,
-                 default_timeout: float = 60.0, budget: Budget | None = None) -> None:
+                 default_timeout: float = 60.0, budget: Budget | None = None,
+                 device_thread_backward: bool = True) -> None:
         self.launcher = launcher
         self.leases = leases
         self.impl_spec = impl_spec
         self.default_timeout = default_timeout
         self.budget = budget or Budget()
+        #: Whether CPU ranks run each backward on another thread (``RankContext.device_thread_backward``).
+        self.device_thread_backward = device_thread_backward
 
     def for_case(self, timings: CaseTimings, before_run: Callable[[], None] | None = None, *,
                  exclusive: bool = False) -> CaseRanks:
@@ -101,7 +104,8 @@ class CaseRanks:
             self.before_run()
         exclusive = exclusive or self.exclusive
         runner, record = self.runner, self.timings
-        task = RankTask(fn, world_size, params, timeout or runner.default_timeout, exclusive, runner.budget)
+        task = RankTask(fn, world_size, params, timeout or runner.default_timeout, exclusive, runner.budget,
+                        runner.device_thread_backward)
         if runner.leases is None:
             return self._run(task, ())
         prefer: Sequence[str] = getattr(runner.launcher, "preferred_devices", lambda _: ())(world_size)

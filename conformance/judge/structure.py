@@ -78,9 +78,10 @@ def check_phase(timeline: ObservedCollectives | None, key: str, declared: Overla
     kind = PHASE_COLLECTIVES[key]
     if timeline is None:
         raise StructureMismatch(f"{key}: the phase was not observed (no timeline recorded)")
-    if timeline.other_threads:
-        raise NotJudged(f"{key}: collective(s) {list(timeline.other_threads)} were issued from another thread of "
-                        "the rank, which the probes do not record: the phase's structure is not judged")
+    unseen = (*timeline.other_threads, *timeline.other_thread_matmuls)
+    if unseen:
+        raise NotJudged(f"{key}: collective(s) or matmul(s) ran on a thread the probes cannot follow "
+                        f"({'; '.join(unseen)}): the phase's timeline is incomplete, so its structure is not judged")
     calls = timeline.of_kind(kind)
     seen = f"observed {timeline.describe()}"
     if isinstance(declared, Chunked):

@@ -11,8 +11,8 @@ correct implementation may have.  Running on the smoke tier proves the
 per-change CI stage catches every fault of the table.
 
 :data:`CORRECT_VARIANTS` are implementations that differ from the reference
-without being wrong: the same checks must pass them (or skip, when the
-implementation says it lacks a mode).
+without being wrong (of ``faulty_impls``, or ``module:attr``): the same checks
+must pass them (or skip, when the implementation says it lacks a mode).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from tests.support.proofs import FAULT_TABLE, MUST, Proof
 from tests.support.suite_run import SuiteRun
 
 FAULTS = "tests.support.faulty_impls"
+CORRECT = "tests.support.correct_variants"
 #: Extra options per suite module (hangs in configure are meant to be declared quickly).
 OPTIONS = {"test_config": ("--coc-tp", "2", "--coc-budget-floor", "8")}
 
@@ -42,6 +43,11 @@ CORRECT_VARIANTS = [
     # a genuine overlaps:output where the output block has the weight's shape (issue 26)
     ("test_layers", "DeclaresOverlapsOutput", "layer_matches_golden and mlp-sp-s64b1-h32x32-ffn64 and tp2-p2",
      "passed"),
+    # every documented way to wait is a wait, whichever thread waits (issue 42: collect_all failed at TP 8)
+    ("test_ops", f"{CORRECT}:WaitsThroughCollectAll", "matmul_all_reduce and (results_are_values or stragglers)",
+     "passed"),
+    *[("test_ops", f"{CORRECT}:{variant}", "results_are_values and matmul_all_reduce and tp2", "passed")
+      for variant in ("WaitsThroughThen", "PollsFutureDone", "PollsWorkIsCompleted", "WaitsOnAHelperThread")],
 ]
 
 
@@ -82,6 +88,6 @@ def test_suite_catches(run_suite: Callable[..., SuiteRun], tmp_path: Path, proof
                          ids=[f"{m}-{v}" for m, v, _, _ in CORRECT_VARIANTS])
 def test_suite_passes_correct_variants(run_suite: Callable[..., SuiteRun], module: str, variant: str, select: str,
                                        outcome: str) -> None:
-    run = run_suite(module, f"{FAULTS}:{variant}", "-k", select, "-rs")
+    run = run_suite(module, variant if ":" in variant else f"{FAULTS}:{variant}", "-k", select, "-rs")
     counts = {k: v for k, v in run.outcomes.items() if k in ("passed", "failed", "skipped", "errors", "error")}
     assert counts.get(outcome) and set(counts) == {outcome}, f"{variant}: {counts}\n{run.output[-3000:]}"

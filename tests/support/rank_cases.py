@@ -204,9 +204,169 @@ def probe_corners(ctx: RankContext) -> dict[str, object]:
     left.wait()
     seen["phase_overlapped"] = [[m.shape for m in c.overlapped] for c in observed_collectives(log, 0, end).collectives]
     with record_collectives() as log:
-        helper = threading.Thread(target=lambda: dist.all_reduce(torch.ones(4), group=ctx.group))
+        helper = threading.Thread(target=lambda: dist.all_reduce(torch.ones(4), group=ctx.group), name="coc-helper")
         helper.start()
         helper.join()
     seen["helper_thread"] = observed_collectives(log).other_threads
     del y
     return seen
+
+
+#: What the probes kept in Python thread-locals before issue 42 (a rank's api-nesting stack), reduced to the line
+#: that crashed on an accelerator: a thread that never recorded has no such attribute.
+_THREAD_LOCAL_PROBE = __import__("threading").local()
+
+
+def _thread_local_probe_call(fn: object, *args: object, **kwargs: object) -> object:
+    stack = _THREAD_LOCAL_PROBE.api_stack  # AttributeError on a thread that never entered the recording
+    stack.append(fn)
+    try:
+        return fn(*args, **kwargs)  # type: ignore[operator]
+    finally:
+        stack.pop()
+
+
+def backward_on_device_thread(ctx: RankContext, off_thread: bool) -> dict[str, object]:
+    """A custom Function whose backward all-reduces asynchronously and multiplies while it is in flight, run
+    through the harness's backward: what the probes recorded, on which thread, and what a probe that kept its
+    state in Python thread-locals (as they did) made of it."""
+    import threading
+
+    import torch
+    import torch.distributed as dist
+
+    from conformance.contract.results import observed_collectives
+    from conformance.harness.device_thread import run_backward
+    from conformance.harness.probes import COMPLETED, record_collectives
+
+    threads: list[str] = []
+    old_style = {"on": False}
+
+    class Linear(torch.autograd.Function):
+        @staticmethod
+        def forward(fctx: object, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+            fctx.save_for_backward(x, w)  # type: ignore[attr-defined]
+            return x @ w.t()
+
+        @staticmethod
+        def backward(fctx: object, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            x, w = fctx.saved_tensors  # type: ignore[attr-defined]
+            threads.append(threading.current_thread().name)
+            dx = grad @ w
+            if old_style["on"]:
+                work = _thread_local_probe_call(dist.all_reduce, dx, group=ctx.group, async_op=True)
+            else:
+                work = dist.all_reduce(dx, group=ctx.group, async_op=True)
+            dw = grad.t() @ x  # in flight with the all-reduce
+            work.wait()
+            return dx, dw
+
+    def step() -> None:
+        x = torch.ones(4, 3, requires_grad=True)
+        w = torch.ones(2, 3, requires_grad=True)
+        y = Linear.apply(x, w)
+        run_backward(lambda: y.backward(torch.ones(4, 2)), device=ctx.device, off_thread=off_thread)
+
+    rank = threading.get_ident()
+    begun = COMPLETED.of_rank(rank)
+    with record_collectives() as log:
+        step()
+    seen = observed_collectives(log)
+    _THREAD_LOCAL_PROBE.api_stack = []  # the old probes' recording began on this thread only
+    old_style["on"] = True
+    try:
+        step()
+        old: str | None = None
+    except Exception as exc:  # noqa: BLE001 - what the old probes raised is the result
+        old = f"{type(exc).__name__}: {exc}"
+    finally:
+        del _THREAD_LOCAL_PROBE.api_stack
+    return {"threads": threads[:1], "calls": [(c.kind, c.overlappable, c.pending) for c in seen.collectives],
+            "overlapped": [[m.shape for m in c.overlapped] for c in seen.collectives],
+            "other_threads": (seen.other_threads, seen.other_thread_matmuls),
+            "completed_for_rank": COMPLETED.of_rank(rank) > begun,
+            "old_probe": old}
+
+
+def every_wait_style(ctx: RankContext) -> dict[str, object]:
+    """Two asynchronous all-reduces waited for in each documented way (and on another thread): which the probes
+    saw waited; what a callback registered inside the recording, and a helper thread's matmul, left in it."""
+    import threading
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    from conformance.contract.results import observed_collectives
+    from conformance.harness.probes import record_collectives
+
+    def poll(done: object) -> None:
+        while not done():  # type: ignore[operator]
+            time.sleep(0.001)
+
+    def on_another_thread(works: list[dist.Work]) -> None:
+        waiter = threading.Thread(target=lambda: [w.wait() for w in works], name="coc-waiter")
+        waiter.start()
+        waiter.join()
+
+    styles = {
+        "collect_all": lambda ws: torch.futures.collect_all([w.get_future() for w in ws]).wait(),
+        "then": lambda ws: [w.get_future().then(lambda f: f.value()).wait() for w in ws],
+        "then then": lambda ws: [w.get_future().then(lambda f: 1).then(lambda f: 2).wait() for w in ws],
+        "wait_all": lambda ws: torch.futures.wait_all([w.get_future() for w in ws]),
+        "Future.wait": lambda ws: [w.get_future().wait() for w in ws],
+        "Future.done polled": lambda ws: [poll(w.get_future().done) for w in ws],
+        "Work.is_completed polled": lambda ws: [poll(w.is_completed) for w in ws],
+        "on another thread": on_another_thread,
+    }
+    seen: dict[str, object] = {}
+    for how, wait in styles.items():
+        with record_collectives() as log:
+            works = [dist.all_reduce(torch.ones(4), group=ctx.group, async_op=True) for _ in range(2)]
+            wait(works)
+        seen[how] = [c.waited is not None for c in log.calls]
+    with record_collectives() as log:  # a callback only: the program never waited
+        work = dist.all_reduce(torch.ones(4), group=ctx.group, async_op=True)
+        work.get_future().then(lambda f: f.value())
+        time.sleep(0.05)
+    seen["callback only"] = [c.waited is not None for c in log.calls]
+    work.wait()
+    with record_collectives() as log:  # the callback multiplies, on whichever thread completes the future
+        work = dist.all_reduce(torch.ones(4), group=ctx.group, async_op=True)
+        work.get_future().then(lambda f: torch.ones(3, 3) @ torch.ones(3, 3)).wait()
+    timeline = observed_collectives(log)
+    seen["callback matmul"] = ([e.shape for e in log.events if e.what == "matmul"],
+                               timeline.other_threads + timeline.other_thread_matmuls)
+    with record_collectives() as log:  # a helper thread multiplies: unseen, so named
+        helper = threading.Thread(target=lambda: torch.ones(2, 2) @ torch.ones(2, 2), name="coc-helper")
+        helper.start()
+        helper.join()
+    timeline = observed_collectives(log)
+    seen["helper matmul"] = (timeline.other_threads, timeline.other_thread_matmuls)
+    return seen
+
+
+def warns_from_its_backward(ctx: RankContext) -> dict[str, object]:
+    """Every rank warns and logs at once, from its backward (on the emulated device thread), and all-reduces
+    there: what each rank observed of warnings, and the sum."""
+    import logging
+    import threading
+    import warnings
+
+    import torch
+    import torch.distributed as dist
+
+    from conformance.harness.case import observed_warnings
+
+    def backward() -> float:
+        dist.barrier(group=ctx.group)  # every rank warns at the same moment
+        warnings.warn(f"rank {ctx.rank} warned", UserWarning, stacklevel=1)
+        logging.getLogger("coc.test").warning("rank %d logged from %s", ctx.rank, threading.current_thread().name)
+        total = torch.ones(1)
+        dist.all_reduce(total, group=ctx.group)
+        dist.barrier(group=ctx.group)  # no rank stops observing before every rank has warned
+        return float(total.item())
+
+    with observed_warnings() as said:
+        total = ctx.backward(backward)
+    return {"said": sorted(said), "total": total}

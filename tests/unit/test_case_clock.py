@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from conformance.harness.case_clock import CaseClock
 from conformance.harness.progress import Evidence, ProgressWatch, Rank
@@ -23,8 +23,9 @@ class ScriptedWatch(ProgressWatch):
     def mark(self, ranks: Sequence[int] | None = None) -> None:
         self._since = time.monotonic()
 
-    def used(self, ranks: Sequence[int], since: object = None) -> dict[int, float]:
-        return {r: (1.0 if r in self.busy else 0.0) for r in ranks}
+    def used(self, ranks: Sequence[int], since: object = None,
+             helpers: Mapping[int, float] | None = None) -> dict[int, float]:
+        return {r: (1.0 if r in self.busy else 0.0) + (helpers or {}).get(r, 0.0) for r in ranks}
 
 
 def verdict(clock: CaseClock, pending: Sequence[int]) -> str:
@@ -102,6 +103,22 @@ def test_collectives_completing_are_progress_where_cpu_time_is_not_measured() ->
     clock = CaseClock(0.3)
     clock.budget(0.05)
     assert "(the case's ceiling; its ranks kept progressing" in completing(clock, 0)
+
+
+def test_cpu_time_of_a_ranks_device_thread_is_its_progress() -> None:
+    """A rank whose task thread waits for its backward (the emulated device thread) uses CPU time on that thread."""
+    clock = CaseClock(0.3, ScriptedWatch(2))
+    clock.budget(0.05)
+    why = scripted(clock, [1], lambda n: {1: Evidence(samples=n, helper_cpu_s=0.01 * n)})
+    assert why.startswith("rank(s) [1] did not finish within 0.3 s (the case's ceiling; its ranks kept progressing"), \
+        why
+
+
+def test_a_device_thread_idle_as_a_blocked_collective_is_no_progress() -> None:
+    clock = CaseClock(60, ScriptedWatch(2))
+    clock.budget(0.05)
+    why = scripted(clock, [1], lambda n: {1: Evidence(samples=n, helper_cpu_s=1e-5 * n)})
+    assert "no collective completed, no stack changed and no rank used CPU time" in why, why
 
 
 def test_another_ranks_collectives_are_no_progress_of_a_hung_rank() -> None:

@@ -303,3 +303,14 @@ def test_warming_stays_within_the_slots_and_the_live_rank_budget() -> None:
         assert launcher.pools_started() == 2
     finally:
         launcher.close()
+
+
+def test_a_ranks_backward_thread_warns_logs_and_reduces_for_that_rank_only(launcher: Launcher) -> None:
+    """Warnings and logs of the thread a rank's backward runs on are that rank's, never another thread rank's."""
+    outcomes = launcher.run(RankTask(rank_cases.warns_from_its_backward, 3), (), IMPL)
+    for rank, outcome in enumerate(outcomes):
+        assert outcome.error is None, outcome.error.traceback  # type: ignore[union-attr]
+        assert outcome.value == {"said": [f"rank {rank} logged from coc-backward", f"rank {rank} warned"],
+                                 "total": 3.0}
+        assert f"rank {rank} logged" in outcome.log
+        assert all(f"rank {other} logged" not in outcome.log for other in range(3) if other != rank), outcome.log

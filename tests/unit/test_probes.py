@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
+
+from conformance.contract.results import ObservedCollective, ObservedCollectives
 from conformance.harness.case import RankTask
 from conformance.harness.launchers.process_launcher import ProcessLauncher
+from conformance.judge.structure import PartMatmuls, check_phase
+from conformance.judge.verdicts import NotJudged
+from conformance.protocol import Chunked
 from tests.support import rank_cases
 
 IMPL = "coc_impl.reference:ReferenceCoC"
@@ -37,19 +43,53 @@ def test_every_wait_is_seen_nothing_is_counted_twice_or_invented_and_a_helper_th
             assert seen[how] == [True], (how, seen[how])
         assert seen["coalescing_manager"] == [("all_reduce", True)]  # queued calls issued once, coalesced
         assert seen["phase_overlapped"] == [[(2, 2)]]  # never waited: in flight to its phase's end only
-        assert seen["helper_thread"] == ("all_reduce",)
+        # named with its thread, once (not again by the process group's method or the dispatcher under it)
+        assert seen["helper_thread"] == ("all_reduce on thread 'coc-helper'",)
 
 
 def test_a_phase_with_a_helper_threads_collective_is_not_judged_for_structure() -> None:
     """Serial as recorded, but a collective came from another thread: not judged, never a false "serial"."""
-    import pytest
-
-    from conformance.contract.results import ObservedCollective, ObservedCollectives
-    from conformance.judge.structure import PartMatmuls, check_phase
-    from conformance.judge.verdicts import NotJudged
-    from conformance.protocol import Chunked
-
     serial = ObservedCollective("all_gather", "c10d._allgather_base_", None, False, (0, 1), ((4,),), (), False)
-    timeline = ObservedCollectives((serial,), other_threads=("all_gather_into_tensor",))
-    with pytest.raises(NotJudged, match="another thread"):
+    timeline = ObservedCollectives((serial,), other_threads=("all_gather_into_tensor on thread 'helper'",))
+    with pytest.raises(NotJudged, match="on a thread the probes cannot follow .all_gather_into_tensor on thread "
+                                        "'helper'.: the phase's timeline is incomplete"):
+        check_phase(timeline, "column/sp/forward", Chunked(), chunks=1, matmuls=PartMatmuls("w", (4, 4)))
+
+
+def test_a_backward_on_the_device_thread_is_recorded_like_the_recording_thread(pool: ProcessLauncher) -> None:
+    """The CPU emulation of the autograd engine's device thread: the probes' old thread-locals crash there (as they
+    did on a GPU), the probes follow the dispatch mode there, and the rank's completions count for it."""
+    for off_thread, thread in ((True, "coc-backward"), (False, "MainThread")):
+        for outcome in pool.run(RankTask(rank_cases.backward_on_device_thread, 2, {"off_thread": off_thread}),
+                                (), IMPL):
+            assert outcome.error is None, outcome.error.traceback  # type: ignore[union-attr]
+            seen = outcome.value
+            assert seen["threads"] == [thread]
+            assert seen["calls"] == [("all_reduce", True, False)]  # launched, and waited, on that thread
+            assert seen["overlapped"] == [[(2, 3)]]  # the weight gradient, in flight with it
+            assert seen["other_threads"] == ((), ())  # judged like the recording thread, never "another thread"
+            assert seen["completed_for_rank"]
+            if off_thread:
+                assert "has no attribute 'api_stack'" in seen["old_probe"], seen["old_probe"]
+            else:
+                assert seen["old_probe"] is None  # a CPU's own backward never met it
+
+
+def test_every_documented_wait_is_a_wait_whichever_thread_waits(pool: ProcessLauncher) -> None:
+    for outcome in pool.run(RankTask(rank_cases.every_wait_style, 2), (), IMPL):
+        assert outcome.error is None, outcome.error.traceback  # type: ignore[union-attr]
+        seen = outcome.value
+        for how in ("collect_all", "then", "then then", "wait_all", "Future.wait",
+                    "Future.done polled", "Work.is_completed polled", "on another thread"):
+            assert seen[how] == [True, True], (how, seen[how])
+        assert seen["callback only"] == [False]  # a callback runs because the future is done: no wait of the program
+        assert seen["callback matmul"] == ([(3, 3)], ())  # the callback carries the recording's mode
+        assert seen["helper matmul"] == ((), ("aten.mm in helper thread 'coc-helper'",))  # no collective
+
+
+def test_a_phase_with_a_helper_threads_matmul_is_not_judged_and_issued_no_collective() -> None:
+    serial = ObservedCollective("all_gather", "c10d._allgather_base_", None, False, (0, 1), ((4,),), (), False)
+    timeline = ObservedCollectives((serial,), other_thread_matmuls=("aten.mm in helper thread 'helper'",))
+    assert timeline.other_threads == ()  # a refusal after it came before any collective
+    with pytest.raises(NotJudged, match="aten.mm in helper thread 'helper'"):
         check_phase(timeline, "column/sp/forward", Chunked(), chunks=1, matmuls=PartMatmuls("w", (4, 4)))

@@ -147,3 +147,40 @@ def test_the_latest_evidence_is_sent_even_when_it_changes_faster_than_reports() 
     with reporter.lock:
         reporter.stop()
     assert sent and sent[-1] == Evidence(completed=5), sent
+
+
+def test_a_rank_waiting_for_its_backward_is_sampled_on_the_thread_that_runs_it() -> None:
+    """The task thread sits in ``run_backward``'s join; the emulated device thread works: its stack changes and
+    its CPU time are the rank's."""
+    from conformance.harness import rank_threads
+    from conformance.harness.device_thread import ThreadState, run_backward
+
+    ThreadState.capture()  # imports torch here, not on the task thread while it is sampled
+    stop = threading.Event()
+    evidence: list[Evidence] = []
+
+    def nested(depth: int) -> None:
+        if depth:
+            nested(depth - 1)
+        else:
+            sum(range(20000))  # the work, at another depth each time
+
+    def backward() -> None:
+        step = 0
+        while not stop.is_set():
+            nested(step % 7)
+            step += 1
+
+    def task() -> None:
+        with rank_threads.rank_thread():
+            run_backward(backward, device="cpu")
+
+    thread = threading.Thread(target=task, daemon=True)
+    thread.start()
+    sampler = TaskSampler(thread.ident or 0, lambda: 0)
+    for _ in range(20):
+        evidence.append(sampler.sample())
+        time.sleep(0.013)
+    stop.set()
+    thread.join()
+    assert evidence[-1].stack_changes >= 5 and evidence[-1].helper_cpu_s > 0, evidence[-1]

@@ -199,7 +199,7 @@ class RankPool:
             self.last_start_s = time.perf_counter() - begun
         message = pickle.dumps(
             (list(sys.path if sys_path is None else sys_path), wire.dumps((task.fn, task.params)), impl_spec,
-             launcher, task.budget)
+             launcher, task.budget, task.device_thread_backward)
         )
         offsets = [self._file_size(self._stack_path(r)) for r in range(self.world_size)]
         log_offsets = [self._file_size(self._log_path(r)) for r in range(self.world_size)]

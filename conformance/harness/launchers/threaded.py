@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 
 from conformance.harness.case import RankContext, RankOutcome, RankTask, run_on_rank
 from conformance.harness.case_clock import CaseClock
@@ -49,9 +50,10 @@ class ThreadedLauncher(StartsNothingAhead):
             def rank_thread(rank: int) -> None:
                 dist.init_process_group("threaded", rank=rank, world_size=task.world_size, store=store)
                 ctx = RankContext(rank, task.world_size, "cpu", impl_spec, self.name,
-                                  on_budget=lambda seconds: clock.budget(seconds, rank), budget=task.budget)
+                                  on_budget=lambda seconds: clock.budget(seconds, rank), budget=task.budget,
+                                  device_thread_backward=task.device_thread_backward)
                 try:
-                    outcome = run_on_rank(task.fn, task.params, ctx, capture_stdio=False)
+                    outcome = run_on_rank(task.fn, task.params, ctx, capture_stdio=False, carry=_world_carry())
                     if outcome.error is not None and outcome.error.type_name == "builtins.SystemExit":
                         terminated.add(rank)  # woken out of a collective nobody else joined
                     outcomes[rank] = outcome
@@ -110,15 +112,53 @@ def _thread_watch(threads: Sequence[threading.Thread]) -> ProgressWatch | None:
 
 
 def _sampler(thread: threading.Thread) -> TaskSampler:
-    """A rank thread's evidence: its stack and the collectives it saw complete since now."""
+    """A rank thread's evidence: its stack and the collectives it (or a thread working for it) saw complete since
+    now."""
     from conformance.harness.probes import COMPLETED
 
     assert thread.ident is not None
-    ident, begun = thread.ident, COMPLETED.of_thread(thread.ident)
-    return TaskSampler(ident, lambda: COMPLETED.of_thread(ident) - begun)
+    ident, begun = thread.ident, COMPLETED.of_rank(thread.ident)
+    return TaskSampler(ident, lambda: COMPLETED.of_rank(ident) - begun)
+
+
+def _world_carry() -> Callable[[], AbstractContextManager[None]]:
+    """What a helper thread of this rank thread takes over to issue its collectives, while it works for the rank:
+    the threaded process group keeps a rank's world in Python thread-locals, and its group registry per thread
+    (thread isolation mode), where a real backend's groups are the process's.  Given back when the helper is done
+    (a later thread may get the same id, and a registry entry left behind would refuse its groups)."""
+    import torch
+    import torch.distributed as dist
+
+    world = dist.distributed_c10d._world
+    mine = world._get_world()  # type: ignore[attr-defined]
+    c10d = torch._C._distributed_c10d
+
+    @contextmanager
+    def carry() -> Iterator[None]:
+        type(world)._world.world = mine  # type: ignore[attr-defined]
+        names = list(mine.pg_names.items())
+        for group, name in names:
+            c10d._register_process_group(name, group)
+        try:
+            yield
+        finally:
+            for _, name in names:
+                c10d._unregister_process_group(name)
+            del type(world)._world.world  # type: ignore[attr-defined]
+
+    return carry
 
 
 def _thread_stacks(threads: Sequence[threading.Thread]) -> dict[int, str]:
+    """Each rank thread's stack, and those of the threads working for it (its backward's, where a hang often is)."""
+    from conformance.harness import rank_threads
+
     stacks = thread_stacks()
-    return {rank: format_stack(stacks[thread.ident]) if thread.ident in stacks else "(finished)"
-            for rank, thread in enumerate(threads)}
+    found = {}
+    for rank, thread in enumerate(threads):
+        text = format_stack(stacks[thread.ident]) if thread.ident in stacks else "(finished)"
+        for helper, _ in rank_threads.helpers_of(thread.ident or 0):
+            if helper in stacks:
+                text += f"--- a thread working for it ---\n{format_stack(stacks[helper])}"
+        found[rank] = text
+    return found

@@ -74,7 +74,8 @@ class TorchrunLauncher(StartsNothingAhead):
                 faulthandler.dump_traceback_later(max(left, 0.001), exit=True, file=self._stacks)
 
             ctx = RankContext(self.rank, task.world_size, device, impl_spec, self.name, group,
-                              on_budget=on_budget, budget=task.budget)
+                              on_budget=on_budget, budget=task.budget,
+                              device_thread_backward=task.device_thread_backward)
             faulthandler.dump_traceback_later(task.timeout, exit=True, file=self._stacks)
             try:
                 outcome = run_on_rank(task.fn, task.params, ctx)

@@ -96,7 +96,7 @@ def rank_main(
                 break  # the pool is gone
             if message == STOP:
                 break
-            sys_path, payload, impl_spec, launcher, budget = pickle.loads(message)
+            sys_path, payload, impl_spec, launcher, budget, device_thread_backward = pickle.loads(message)
             for entry in reversed(sys_path):
                 if entry not in sys.path:
                     sys.path.insert(0, entry)
@@ -104,7 +104,8 @@ def rank_main(
             send(LOADED)
             reporter.start(TaskSampler(task_thread, _completed_since(probes.COMPLETED.count), device,
                                        whole_process=True))
-            ctx = RankContext(rank, world_size, device, impl_spec, launcher, on_budget=on_budget, budget=budget)
+            ctx = RankContext(rank, world_size, device, impl_spec, launcher, on_budget=on_budget, budget=budget,
+                              device_thread_backward=device_thread_backward)
             try:
                 fn, params = pickle.loads(payload)
             except Exception as exc:  # noqa: BLE001 - reported as this rank's error

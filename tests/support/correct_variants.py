@@ -1,0 +1,99 @@
+"""Correct implementations that wait for their collectives in each documented way (docs/DESIGN.md#overlap-structure).
+
+Each runs ``matmul_all_reduce`` as the reference's portable backend does --
+row blocks (two, or the tiling asked for), each multiplied and then
+all-reduced asynchronously while the next is multiplied -- and waits for the
+blocks' collectives its own way before it returns.  Every wait here is one
+``torch.distributed`` and ``torch.futures`` document, so the suite must pass
+each of them ("results are values" among its checks).  Deterministic and w8A16
+calls are the reference's.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from coc_impl.deterministic import stable_product
+from coc_impl.reference import ReferenceCoC
+from coc_impl.validated_call import ValidatedCall
+
+
+class _WaitsItsOwnWay(ReferenceCoC):
+    """The portable all-reduce pipeline, waited for by :meth:`wait`."""
+
+    def matmul_all_reduce(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
+        import torch.distributed as dist
+
+        call = ValidatedCall.validate("matmul_all_reduce", x, w, bias, **kw)  # the reference's errors
+        if call.deterministic or call.antiquant is not None:
+            return super().matmul_all_reduce(x, w, bias, **kw)
+        product = stable_product(call.w.t() if call.transpose_weight else call.w)
+        blocks = call.blocks or ((call.m // 2, call.m - call.m // 2) if call.m >= 2 else (call.m,))
+        out = x.new_empty((call.m, call.n))
+        works, start = [], 0
+        for rows in blocks:
+            target = out[start:start + rows]
+            target.copy_(product(x[start:start + rows]))
+            works.append(dist.all_reduce(target, group=call.group, async_op=True))
+            start += rows
+        self.wait(works)
+        return call.add_bias(out)
+
+    def wait(self, works: Sequence[Any]) -> None:
+        raise NotImplementedError
+
+
+class WaitsThroughCollectAll(_WaitsItsOwnWay):
+    """``torch.futures.collect_all([...]).wait()`` (issue 42: failed "results are values" at TP 8)."""
+
+    name = "waits-through-collect-all"
+
+    def wait(self, works: Sequence[Any]) -> None:
+        import torch
+
+        torch.futures.collect_all([w.get_future() for w in works]).wait()
+
+
+class WaitsThroughThen(_WaitsItsOwnWay):
+    """``work.get_future().then(cb).wait()``: the chained future completes after its source."""
+
+    name = "waits-through-then"
+
+    def wait(self, works: Sequence[Any]) -> None:
+        for chained in [w.get_future().then(lambda f: f.value()) for w in works]:
+            chained.wait()
+
+
+class PollsFutureDone(_WaitsItsOwnWay):
+    """Polls ``Future.done()`` until every block's future is done."""
+
+    name = "polls-future-done"
+
+    def wait(self, works: Sequence[Any]) -> None:
+        futures = [w.get_future() for w in works]
+        while not all(f.done() for f in futures):
+            time.sleep(0.0005)
+
+
+class PollsWorkIsCompleted(_WaitsItsOwnWay):
+    """Polls ``Work.is_completed()`` until every block's collective completed."""
+
+    name = "polls-work-is-completed"
+
+    def wait(self, works: Sequence[Any]) -> None:
+        while not all(w.is_completed() for w in works):
+            time.sleep(0.0005)
+
+
+class WaitsOnAHelperThread(_WaitsItsOwnWay):
+    """Hands the handles to a helper thread, which waits for them, and joins it."""
+
+    name = "waits-on-a-helper-thread"
+
+    def wait(self, works: Sequence[Any]) -> None:
+        waiter = threading.Thread(target=lambda: [w.wait() for w in works], name="coc-variant-waiter")
+        waiter.start()
+        waiter.join()
