@@ -11,7 +11,14 @@ Two kinds of data (``docs/DESIGN.md#exact-data``):
   does the judging);
 * ``exact``: small integers whose every product and every partial sum is
   exactly representable in the dtype, so a result is exact in any summation
-  order and a misplaced, duplicated or stale block fails *bitwise*.
+  order and a misplaced, duplicated or stale block fails *bitwise*;
+* ``spread``: the opposite, for determinism (``docs/DESIGN.md#fused-ops``):
+  normal values, but the first quarter of ``x``'s columns scaled by
+  :data:`SPREAD` and mirrored, negated, in the last quarter, ``w``'s rows
+  mirrored alike.  Those terms cancel exactly in the true sum, but every TP
+  partial (for ``tp >= 3``) holds some of them, so a sum's rounding depends
+  on the order it adds the partials in -- and a GEMM's on the order it adds
+  its terms -- down to bits the output dtype keeps, half precision included.
 
 Each data-parallel replica gets different data (``replica`` shifts the seed),
 so a collective over the wrong group gives wrong numbers, not the same ones.
@@ -31,6 +38,11 @@ import torch
 EXACT_MAX = {"float32": 3, "float16": 2, "bfloat16": 1}
 
 
+#: The scale of ``spread`` data's cancelling columns, per dtype: as wide as the dtype keeps the other columns' bits
+#: and its sums finite (float16 partials stay far below 65504).
+SPREAD = {"float32": 2.0**16, "bfloat16": 2.0**16, "float16": 2.0**8}
+
+
 @dataclass(frozen=True)
 class Problem:
     """Global operands ``X [m, k] @ W [k, n] (+ bias [n])`` of an op call, by recipe."""
@@ -43,6 +55,7 @@ class Problem:
     seed: int = 0
     exact: bool = False
     case_id: str | None = None  #: take X, W and bias from this golden case instead
+    spread: bool = False  #: cancelling columns of a wide exponent spread (module docstring)
 
     def with_m(self, m: int) -> Problem:
         return replace(self, m=m)
@@ -70,7 +83,21 @@ def global_operands(problem: Problem, replica: int = 0) -> dict[str, Any]:
     x = _values((problem.m, problem.k), problem.dtype, gen, problem.exact)
     w = _values((problem.k, problem.n), problem.dtype, gen, problem.exact)
     bias = _values((problem.n,), problem.dtype, gen, problem.exact) if problem.bias else None
+    if problem.spread:
+        x, w = _spread(x, w, SPREAD[problem.dtype])
     return {"x": x, "w": w, "bias": bias}
+
+
+def _spread(x: torch.Tensor, w: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x``'s first quarter of columns times ``scale``, mirrored and negated in its last quarter; ``w``'s rows
+    mirrored alike: the two quarters' products cancel exactly, in every row and column."""
+    quarter = x.shape[1] // 4
+    x, w = x.clone(), w.clone()
+    if quarter:
+        x[:, :quarter] = (x[:, :quarter].float() * scale).to(x.dtype)
+        x[:, -quarter:] = -x[:, :quarter].flip(1)
+        w[-quarter:] = w[:quarter].flip(0)
+    return x, w
 
 
 def exact_limit_ok(problem: Problem) -> bool:

@@ -6,7 +6,9 @@ sequence may mix ops, every result kept until the last call returned.  It
 maps to the suite's own jobs (:class:`~conformance.contract.jobs.OpRun`, one
 per stretch of one op) and is judged by the suite's own rules
 (:mod:`conformance.judge.op_verdicts`): a call that raised as a refusal, the
-rest by the op checks, deterministic cases also bitwise.
+rest by the op checks, deterministic cases also bitwise (every run of a
+tiling, and every tiling where declared split-invariant) -- on spread data,
+at least two runs a tiling, never of exact data, where nothing could differ.
 """
 
 from __future__ import annotations
@@ -26,17 +28,16 @@ from conformance.explore.kind import Judged, Kind, Ranks, Scope, outcomes_to_jud
 from conformance.explore.space import Dimension, Space, nothing_simpler, size, smaller_ints, towards, weighted
 from conformance.explore.spec import OnReplicas, SpecError, require_runnable
 from conformance.judge import ops as judge
+from conformance.judge.determinism import nothing_to_compare
 from conformance.judge.op_verdicts import judge_deterministic, judge_op_runs, judge_refusal, rows_per_rank
 from conformance.judge.verdicts import Verdicts
-from conformance.protocol import FUSED_OPS
+from conformance.protocol import DETERMINISTIC_OPS, FUSED_OPS
 from golden.catalogue import DTYPES
 
 #: The ops whose weight (``k``) is split over the TP ranks; the reduce-scatter also splits its rows.
 K_SPLIT = ("matmul_all_reduce", "matmul_reduce_scatter")
-#: The ops with a deterministic mode.
-DETERMINISTIC_OPS = ("matmul_all_reduce", "matmul_reduce_scatter")
-#: Explicit tilings of a case of exact data (``blocks=``; its results are exact whatever the tiling), by recipe over
-#: a rank's result rows: the implementation's own, one block, equal halves, ragged blocks (1 row, the rest, 2 rows).
+#: Explicit tilings besides the implementation's own (``blocks=``), by recipe over a rank's result rows: the
+#: implementation's own, one block, equal halves, ragged blocks (1 row, the rest, 2 rows).
 TILINGS = ("own", "one", "halves", "ragged")
 
 
@@ -84,7 +85,7 @@ class OpSpec(OnReplicas):
     strides: str = "contiguous"  #: how the operands lie in memory (:data:`OPERAND_STRIDES`)
     deterministic: bool = False
     exact: bool = False  #: small-integer data, every result judged bitwise (any summation order is exact)
-    tiling: str = "own"  #: exact data: one of :data:`TILINGS`, besides the implementation's own
+    tiling: str = "own"  #: one of :data:`TILINGS`, besides the implementation's own
     runs: int = 1
     straggler_s: float = 0.0
 
@@ -104,12 +105,6 @@ class OpSpec(OnReplicas):
                  "weight [n, k]" if self.transpose_weight else "",
                  f"{self.strides} operands" if self.strides != "contiguous" else ""]
         return frozenset(ops or self.ops) | {m for m in modes if m}
-
-    @property
-    def compares_bitwise(self) -> bool:
-        """Whether "deterministic: bitwise reproducible" has two results of a call to compare: a repeat, an explicit
-        tiling, or (exact data) the serial deterministic reference."""
-        return self.runs > 1 or self.tiling != "own" or self.exact
 
     def problem(self, call: Call) -> str:
         """Why ``call`` cannot run in this spec ("" when it can)."""
@@ -132,9 +127,10 @@ class OpSpec(OnReplicas):
                     f"{self.strides!r}, {self.layout!r}, {self.tiling!r}")
         if self.deterministic and not set(self.ops) <= set(DETERMINISTIC_OPS):
             return f"deterministic=True is a mode of {DETERMINISTIC_OPS} only, not of {self.ops}"
+        cannot = nothing_to_compare(runs=self.runs, exact=self.exact) if self.deterministic else ""
+        if cannot:
+            return f"a deterministic case must be able to fail: {cannot}"
         if self.tiling != "own":
-            if not self.exact:
-                return "an explicit tiling is drawn for calls of exact data only (exact under any tiling)"
             if len({self._rows(c) for c in self.calls}) > 1:
                 return "an explicit tiling needs every call to have the same rows per rank"
             try:
@@ -147,7 +143,8 @@ class OpSpec(OnReplicas):
         return rows_per_rank(call.op, call.m, self.tp)
 
     def _problem(self, call: Call) -> Problem:
-        return Problem(call.m, call.k, call.n, call.dtype, call.bias, seed=call.seed, exact=self.exact)
+        return Problem(call.m, call.k, call.n, call.dtype, call.bias, seed=call.seed, exact=self.exact,
+                       spread=self.deterministic)
 
     def jobs(self) -> tuple[OpRun, ...]:
         """The suite's jobs for this spec: one run per stretch of calls of one op (what ``op_sequence_task`` runs)."""
@@ -164,8 +161,7 @@ class OpSpec(OnReplicas):
         return tuple(OpRun(calls[0].op, tuple(map(self._problem, calls)), self.tp, layout=self.layout,
                            strides=self.strides, transpose_weight=self.transpose_weight,
                            deterministic=self.deterministic, tilings=tilings,
-                           runs=self.runs, straggler_s=self.straggler_s,
-                           reference=self.deterministic and self.exact)
+                           runs=self.runs, straggler_s=self.straggler_s)
                      for calls in runs)
 
     def as_dict(self) -> dict[str, Any]:
@@ -197,7 +193,7 @@ SPEC_DIMENSIONS = Space(
               towards(*OPERAND_STRIDES)),
     Dimension("deterministic", weighted((False, True), (3, 1)), towards(False, True)),
     Dimension("exact", weighted((False, True), (2, 1)), towards(False, True)),
-    Dimension("tiling", weighted(TILINGS, (1, 1, 2, 1)), towards(*TILINGS)),
+    Dimension("tiling", weighted(TILINGS, (6, 1, 1, 1)), towards(*TILINGS)),
     Dimension("runs", weighted((1, 2, 3), (8, 2, 1)), lambda r: list(range(1, r))),
     Dimension("straggler_s", weighted((0.0, 0.002), (6, 1)), lambda s: [0.0] if s else []),
 )
@@ -226,7 +222,7 @@ MAX_WORLD = 4
 def fit(spec: OpSpec, up: bool) -> OpSpec:
     """``spec`` made runnable: every size its ops split over the TP ranks rounded to a multiple of ``tp`` (up or
     down), modes only where they apply (a layout with replicas, determinism on its ops, a tiling where it fits),
-    and a deterministic case with something to compare (else two runs)."""
+    and a deterministic case that can fail (spread data, not exact; two runs at least)."""
     calls = []
     for call in spec.calls:
         sizes: dict[str, Any] = {name: space.round_to(getattr(call, name), spec.tp, up)
@@ -235,12 +231,12 @@ def fit(spec: OpSpec, up: bool) -> OpSpec:
     fitted = replace(spec, calls=tuple(calls), layout=spec.layout if spec.replicas > 1 else GROUP_LAYOUTS[0])
     if fitted.deterministic and not set(fitted.ops) <= set(DETERMINISTIC_OPS):
         fitted = replace(fitted, deterministic=False)
+    if fitted.deterministic:
+        fitted = replace(fitted, exact=False, runs=max(2, fitted.runs))
     if fitted.exact and any(fitted.problem(c) for c in fitted.calls):
         fitted = replace(fitted, exact=False)
     if fitted.tiling != "own" and fitted.invalid():
         fitted = replace(fitted, tiling="own")
-    if fitted.deterministic and not fitted.compares_bitwise:
-        fitted = replace(fitted, runs=2)
     return fitted
 
 
@@ -349,7 +345,7 @@ def judge_spec(ranks: Ranks, spec: OpSpec, scope: Scope, verdicts: Verdicts) -> 
     allows it (``judge_refusal``: strided operands, an odd number of rows per
     rank) is judged as a refusal; any other call that raised fails "the op
     ran on every rank".  A deterministic case must also be bitwise
-    reproducible.
+    reproducible, and split-invariant where the implementation declares it.
     """
     if spec.tiling != "own" and not set(spec.ops) <= scope.blocks:
         return Judged(skipped=f"{spec.ops} take no explicit tiling (blocks=)")
@@ -368,7 +364,7 @@ def judge_spec(ranks: Ranks, spec: OpSpec, scope: Scope, verdicts: Verdicts) -> 
             return Judged.of(verdicts)
     judge_op_runs(verdicts, judged, scope.declarations.in_place_ops, exact=spec.exact)
     if spec.deterministic:
-        judge_deterministic(verdicts, judged)
+        judge_deterministic(verdicts, judged, scope.declarations.split_invariant_ops)
     return Judged.of(verdicts)
 
 

@@ -380,3 +380,27 @@ def test_a_failure_that_shrinks_to_one_found_before_is_no_second_finding(scope: 
                       kinds=(config_settings.KIND,), clock=lambda: next(ticks) * 0.01).explore()
     names = [f.key.name for f in report.findings]
     assert len(names) == len(set(names)) and any(n.startswith("chunks=0") for n in names), names
+
+
+def test_a_configure_that_raises_for_everything_is_never_refusing_moe_naming_it(scope: Scope) -> None:
+    """``NotImplementedError`` for every setting names no setting: "refused, naming the setting" (SHOULD) fails for
+    MoE, in an exploration as in the fixed suite (one function judges both), and every valid setting fails."""
+    from coc_impl.reference import ReferenceCoC
+
+    class ConfiguresNothing(ReferenceCoC):
+        name = "configures-nothing"
+
+        def configure(self, argv: Any, env: Any, **kw: Any) -> Any:
+            raise NotImplementedError("configure is not implemented")
+
+    impl = ConfiguresNothing()
+    ticks = itertools.count()
+    report = Explorer(_NoRanks(), seed=1, budget_s=30.0, scope=Scope.of(impl, declarations(impl)),
+                      kinds=(config_settings.KIND,), clock=lambda: next(ticks) * 0.01).explore()
+    failed = {name.split(": ", 1)[1] for name in report.failing_cases}
+    moe_refusals = {name for _, name, _ in report.judged_checks
+                    if "incompatible=moe" in name and name.endswith("refused, naming the setting")}
+    assert moe_refusals and moe_refusals <= failed, moe_refusals - failed
+    moe = config_settings.judge_spec(_NoRanks(), config_settings.ConfigSpec(incompatible="moe"),
+                                     replace(scope, impl=impl), Verdicts())
+    assert ("refused, naming the setting", Level.SHOULD) in {(k.check, k.level) for k, _ in moe.failures}
