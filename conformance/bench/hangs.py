@@ -16,6 +16,13 @@ spinning process per core beside them):
   too, naming rank 0 as stalled (the spinners' CPU time is theirs, not its).
 
 Prints, per launcher, the budget, each case's wall time and verdict.
+
+On an accelerator (:func:`on_device`, run by ``python -m conformance.bench
+device``) the evidence is the device's own: a rank whose host waits in one
+call while its device works through queued kernels for several budgets
+(:func:`device_bound`: no CPU time counts on a device rank, and its stack
+hardly changes) must pass, carried by the events its device completes; the
+deadlock, its device idle, must still be declared at its budget.
 """
 
 from __future__ import annotations
@@ -26,12 +33,13 @@ import random
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 from conformance.harness.case import Budget, RankContext, RankOutcome, RankTask
-from conformance.harness.case_errors import CaseError
+from conformance.harness.case_errors import CaseError, CaseTimeout
 from conformance.harness.launchers import Launcher
 from conformance.options import DEFAULT_IMPL
 
@@ -104,6 +112,90 @@ def stalled_beside_spinners(ctx: RankContext, stall_s: float) -> None:
     work = dist.all_reduce(torch.ones(1), group=ctx.group, async_op=True)
     while time.monotonic() < end and not (work is None or work.is_completed()):
         pass
+
+
+#: Seconds of kernels a device-bound rank queues before it waits for them: longer than a sampling period
+#: (50 ms), so the event queued behind them is seen pending, then completed.
+DEVICE_ROUND_S = 0.25
+
+
+def device_bound(ctx: RankContext, seconds: float) -> int:
+    """A correct case its device carries: ``seconds`` of rounds, each :data:`DEVICE_ROUND_S` of matmuls queued on
+    the rank's device and waited for in one call; then an all-reduce.  Returns the rounds."""
+    import torch
+    import torch.distributed as dist
+
+    ctx.budget_from(0.0)
+    device = torch.device(ctx.device)
+    runtime = torch.get_device_module(device)
+    a = torch.randn(2048, 2048, device=device) / 2048**0.5
+    out = torch.empty_like(a)
+    runtime.synchronize(device)
+    start = time.monotonic()
+    for _ in range(8):
+        torch.mm(a, a, out=out)
+    runtime.synchronize(device)
+    per_round = max(1, int(DEVICE_ROUND_S * 8 / max(time.monotonic() - start, 1e-6)))
+    rounds, end = 0, time.monotonic() + seconds
+    while time.monotonic() < end:
+        _queue_and_wait(a, out, per_round, lambda: runtime.synchronize(device))
+        rounds += 1
+    dist.all_reduce(torch.ones(1, device=device), group=ctx.group)
+    return rounds
+
+
+def _queue_and_wait(a: Any, out: Any, count: int, synchronize: Callable[[], None]) -> None:
+    """``count`` matmuls queued, then one wait for the device (where the host spends nearly all its time)."""
+    import torch
+
+    for _ in range(count):
+        torch.mm(a, a, out=out)
+    synchronize()
+
+
+@dataclass
+class OnDevice:
+    """What a device-bound correct case and a deadlock did under one budget, on accelerator ranks."""
+
+    budget_s: float
+    bound_s: float
+    bound: list[RankOutcome] | CaseError
+    deadlock_s: float
+    deadlock: list[RankOutcome] | CaseError
+
+
+def on_device(launcher: Launcher, devices: Sequence[str], budget: Budget, *, seconds: float,
+              ceiling_s: float = 120.0, impl_spec: str = DEFAULT_IMPL) -> OnDevice:
+    """Run the device-bound case and the deadlock on two ranks bound to ``devices``; verdicts returned, not raised."""
+    def timed(task: RankTask) -> tuple[float, list[RankOutcome] | CaseError]:
+        start = time.monotonic()
+        try:
+            result: list[RankOutcome] | CaseError = launcher.run(task, devices, impl_spec)
+        except CaseError as exc:
+            result = exc
+        return time.monotonic() - start, result
+
+    timed(RankTask(busy_collectives, 2, {"cpu_s": 0.0}, ceiling_s))  # ranks started, off the clock
+    bound_s, bound = timed(RankTask(device_bound, 2, {"seconds": seconds}, ceiling_s, budget=budget))
+    deadlock_s, stuck = timed(RankTask(deadlock, 2, timeout=ceiling_s, budget=budget))
+    return OnDevice(budget.seconds(0.0), bound_s, bound, deadlock_s, stuck)
+
+
+def device_problems(run: OnDevice, *, most_budgets: float = 6.0) -> list[str]:
+    """What the verdicts of :func:`on_device` got wrong (empty: the device's evidence decided both)."""
+    problems = []
+    if isinstance(run.bound, CaseError) or any(o.error is not None for o in run.bound):
+        problems.append(f"the device-bound case ({run.bound_s:.1f} s) was declared {_verdict(run.bound)}: the events "
+                        "its device completed did not count as progress")
+    elif run.bound_s < 2 * run.budget_s:
+        problems.append(f"the device-bound case took {run.bound_s:.1f} s, within two budgets of "
+                        f"{run.budget_s:g} s: it proves nothing about the evidence")
+    if not isinstance(run.deadlock, CaseTimeout):
+        problems.append(f"the deadlock came out {_verdict(run.deadlock)}, not a hang")
+    elif run.deadlock_s > most_budgets * run.budget_s:
+        problems.append(f"the deadlock was declared after {run.deadlock_s:.1f} s, past {most_budgets:g} budgets of "
+                        f"{run.budget_s:g} s: an idle device was taken for progress")
+    return problems
 
 
 @contextmanager

@@ -14,11 +14,14 @@ Two kinds of data (``docs/DESIGN.md#exact-data``):
   order and a misplaced, duplicated or stale block fails *bitwise*;
 * ``spread``: the opposite, for determinism (``docs/DESIGN.md#fused-ops``):
   normal values, but the first quarter of ``x``'s columns scaled by
-  :data:`SPREAD` and mirrored, negated, in the last quarter, ``w``'s rows
-  mirrored alike.  Those terms cancel exactly in the true sum, but every TP
-  partial (for ``tp >= 3``) holds some of them, so a sum's rounding depends
-  on the order it adds the partials in -- and a GEMM's on the order it adds
-  its terms -- down to bits the output dtype keeps, half precision included.
+  :data:`SPREAD` (down :data:`SPREAD_BINADES` binades from column to column)
+  and repeated, negated, one column past the middle, ``w``'s
+  rows repeated alike.  Those terms cancel exactly in the true sum, but the
+  TP partials of the first ranks and of the middle ones hold them (for
+  ``tp >= 3``), so a sum's rounding depends on the order it adds the partials
+  in -- and a GEMM's on the order it adds its terms -- down to bits the output
+  dtype keeps, half precision included.  (Repeated rather than mirrored: a
+  mirror makes the reverse order round exactly as the forward one.)
 
 Each data-parallel replica gets different data (``replica`` shifts the seed),
 so a collective over the wrong group gives wrong numbers, not the same ones.
@@ -38,9 +41,10 @@ import torch
 EXACT_MAX = {"float32": 3, "float16": 2, "bfloat16": 1}
 
 
-#: The scale of ``spread`` data's cancelling columns, per dtype: as wide as the dtype keeps the other columns' bits
-#: and its sums finite (float16 partials stay far below 65504).
-SPREAD = {"float32": 2.0**16, "bfloat16": 2.0**16, "float16": 2.0**8}
+#: The scale of ``spread`` data's cancelling columns, per dtype: wide enough that the rounding of the float32 sums
+#: holding them shows in the dtype's bits, narrow enough that the sums stay finite (float16 partials far below
+#: 65504).
+SPREAD = {"float32": 2.0**20, "bfloat16": 2.0**20, "float16": 2.0**8}
 
 
 @dataclass(frozen=True)
@@ -88,15 +92,23 @@ def global_operands(problem: Problem, replica: int = 0) -> dict[str, Any]:
     return {"x": x, "w": w, "bias": bias}
 
 
+#: Binades the cancelling columns spread over below their scale: their products then need more bits than float32's
+#: 24 to sum exactly, whatever the dtype's own (a bfloat16 product has 16).
+SPREAD_BINADES = 12
+
+
 def _spread(x: torch.Tensor, w: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """``x``'s first quarter of columns times ``scale``, mirrored and negated in its last quarter; ``w``'s rows
-    mirrored alike: the two quarters' products cancel exactly, in every row and column."""
-    quarter = x.shape[1] // 4
+    """``x``'s first quarter of columns times ``scale`` (column ``j`` times ``2**-(j % SPREAD_BINADES)`` more),
+    repeated negated one column past the middle; ``w``'s rows repeated alike: the two quarters' products cancel
+    exactly, in every row and column.  One column past: no TP shard of the repeat is a shard of the first quarter
+    negated, whose partial would cancel that shard's whatever its GEMM's rounding."""
+    quarter, start = x.shape[1] // 4, x.shape[1] // 2 + 1
     x, w = x.clone(), w.clone()
     if quarter:
-        x[:, :quarter] = (x[:, :quarter].float() * scale).to(x.dtype)
-        x[:, -quarter:] = -x[:, :quarter].flip(1)
-        w[-quarter:] = w[:quarter].flip(0)
+        scales = scale * torch.exp2(-(torch.arange(quarter) % SPREAD_BINADES).float())
+        x[:, :quarter] = (x[:, :quarter].float() * scales).to(x.dtype)
+        x[:, start:start + quarter] = -x[:, :quarter]
+        w[start:start + quarter] = w[:quarter]
     return x, w
 
 

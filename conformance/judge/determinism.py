@@ -14,10 +14,11 @@ A case proves either only if it can fail (the lesson of vLLM's batch-invariance
 tests: a green result that could not have been red proves nothing).  It
 cannot where every result is equal by construction: exact data (any order of
 its sums is exact), one result per tiling, identical tilings, or data whose
-TP sum gives the same bits in any order -- two ranks (``a + b == b + a``), or
-partials of one magnitude cast to half precision.  :func:`cannot_fail` says
-which; the fixed suite calls such a case a suite error, and the explorer
-builds none (:func:`nothing_to_compare`, by its spec alone).
+sums give the same bits in any order -- a TP sum of two ranks (``a + b ==
+b + a``), partials of one magnitude cast to half precision, a GEMM's ``k``
+sum cut otherwise (:func:`blind_to`).  :func:`cannot_fail` says which; the
+fixed suite calls such a case a suite error, and the explorer builds none
+(:func:`nothing_to_compare`, by its spec alone).
 """
 
 from __future__ import annotations
@@ -45,24 +46,33 @@ def nothing_to_compare(*, runs: int, exact: bool) -> str:
     return ""
 
 
-def order_blind(problem: Problem, op: str, tp: int) -> bool:
-    """Whether ``problem``'s TP partials (float32, as a deterministic reduction keeps them) summed in rank order give,
-    in its dtype, the bits of every other order tried: the reverse and each rotation."""
+def blind_to(problem: Problem, op: str, tp: int) -> str:
+    """What of a reordering ``problem``'s data cannot show ("" when it shows both): its TP partials (float32, as a
+    deterministic reduction keeps them) summed in rank order give, in its dtype, the bits of every other order tried
+    (the reverse, each rotation) -- or of partials whose ``k`` sum was cut in two halves (as a GEMM may round a
+    tile)."""
     operands = global_operands(problem)
-    parts = [shard(operands["x"], OPERAND_SPLITS[op]["x"], r, tp).float()
-             @ shard(operands["w"], OPERAND_SPLITS[op]["w"], r, tp).float() for r in range(tp)]
+    shards = [(shard(operands["x"], OPERAND_SPLITS[op]["x"], r, tp).float(),
+               shard(operands["w"], OPERAND_SPLITS[op]["w"], r, tp).float()) for r in range(tp)]
+    parts = [x @ w for x, w in shards]
+    halves = [x[:, :x.shape[1] // 2] @ w[:x.shape[1] // 2] + x[:, x.shape[1] // 2:] @ w[x.shape[1] // 2:]
+              for x, w in shards]
     bias = operands["bias"].float() if operands["bias"] is not None else 0
 
-    def total(order: Sequence[int]) -> torch.Tensor:
-        out = parts[order[0]].clone()
+    def total(order: Sequence[int], partials: Sequence[torch.Tensor]) -> torch.Tensor:
+        out = partials[order[0]].clone()
         for r in order[1:]:
-            out += parts[r]
+            out += partials[r]
         return (out + bias).to(operands["x"].dtype)
 
     ranks = list(range(tp))
-    first = total(ranks)
+    first = total(ranks, parts)
     others = [ranks[::-1], *(ranks[i:] + ranks[:i] for i in range(1, tp))]
-    return all(bitwise_equal(first, total(order)) for order in others)
+    if all(bitwise_equal(first, total(order, parts)) for order in others):
+        return "the TP sum in any order"
+    if bitwise_equal(first, total(ranks, halves)):
+        return "a GEMM's k sum cut otherwise"
+    return ""
 
 
 def cannot_fail(run: OpRun) -> str:
@@ -73,10 +83,11 @@ def cannot_fail(run: OpRun) -> str:
     explicit = [t for t in run.tilings if t is not None]
     if len(set(explicit)) < len(explicit):
         return f"tilings {list(run.tilings)} repeat one another: a repeat is no other tiling"
-    blind = [p for p in run.problems if order_blind(p, run.op, run.tp)]
-    if blind:
-        return (f"{run.op} at TP {run.tp}: the partials of {blind[0]} sum to the same bits in any order (two ranks "
-                "commute; spread data at TP 3 or more does not): no arrival order can show")
+    for problem in run.problems:
+        blind = blind_to(problem, run.op, run.tp)
+        if blind:
+            return (f"{run.op} at TP {run.tp}: {problem} gives the same bits for {blind} (two ranks commute; spread "
+                    "data at TP 3 or more does not): no reordering can show")
     return ""
 
 

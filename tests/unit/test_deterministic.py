@@ -297,7 +297,7 @@ def test_spread_data_shows_a_reordered_tp_sum_in_every_dtype(tp: int, dtype: str
 
 @pytest.mark.parametrize("run, why", [
     (lambda: _det_run(2), "two ranks commute"),
-    (lambda: _det_run(4, "bfloat16", spread=False), "sum to the same bits in any order"),
+    (lambda: _det_run(4, "bfloat16", spread=False), "the same bits for the TP sum in any order"),
     (lambda: _det_run(4, exact=True, spread=False), "exact data"),
     (lambda: _det_run(4, runs=1), "one run per tiling"),
     (lambda: replace(_det_run(4), tilings=(None, (64,), (64,))), "repeat one another"),
