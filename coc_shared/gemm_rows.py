@@ -21,13 +21,12 @@ an implementation that declares split invariance by device (the reference,
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from functools import cache
 from pathlib import Path
 from typing import Any
+
+from coc_shared import device_measurements
 
 #: Names the device check's JSON whose ``gemm_rows`` says where a GEMM is row-invariant (unset: not measured).
 ENV = "COC_GEMM_ROWS"
@@ -115,19 +114,9 @@ def measure(device: str, shapes: Sequence[tuple[int, int]], rows: int, dtype: st
 
 def load(path: str | Path) -> GemmRows:
     """The ``gemm_rows`` measurement of a device check's JSON (or of a file holding it alone)."""
-    try:
-        doc = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise GemmRowsError(f"cannot read the GEMM rows measurement from {path}: {exc}") from None
-    return GemmRows.from_dict(doc.get("gemm_rows", doc), where=f"{path}: gemm_rows")
-
-
-@cache
-def _configured(path: str) -> GemmRows:
-    return load(path)
+    return GemmRows.from_dict(device_measurements.section(path, "gemm_rows", GemmRowsError), where=f"{path}: gemm_rows")
 
 
 def configured() -> GemmRows | None:
     """The measurement the file named by :data:`ENV` holds, if set (read once per process and path)."""
-    path = os.environ.get(ENV)
-    return _configured(path) if path else None
+    return device_measurements.configured(ENV, load)

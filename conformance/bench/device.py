@@ -214,8 +214,8 @@ def hang_evidence(kind: DeviceKind) -> dict[str, Any]:
         run = on_device(launcher, devices, Budget(factor=20, floor=HANG_BUDGET_FLOOR_S), seconds=DEVICE_BOUND_S)
     finally:
         launcher.close()
-    return {"ran": True, "budget_s": run.budget_s, "device_bound_s": round(run.bound_s, 1),
-            "deadlock_s": round(run.deadlock_s, 1), "problems": device_problems(run)}
+    return {"ran": True, "budget_s": run.budget_s, "device_bound_s": round(run.bound.seconds, 1),
+            "deadlock_s": round(run.deadlock.seconds, 1), "problems": device_problems(run)}
 
 
 def failed(doc: dict[str, Any]) -> list[str]:

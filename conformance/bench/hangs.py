@@ -154,46 +154,47 @@ def _queue_and_wait(a: Any, out: Any, count: int, synchronize: Callable[[], None
 
 
 @dataclass
+class Timed:
+    """How long one case took, and its outcomes or the error that declared it."""
+
+    seconds: float
+    result: list[RankOutcome] | CaseError
+
+
+@dataclass
 class OnDevice:
     """What a device-bound correct case and a deadlock did under one budget, on accelerator ranks."""
 
     budget_s: float
-    bound_s: float
-    bound: list[RankOutcome] | CaseError
-    deadlock_s: float
-    deadlock: list[RankOutcome] | CaseError
+    bound: Timed
+    deadlock: Timed
 
 
 def on_device(launcher: Launcher, devices: Sequence[str], budget: Budget, *, seconds: float,
               ceiling_s: float = 120.0, impl_spec: str = DEFAULT_IMPL) -> OnDevice:
     """Run the device-bound case and the deadlock on two ranks bound to ``devices``; verdicts returned, not raised."""
-    def timed(task: RankTask) -> tuple[float, list[RankOutcome] | CaseError]:
-        start = time.monotonic()
-        try:
-            result: list[RankOutcome] | CaseError = launcher.run(task, devices, impl_spec)
-        except CaseError as exc:
-            result = exc
-        return time.monotonic() - start, result
+    def timed(task: RankTask) -> Timed:
+        return Timed(*timed_run(launcher, task, devices, impl_spec))
 
     timed(RankTask(busy_collectives, 2, {"cpu_s": 0.0}, ceiling_s))  # ranks started, off the clock
-    bound_s, bound = timed(RankTask(device_bound, 2, {"seconds": seconds}, ceiling_s, budget=budget))
-    deadlock_s, stuck = timed(RankTask(deadlock, 2, timeout=ceiling_s, budget=budget))
-    return OnDevice(budget.seconds(0.0), bound_s, bound, deadlock_s, stuck)
+    bound = timed(RankTask(device_bound, 2, {"seconds": seconds}, ceiling_s, budget=budget))
+    return OnDevice(budget.seconds(0.0), bound, timed(RankTask(deadlock, 2, timeout=ceiling_s, budget=budget)))
 
 
 def device_problems(run: OnDevice, *, most_budgets: float = 6.0) -> list[str]:
     """What the verdicts of :func:`on_device` got wrong (empty: the device's evidence decided both)."""
     problems = []
-    if isinstance(run.bound, CaseError) or any(o.error is not None for o in run.bound):
-        problems.append(f"the device-bound case ({run.bound_s:.1f} s) was declared {_verdict(run.bound)}: the events "
-                        "its device completed did not count as progress")
-    elif run.bound_s < 2 * run.budget_s:
-        problems.append(f"the device-bound case took {run.bound_s:.1f} s, within two budgets of "
+    bound, stuck = run.bound, run.deadlock
+    if isinstance(bound.result, CaseError) or any(o.error is not None for o in bound.result):
+        problems.append(f"the device-bound case ({bound.seconds:.1f} s) was declared {_verdict(bound.result)}: the "
+                        "events its device completed did not count as progress")
+    elif bound.seconds < 2 * run.budget_s:
+        problems.append(f"the device-bound case took {bound.seconds:.1f} s, within two budgets of "
                         f"{run.budget_s:g} s: it proves nothing about the evidence")
-    if not isinstance(run.deadlock, CaseTimeout):
-        problems.append(f"the deadlock came out {_verdict(run.deadlock)}, not a hang")
-    elif run.deadlock_s > most_budgets * run.budget_s:
-        problems.append(f"the deadlock was declared after {run.deadlock_s:.1f} s, past {most_budgets:g} budgets of "
+    if not isinstance(stuck.result, CaseTimeout):
+        problems.append(f"the deadlock came out {_verdict(stuck.result)}, not a hang")
+    elif stuck.seconds > most_budgets * run.budget_s:
+        problems.append(f"the deadlock was declared after {stuck.seconds:.1f} s, past {most_budgets:g} budgets of "
                         f"{run.budget_s:g} s: an idle device was taken for progress")
     return problems
 
@@ -208,6 +209,17 @@ def cpu_hogs(count: int) -> Iterator[None]:
         for hog in hogs:
             hog.kill()
             hog.wait()
+
+
+def timed_run(launcher: Launcher, task: RankTask, devices: Sequence[str],
+              impl_spec: str) -> tuple[float, list[RankOutcome] | CaseError]:
+    """How long ``task`` took on ``launcher``, and its outcomes or the error that declared it (never raised)."""
+    start = time.monotonic()
+    try:
+        result: list[RankOutcome] | CaseError = launcher.run(task, devices, impl_spec)
+    except CaseError as exc:
+        result = exc
+    return time.monotonic() - start, result
 
 
 @dataclass
@@ -232,12 +244,7 @@ def side_by_side(launcher: Launcher, budget: Budget, cpu_s: float, *, world_size
     launcher.run(RankTask(busy_collectives, world_size, {"cpu_s": 0.0}), (), impl_spec)  # ranks started
 
     def timed(task: RankTask) -> tuple[float, list[RankOutcome] | CaseError]:
-        start = time.monotonic()
-        try:
-            result: list[RankOutcome] | CaseError = launcher.run(task, (), impl_spec)
-        except CaseError as exc:
-            result = exc
-        return time.monotonic() - start, result
+        return timed_run(launcher, task, (), impl_spec)
 
     busy_s, busy = timed(RankTask(busy_collectives, world_size, {"cpu_s": cpu_s}, ceiling_s, budget=budget))
     deadlock_s, stuck = timed(RankTask(deadlock, world_size, timeout=ceiling_s, budget=budget))

@@ -76,13 +76,15 @@ def _passed() -> list[RankOutcome]:
 def test_the_device_hang_verdicts_are_held_to_the_devices_evidence(bound_s: float, bound: str, deadlock_s: float,
                                                                    deadlock: str, wrong: str) -> None:
     results = {"passed": _passed(), "timeout": CaseTimeout("no progress"), "crash": RankCrashed("rank 1 died")}
-    problems = hangs.device_problems(hangs.OnDevice(1.0, bound_s, results[bound], deadlock_s, results[deadlock]))
+    problems = hangs.device_problems(hangs.OnDevice(1.0, hangs.Timed(bound_s, results[bound]),
+                                                    hangs.Timed(deadlock_s, results[deadlock])))
     assert (wrong in " ".join(problems)) if wrong else problems == [], problems
 
 
 def test_a_rank_error_in_the_device_bound_case_is_a_problem() -> None:
     outcomes = [RankOutcome(0, None, None), RankOutcome(1, None, CapturedError("RuntimeError", "boom", ""))]
-    assert hangs.device_problems(hangs.OnDevice(1.0, 6.0, outcomes, 2.0, CaseTimeout("no progress")))
+    assert hangs.device_problems(hangs.OnDevice(1.0, hangs.Timed(6.0, outcomes),
+                                                hangs.Timed(2.0, CaseTimeout("no progress"))))
 
 
 def test_the_device_hang_cases_run_on_cpu_ranks() -> None:
@@ -95,5 +97,6 @@ def test_the_device_hang_cases_run_on_cpu_ranks() -> None:
         run = hangs.on_device(launcher, (), Budget(factor=20, floor=1.0), seconds=0.3, ceiling_s=60.0)
     finally:
         launcher.close()
-    assert isinstance(run.bound, list) and all(o.error is None and o.value >= 1 for o in run.bound), run.bound
-    assert isinstance(run.deadlock, CaseTimeout), run.deadlock
+    bound = run.bound.result
+    assert isinstance(bound, list) and all(o.error is None and o.value >= 1 for o in bound), bound
+    assert isinstance(run.deadlock.result, CaseTimeout), run.deadlock
