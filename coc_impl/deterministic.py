@@ -1,10 +1,12 @@
 """Deterministic reduction: the definition, and its pipelined implementation.
 
 ``deterministic=True`` on ``matmul_all_reduce`` / ``matmul_reduce_scatter``
-promises bitwise reproducible results for any tiling and any order in which
-ranks arrive.  A ring or tree all-reduce cannot promise that -- its summation
-order depends on the algorithm, the message size and so on the tiling -- so
-the result is *defined* independently of how it is computed:
+promises, as the protocol asks, the same bits for the same inputs and tiling
+in any order the ranks arrive in; and, where this implementation declares it
+(:mod:`coc_impl.split_invariance`), the same bits for any tiling.  A ring or
+tree all-reduce cannot promise either -- its summation order depends on the
+algorithm, the message size and so on the tiling -- so the result is
+*defined* independently of how it is computed:
 
 1. Each rank's partial is ``P_r = x_r.float() @ w_r.float()``: float32 inputs
    (float16 / bfloat16 are widened exactly; float32 is used as is) and float32
@@ -30,10 +32,11 @@ So step 1 is, precisely, a float32 GEMM on zero-padded operands::
     P = (pad_rows(x.float(), MIN_GEMM_ROWS) @ pad_cols(w.float(), GEMM_COL_ALIGN))[:m, :n]
 
 which is plain ``x.float() @ w.float()`` whenever ``m >= 16`` and ``n % 16 == 0``.
-Bitwise agreement with a serial reference computed elsewhere holds where the
-device's GEMM is row-invariant for such shapes (not promised for GPU libraries
-that choose split-K kernels by shape); agreement across tilings, runs and rank
-timings of this implementation holds wherever that GEMM is deterministic.
+Agreement across runs and rank timings holds wherever that GEMM is
+deterministic; across tilings, and with a serial reference computed
+elsewhere, only where the device's GEMM gives a row the same bits at any row
+count from 16 up -- measured, not promised (GPU libraries choose split-K
+kernels by shape: :mod:`coc_shared.gemm_rows`).
 
 The reduction is exact in its order, not in its transport: partial tiles are
 exchanged as float32 (all-gather for all-reduce, all-to-all for
@@ -51,9 +54,8 @@ import torch.nn.functional as F
 
 # The engine owns the all-gather launch (its name differs across torch releases).
 from coc_impl.overlap import Pending, Product, launch_all_gather
+from coc_impl.split_invariance import MIN_GEMM_ROWS
 
-#: Smallest row count a GEMM is run with (thinner tiles are zero-padded).
-MIN_GEMM_ROWS = 16
 #: The float32 weight's columns are zero-padded to a multiple of this.
 GEMM_COL_ALIGN = 16
 

@@ -26,10 +26,11 @@ class ReferenceCoC:
     """Scripted and fused CoC on gloo, nccl or hccl (``backend`` picks the fused backend).
 
     Declares itself to the conformance suite (protocol version 2): its error
-    classes, and how each layer phase overlaps -- chunked everywhere in the
+    classes, how each layer phase overlaps -- chunked everywhere in the
     scripted form; under the fused kernel the column backward's dx collective
     is one block in flight while the weight-gradient matmul runs (unless
-    ``enable_coc_in_column_backward``), the other phases follow the tiling plan.
+    ``enable_coc_in_column_backward``), the other phases follow the tiling plan
+    -- and where its deterministic mode is split-invariant.
     """
 
     name = "reference"
@@ -48,6 +49,14 @@ class ReferenceCoC:
 
     def __init__(self, backend: str = "portable") -> None:
         self.backend = backend
+
+    @property
+    def split_invariant_ops(self) -> dict[str, tuple[str, ...]]:
+        """The deterministic ops, on each device kind whose GEMM was measured to give a row the same bits at any
+        row count (:mod:`coc_impl.split_invariance`)."""
+        from coc_impl.split_invariance import split_invariant_ops
+
+        return split_invariant_ops()
 
     def configure(
         self,

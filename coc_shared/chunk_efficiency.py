@@ -21,15 +21,14 @@ Table (``"chunk_efficiency"`` of the device check's JSON)::
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from functools import cache
 from pathlib import Path
 from typing import Any
+
+from coc_shared import device_measurements
 
 #: Names the device check's JSON whose ``chunk_efficiency`` the model and ``auto`` use (unset: none).
 ENV = "COC_CHUNK_EFFICIENCY"
@@ -119,22 +118,13 @@ class ChunkEfficiency:
 
 def load(path: str | Path) -> ChunkEfficiency:
     """The ``chunk_efficiency`` table of a device check's JSON (or of a file holding the table alone)."""
-    try:
-        doc = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise EfficiencyError(f"cannot read chunk efficiency from {path}: {exc}") from None
-    return ChunkEfficiency.from_dict(doc.get("chunk_efficiency", doc), where=f"{path}: chunk_efficiency")
-
-
-@cache
-def _configured(path: str) -> ChunkEfficiency:
-    return load(path)
+    doc = device_measurements.section(path, "chunk_efficiency", EfficiencyError)
+    return ChunkEfficiency.from_dict(doc, where=f"{path}: chunk_efficiency")
 
 
 def configured() -> ChunkEfficiency | None:
     """The table the file named by :data:`ENV` holds, if set (read once per process and path)."""
-    path = os.environ.get(ENV)
-    return _configured(path) if path else None
+    return device_measurements.configured(ENV, load)
 
 
 @dataclass(frozen=True)

@@ -303,11 +303,13 @@ def coc_impl(coc_impl_spec: str) -> Any:
 
 
 @pytest.fixture(scope="session")
-def coc_declarations(coc_impl: Any) -> Declarations:
-    """What the implementation declares about itself (protocol v2), defaults filled in."""
+def coc_declarations(coc_impl: Any, pytestconfig: pytest.Config) -> Declarations:
+    """What the implementation declares about itself (protocol v2), defaults filled in, for the device kind its
+    ranks run on (thread ranks: the CPU)."""
     from conformance.protocol import declarations
 
-    return declarations(coc_impl)
+    threads = pytestconfig.getoption(options.LAUNCHER) == "threaded"
+    return declarations(coc_impl, device="cpu" if threads else _process_kind(pytestconfig).name)
 
 
 @pytest.fixture

@@ -63,10 +63,11 @@ Operands:
 
 Determinism: CANN documents ``HCCL_DETERMINISTIC`` for MatmulAllReduce as well
 as for HCCL's collectives; it makes a kernel's reduction reproducible from run
-to run, in an order of the kernel's choosing and in the output dtype.  The
-spec defines one result (:mod:`coc_impl.deterministic`: float32 partials
-summed in ascending rank order, bias in float32, one cast), the same bits as
-the portable backend on any device, and no MC2 switch yields that order.  So
+to run, in an order of the kernel's choosing and in the output dtype -- what
+the protocol's ``deterministic=True`` asks.  This implementation defines one
+result (:mod:`coc_impl.deterministic`: float32 partials summed in ascending
+rank order, bias in float32, one cast), the same bits as the portable backend
+on any device whose GEMM agrees, and no MC2 switch yields that order.  So
 ``deterministic=True`` does not use MC2: it runs the portable pipeline
 (:mod:`coc_impl.backends.portable`) on the NPU over HCCL, whose reducer moves
 the float32 partials by pure data movement (all-gather / all-to-all, bit

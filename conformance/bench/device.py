@@ -1,23 +1,32 @@
-"""``python -m conformance.bench device``: the device check anyone with an accelerator runs (under 5 minutes).
+"""``python -m conformance.bench device``: the device check anyone with an accelerator runs (minutes).
 
 On the node at hand, against the reference implementation
 (``docs/DESIGN.md#the-device-check``):
 
-1. the TP-1 suite (``pytest --pyargs conformance.suite --coc-tp 1 --coc-perf-figures``);
-2. a 60 s exploration at TP 1 (``--coc-explore 60 --coc-tp 1``);
-3. the shared-device cases: TP 2 op cases as two ranks on one device over
-   gloo (``--coc-ranks-per-device 2``), where the node is an accelerator
-   (on CPU, ranks share cores anyway: recorded as not run, saying so);
-4. the chunked-GEMM efficiency of the device: for a few Megatron shapes,
-   the time of ``c`` row-chunks (``c = 2, 4, 8, 16``) multiplied one after
-   the other over the time of the whole product
+1. ``gemm_rows``: whether the device's float32 GEMM gives a row the same bits
+   at any row count (:mod:`coc_shared.gemm_rows`) -- what decides whether the
+   reference may declare split invariance there.  Measured first: every
+   session below runs with ``COC_GEMM_ROWS`` naming the measurement;
+2. ``suite``: the TP-1 suite (``--coc-tp 1 --coc-perf-figures``);
+3. ``explore``: a 60 s exploration at TP 2 (two ranks on one device where
+   the node has one);
+4. ``shared``: the whole suite but the perf cases at TP 2, 4 and 8 with up to
+   8 ranks on each device over gloo (``--coc-ranks-per-device 8``);
+5. ``hangs``: device-side progress evidence: a rank whose host waits while its
+   device works for several budgets passes, a deadlock on the device is
+   declared at its budget (:func:`conformance.bench.hangs.on_device`);
+6. ``efficiency``: the chunked-GEMM efficiency of the device: for a few
+   Megatron shapes, the time of ``c`` row-chunks (``c = 2, 4, 8, 16``)
+   multiplied one after the other over the time of the whole product
    (:mod:`coc_shared.chunk_efficiency`).
 
-It writes one JSON (``--out``, default ``reports/device-check.json``): the
-node's identity, each part's outcome and figures, and the efficiency table
-under ``chunk_efficiency`` -- the file the pipeline model and
-``--coc-parallel-num auto`` read when ``COC_CHUNK_EFFICIENCY`` names it.
-Exit status 1 when the suite or the exploration failed.
+On a CPU, the parts only an accelerator can run (4 and 5) are recorded as
+not run, saying why.  It writes one JSON (``--out``, default
+``reports/device-check.json``): the node's identity, each part's outcome and
+figures, the measurement under ``gemm_rows`` and the efficiency table under
+``chunk_efficiency`` -- the file ``COC_GEMM_ROWS`` and ``COC_CHUNK_EFFICIENCY``
+may name.  Exit status 1 when a suite session, the exploration or a hang
+verdict failed.
 """
 
 from __future__ import annotations
@@ -25,6 +34,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import os
 import subprocess
 import sys
 import time
@@ -32,8 +42,15 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from coc_shared import gemm_rows
 from coc_shared.chunk_efficiency import CHUNKS, ChunkEfficiency, ShapeEfficiency, chunk_ratio
-from conformance.harness.launchers.devices import detect_device_kind, node_identity
+from conformance.harness.launchers.devices import (
+    DeviceKind,
+    SharedDevicesError,
+    detect_device_kind,
+    node_identity,
+    shared,
+)
 
 #: Per-rank matmuls ``(name, m, k, n)`` of Megatron layers at sequence 4096: Llama-2-7B at TP 1
 #: (qkv, proj, fc1 of a gated MLP of 11008) and Llama-2-70B's proj and fc2 at TP 8.
@@ -44,6 +61,18 @@ ACCELERATOR_SHAPES = (("7b-qkv", 4096, 4096, 12288), ("7b-proj", 4096, 4096, 409
 CPU_SHAPES = (("7b-qkv/4", 1024, 1024, 3072), ("7b-proj/4", 1024, 1024, 1024),
               ("70b-fc2-tp8/4", 1024, 896, 2048))
 DEFAULT_OUT = Path("reports") / "device-check.json"
+#: The GEMM rows measurement: ``(k, n)`` weights (``n`` a multiple of 16, as the reference pads it) and the rows
+#: of the whole product, on an accelerator and on a CPU.
+ACCELERATOR_ROWS = (((1024, 1024), (4096, 4096), (4096, 12288)), 4096)
+CPU_ROWS = (((96, 64), (1024, 1024)), 2048)
+#: Every part, in the order it runs.
+PARTS = ("gemm_rows", "suite", "explore", "shared", "hangs", "efficiency")
+#: The TP sizes of the shared-device part, and the most ranks it puts on one device.
+SHARED_TP = "2,4,8"
+SHARED_RANKS_PER_DEVICE = 8
+#: Budget of the device hang cases, and how long the device-bound one runs (several budgets).
+HANG_BUDGET_FLOOR_S = 1.0
+DEVICE_BOUND_S = 6.0
 
 
 def _in_chunks(x: Any, w: Any, chunks: int) -> None:
@@ -81,13 +110,14 @@ def measure_efficiency(shapes: Sequence[tuple[str, int, int, int]], device: str,
     return ChunkEfficiency(tuple(measured), device.split(":")[0], dtype)
 
 
-def _pytest(args: Sequence[str], summary: Path, timeout_s: float) -> dict[str, Any]:
+def _pytest(args: Sequence[str], summary: Path, timeout_s: float, env: dict[str, str] | None = None) -> dict[str, Any]:
     """One pytest session of the suite in a subprocess; its outcome counts from its JSON summary."""
     command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--pyargs", "conformance.suite",
                "--coc-summary", str(summary), *args]
     started = time.monotonic()
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, check=False)
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, check=False,
+                              env={**os.environ, **(env or {})})
         code, tail = done.returncode, (done.stdout + done.stderr)[-3000:]
     except subprocess.TimeoutExpired as exc:
         code, tail = None, f"timed out after {timeout_s:g} s\n{str(exc.stdout or '')[-3000:]}"
@@ -109,21 +139,106 @@ def _pytest(args: Sequence[str], summary: Path, timeout_s: float) -> dict[str, A
     return record
 
 
+def sessions(kind: DeviceKind, work: Path, explore_s: float) -> dict[str, tuple[list[str], Path, float]]:
+    """The pytest sessions of the check on ``kind``: part -> (arguments, its JSON summary, its time limit).  On a
+    CPU, no shared-device session: CPU ranks share the cores already, and CI runs every TP size."""
+    accelerator = kind.name != "cpu"
+    explore_ranks = ["--coc-ranks-per-device", "2"] if accelerator and kind.count < 2 else []
+    found = {
+        # The perf cases too, for their figures: no profile enforces a gate on a node met for the first time.
+        "suite": (["--coc-tp", "1", "-n", "0", "--coc-perf-figures"], work / "suite.json", 240.0),
+        "explore": (["--coc-explore", f"{explore_s:g}", "--coc-tp", "2", "-n", "0", *explore_ranks,
+                     "--coc-explore-dir", str(work / "explore")], work / "explore.json", explore_s + 180),
+    }
+    if accelerator:
+        found["shared"] = (["--coc-ranks-per-device", str(SHARED_RANKS_PER_DEVICE), "--coc-tp", SHARED_TP,
+                            "-m", "not perf", "-n", "4"], work / "shared.json", 600.0)
+    return found
+
+
+#: Why a part did not run on a CPU.
+NOT_ON_CPU = {
+    "shared": "CPU ranks already share the cores: nothing to share (CI runs the suite at every TP size on CPU)",
+    "hangs": "device events are inert on CPU ranks, whose evidence is CPU time and stacks "
+             "(python -m conformance.bench hangs)",
+}
+
+
+def measure_rows(kind: DeviceKind, path: Path) -> dict[str, Any]:
+    """The GEMM rows measurement of the node's device, written to ``path`` for the sessions (``COC_GEMM_ROWS``), and
+    whether the reference then declares split invariance on it."""
+    from conformance.harness.impl_loader import load_implementation
+    from conformance.options import DEFAULT_IMPL
+    from conformance.protocol import declarations
+
+    shapes, rows = CPU_ROWS if kind.name == "cpu" else ACCELERATOR_ROWS
+    device = "cpu" if kind.name == "cpu" else f"{kind.name}:0"
+    measured = gemm_rows.measure(device, shapes, rows, name=node_identity(kind).get("name", ""))
+    path.write_text(json.dumps({"gemm_rows": measured.to_dict()}, indent=1) + "\n")
+    print(measured.text(), flush=True)
+    before = os.environ.get(gemm_rows.ENV)
+    os.environ[gemm_rows.ENV] = str(path)
+    try:
+        claims = bool(declarations(load_implementation(DEFAULT_IMPL), device=kind.name).split_invariant_ops)
+    finally:
+        if before is None:
+            del os.environ[gemm_rows.ENV]
+        else:
+            os.environ[gemm_rows.ENV] = before
+    return {**measured.to_dict(), "reference_claims_split_invariance": claims}
+
+
+def _two_ranks(kind: DeviceKind) -> tuple[DeviceKind, list[str]] | str:
+    """Two ranks on the node's devices (sharing one where it has one), or why not."""
+    if kind.count >= 2:
+        return kind, kind.lease_names()[:2]
+    try:
+        two = shared(kind, 2)
+    except SharedDevicesError as exc:
+        return f"one {kind.name} device, and two ranks cannot share it: {exc}"
+    return two, two.lease_names()[:2]
+
+
+def hang_evidence(kind: DeviceKind) -> dict[str, Any]:
+    """The device hang cases on two ranks: what each did and what its verdict got wrong (``problems``)."""
+    from conformance.bench.hangs import device_problems, on_device
+    from conformance.harness.case import Budget
+    from conformance.harness.launchers.process_launcher import ProcessLauncher
+
+    placed = _two_ranks(kind)
+    if isinstance(placed, str):
+        return {"ran": False, "why": placed}
+    ranks_kind, devices = placed
+    launcher = ProcessLauncher(ranks_kind, max_live_ranks=2)
+    try:
+        run = on_device(launcher, devices, Budget(factor=20, floor=HANG_BUDGET_FLOOR_S), seconds=DEVICE_BOUND_S)
+    finally:
+        launcher.close()
+    return {"ran": True, "budget_s": run.budget_s, "device_bound_s": round(run.bound.seconds, 1),
+            "deadlock_s": round(run.deadlock.seconds, 1), "problems": device_problems(run)}
+
+
+def failed(doc: dict[str, Any]) -> list[str]:
+    """The parts of a check's document that failed: a session's exit or cases, or a hang verdict."""
+    bad = [part for part in PARTS if "exit_code" in doc.get(part, {})
+           and (doc[part]["exit_code"] not in (0, 5) or doc[part].get("failed"))]
+    return bad + (["hangs"] if doc.get("hangs", {}).get("problems") else [])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m conformance.bench device", description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"the JSON written (default {DEFAULT_OUT})")
     parser.add_argument("--explore-seconds", type=float, default=60.0, help="the exploration's length (default 60)")
     parser.add_argument("--dtype", default=None, help="GEMM dtype (default bfloat16 on accelerators, float32 on CPU)")
     parser.add_argument("--repeats", type=int, default=7, help="timed rounds of the efficiency table (default 7)")
-    parser.add_argument("--only", choices=("suite", "explore", "shared", "efficiency"), action="append",
-                        help="run only these parts (repeatable; default all)")
+    parser.add_argument("--only", choices=PARTS, action="append", help="run only these parts (repeatable; default all)")
     args = parser.parse_args(argv)
-    parts = set(args.only or ("suite", "explore", "shared", "efficiency"))
+    parts = [part for part in PARTS if part in set(args.only or PARTS)]
     started = time.monotonic()
     kind = detect_device_kind()
     out: Path = args.out
     out.parent.mkdir(parents=True, exist_ok=True)
-    doc: dict[str, Any] = {"schema": 1, "node": {**node_identity(kind), "devices": kind.count},
+    doc: dict[str, Any] = {"schema": 2, "node": {**node_identity(kind), "devices": kind.count},
                            "python": sys.version.split()[0]}
     try:
         import torch
@@ -132,38 +247,36 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         pass
     work = out.with_suffix(".parts")  # each pytest session's own JSON summary, kept beside the check's
-    if parts - {"efficiency"}:
-        work.mkdir(exist_ok=True)
-    if "suite" in parts:
-        # The perf cases too, for their figures: no profile enforces a gate on a node met for the first time.
-        doc["suite"] = _pytest(["--coc-tp", "1", "-n", "0", "--coc-perf-figures"], work / "suite.json", 240)
-        print(f"suite at TP 1: {doc['suite'].get('outcomes')} in {doc['suite']['seconds']} s", flush=True)
-    if "explore" in parts:
-        doc["explore"] = _pytest(["--coc-explore", f"{args.explore_seconds:g}", "--coc-tp", "1", "-n", "0",
-                                  "--coc-explore-dir", str(work / "explore")],
-                                 work / "explore.json", args.explore_seconds + 180)
-        print(f"exploration at TP 1: {doc['explore'].get('outcomes')} in {doc['explore']['seconds']} s", flush=True)
-    if "shared" in parts:
-        if kind.name == "cpu":
-            doc["shared_devices"] = {"ran": False, "why": "CPU ranks already share the cores: nothing to share"}
+    work.mkdir(exist_ok=True)
+    env: dict[str, str] = {}
+    planned = sessions(kind, work, args.explore_seconds)
+    for part in parts:
+        if part == "gemm_rows":
+            doc[part] = measure_rows(kind, work / "gemm-rows.json")
+            env[gemm_rows.ENV] = str(work / "gemm-rows.json")
+        elif part == "efficiency":
+            device = "cpu" if kind.name == "cpu" else f"{kind.name}:0"
+            dtype = args.dtype or ("float32" if kind.name == "cpu" else "bfloat16")
+            shapes = CPU_SHAPES if kind.name == "cpu" else ACCELERATOR_SHAPES
+            table = measure_efficiency(shapes, device, dtype, repeats=args.repeats)
+            doc["chunk_efficiency"] = {**table.to_dict(), "names": [s[0] for s in shapes]}
+            print(table.text([s[0] for s in shapes]), flush=True)
+        elif kind.name == "cpu" and part in NOT_ON_CPU:
+            doc[part] = {"ran": False, "why": NOT_ON_CPU[part]}
+        elif part == "hangs":
+            doc[part] = hang_evidence(kind)
         else:
-            doc["shared_devices"] = _pytest(["--coc-ranks-per-device", "2", "--coc-tp", "2", "-n", "0",
-                                             "-k", "test_ops and not corner"], work / "shared.json", 240)
-        print(f"shared devices: {doc['shared_devices'].get('outcomes', doc['shared_devices'].get('why'))}",
-              flush=True)
-    if "efficiency" in parts:
-        device = "cpu" if kind.name == "cpu" else f"{kind.name}:0"
-        dtype = args.dtype or ("float32" if kind.name == "cpu" else "bfloat16")
-        shapes = CPU_SHAPES if kind.name == "cpu" else ACCELERATOR_SHAPES
-        table = measure_efficiency(shapes, device, dtype, repeats=args.repeats)
-        doc["chunk_efficiency"] = {**table.to_dict(), "names": [s[0] for s in shapes]}
-        print(table.text([s[0] for s in shapes]), flush=True)
+            doc[part] = _pytest(*planned[part], env=env)
+        shown = doc.get(part, {})
+        print(f"{part}: " + str(shown.get("outcomes", shown.get("why", shown.get("problems", "done")))) +
+              (f" in {shown['seconds']} s" if "seconds" in shown else ""), flush=True)
     doc["seconds"] = round(time.monotonic() - started, 1)
+    doc["failed_parts"] = failed(doc)
     out.write_text(json.dumps(doc, indent=1) + "\n")
-    print(f"device check written to {out} ({doc['seconds']} s); "
-          f"COC_CHUNK_EFFICIENCY={out} gives its efficiency to the pipeline model and auto", flush=True)
-    ran = [doc[p] for p in ("suite", "explore", "shared_devices") if "exit_code" in doc.get(p, {})]
-    return 1 if any(r["exit_code"] not in (0, 5) or r.get("failed") for r in ran) else 0
+    print(f"device check written to {out} ({doc['seconds']} s); COC_GEMM_ROWS={out} and "
+          f"COC_CHUNK_EFFICIENCY={out} give its measurements to the reference, the pipeline model and auto"
+          + (f"; failed: {', '.join(doc['failed_parts'])}" if doc["failed_parts"] else ""), flush=True)
+    return 1 if doc["failed_parts"] else 0
 
 
 if __name__ == "__main__":

@@ -16,6 +16,13 @@ spinning process per core beside them):
   too, naming rank 0 as stalled (the spinners' CPU time is theirs, not its).
 
 Prints, per launcher, the budget, each case's wall time and verdict.
+
+On an accelerator (:func:`on_device`, run by ``python -m conformance.bench
+device``) the evidence is the device's own: a rank whose host waits in one
+call while its device works through queued kernels for several budgets
+(:func:`device_bound`: no CPU time counts on a device rank, and its stack
+hardly changes) must pass, carried by the events its device completes; the
+deadlock, its device idle, must still be declared at its budget.
 """
 
 from __future__ import annotations
@@ -26,12 +33,13 @@ import random
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 from conformance.harness.case import Budget, RankContext, RankOutcome, RankTask
-from conformance.harness.case_errors import CaseError
+from conformance.harness.case_errors import CaseError, CaseTimeout
 from conformance.harness.launchers import Launcher
 from conformance.options import DEFAULT_IMPL
 
@@ -106,6 +114,91 @@ def stalled_beside_spinners(ctx: RankContext, stall_s: float) -> None:
         pass
 
 
+#: Seconds of kernels a device-bound rank queues before it waits for them: longer than a sampling period
+#: (50 ms), so the event queued behind them is seen pending, then completed.
+DEVICE_ROUND_S = 0.25
+
+
+def device_bound(ctx: RankContext, seconds: float) -> int:
+    """A correct case its device carries: ``seconds`` of rounds, each :data:`DEVICE_ROUND_S` of matmuls queued on
+    the rank's device and waited for in one call; then an all-reduce.  Returns the rounds."""
+    import torch
+    import torch.distributed as dist
+
+    ctx.budget_from(0.0)
+    device = torch.device(ctx.device)
+    runtime = torch.get_device_module(device)
+    a = torch.randn(2048, 2048, device=device) / 2048**0.5
+    out = torch.empty_like(a)
+    runtime.synchronize(device)
+    start = time.monotonic()
+    for _ in range(8):
+        torch.mm(a, a, out=out)
+    runtime.synchronize(device)
+    per_round = max(1, int(DEVICE_ROUND_S * 8 / max(time.monotonic() - start, 1e-6)))
+    rounds, end = 0, time.monotonic() + seconds
+    while time.monotonic() < end:
+        _queue_and_wait(a, out, per_round, lambda: runtime.synchronize(device))
+        rounds += 1
+    dist.all_reduce(torch.ones(1, device=device), group=ctx.group)
+    return rounds
+
+
+def _queue_and_wait(a: Any, out: Any, count: int, synchronize: Callable[[], None]) -> None:
+    """``count`` matmuls queued, then one wait for the device (where the host spends nearly all its time)."""
+    import torch
+
+    for _ in range(count):
+        torch.mm(a, a, out=out)
+    synchronize()
+
+
+@dataclass
+class Timed:
+    """How long one case took, and its outcomes or the error that declared it."""
+
+    seconds: float
+    result: list[RankOutcome] | CaseError
+
+
+@dataclass
+class OnDevice:
+    """What a device-bound correct case and a deadlock did under one budget, on accelerator ranks."""
+
+    budget_s: float
+    bound: Timed
+    deadlock: Timed
+
+
+def on_device(launcher: Launcher, devices: Sequence[str], budget: Budget, *, seconds: float,
+              ceiling_s: float = 120.0, impl_spec: str = DEFAULT_IMPL) -> OnDevice:
+    """Run the device-bound case and the deadlock on two ranks bound to ``devices``; verdicts returned, not raised."""
+    def timed(task: RankTask) -> Timed:
+        return Timed(*timed_run(launcher, task, devices, impl_spec))
+
+    timed(RankTask(busy_collectives, 2, {"cpu_s": 0.0}, ceiling_s))  # ranks started, off the clock
+    bound = timed(RankTask(device_bound, 2, {"seconds": seconds}, ceiling_s, budget=budget))
+    return OnDevice(budget.seconds(0.0), bound, timed(RankTask(deadlock, 2, timeout=ceiling_s, budget=budget)))
+
+
+def device_problems(run: OnDevice, *, most_budgets: float = 6.0) -> list[str]:
+    """What the verdicts of :func:`on_device` got wrong (empty: the device's evidence decided both)."""
+    problems = []
+    bound, stuck = run.bound, run.deadlock
+    if isinstance(bound.result, CaseError) or any(o.error is not None for o in bound.result):
+        problems.append(f"the device-bound case ({bound.seconds:.1f} s) was declared {_verdict(bound.result)}: the "
+                        "events its device completed did not count as progress")
+    elif bound.seconds < 2 * run.budget_s:
+        problems.append(f"the device-bound case took {bound.seconds:.1f} s, within two budgets of "
+                        f"{run.budget_s:g} s: it proves nothing about the evidence")
+    if not isinstance(stuck.result, CaseTimeout):
+        problems.append(f"the deadlock came out {_verdict(stuck.result)}, not a hang")
+    elif stuck.seconds > most_budgets * run.budget_s:
+        problems.append(f"the deadlock was declared after {stuck.seconds:.1f} s, past {most_budgets:g} budgets of "
+                        f"{run.budget_s:g} s: an idle device was taken for progress")
+    return problems
+
+
 @contextmanager
 def cpu_hogs(count: int) -> Iterator[None]:
     """``count`` processes spinning on the CPU while the block runs (a busy CI runner)."""
@@ -116,6 +209,17 @@ def cpu_hogs(count: int) -> Iterator[None]:
         for hog in hogs:
             hog.kill()
             hog.wait()
+
+
+def timed_run(launcher: Launcher, task: RankTask, devices: Sequence[str],
+              impl_spec: str) -> tuple[float, list[RankOutcome] | CaseError]:
+    """How long ``task`` took on ``launcher``, and its outcomes or the error that declared it (never raised)."""
+    start = time.monotonic()
+    try:
+        result: list[RankOutcome] | CaseError = launcher.run(task, devices, impl_spec)
+    except CaseError as exc:
+        result = exc
+    return time.monotonic() - start, result
 
 
 @dataclass
@@ -140,12 +244,7 @@ def side_by_side(launcher: Launcher, budget: Budget, cpu_s: float, *, world_size
     launcher.run(RankTask(busy_collectives, world_size, {"cpu_s": 0.0}), (), impl_spec)  # ranks started
 
     def timed(task: RankTask) -> tuple[float, list[RankOutcome] | CaseError]:
-        start = time.monotonic()
-        try:
-            result: list[RankOutcome] | CaseError = launcher.run(task, (), impl_spec)
-        except CaseError as exc:
-            result = exc
-        return time.monotonic() - start, result
+        return timed_run(launcher, task, (), impl_spec)
 
     busy_s, busy = timed(RankTask(busy_collectives, world_size, {"cpu_s": cpu_s}, ceiling_s, budget=budget))
     deadlock_s, stuck = timed(RankTask(deadlock, world_size, timeout=ceiling_s, budget=budget))

@@ -10,8 +10,8 @@ call, memory shared between results or with inputs, collectives left
 pending).  :func:`op_sequence_task` does the same for several runs of
 different ops one after the other, comparing only after the last.  Operands
 can be laid out with other strides than contiguous ones
-(:data:`~conformance.contract.jobs.OPERAND_STRIDES`), NaN around each view.  On request it adds the suite's references
-(:mod:`conformance.cases.references`).
+(:data:`~conformance.contract.jobs.OPERAND_STRIDES`), NaN around each view.  On request it adds the suite's serial
+reference (:mod:`conformance.cases.references`).
 
 Fresh allocations are poisoned while the implementation runs
 (:mod:`conformance.cases.memory`), so rows it never writes cannot pass by
@@ -29,7 +29,7 @@ from typing import Any
 
 from conformance.cases.groups import TPPlace, tp_place
 from conformance.cases.memory import clone, overlaps, poisoned_allocations, tensors_of, to_cpu, to_device
-from conformance.cases.references import deterministic_reference, serial_composition
+from conformance.cases.references import serial_composition
 from conformance.contract.equality import bitwise_equal, describe_difference
 from conformance.contract.jobs import OPERAND_STRIDES, OpRun
 from conformance.contract.layouts import OPERAND_SPLITS, shard
@@ -133,9 +133,6 @@ def _prepare(ctx: RankContext, run: OpRun) -> _Calls:
             if run.serial:
                 call.serial = serial_composition(place, run.op, args["x"], _kn(args["w"], run.transpose_weight),
                                                  args["bias"])
-            if run.reference:
-                call.reference = deterministic_reference(place, run.op, args["x"],
-                                                         _kn(args["w"], run.transpose_weight), args["bias"])
     return _Calls(run, place, operands, calls)
 
 
@@ -194,7 +191,7 @@ def _collect(state: _Calls, run_index: int, everything: list[tuple[str, list[lis
                 "" if bitwise_equal(snapshot, result) else describe_difference(snapshot, result))
             call.shared_memory.append(", ".join(_sharing(result, (run_index, i, j), everything, operands)))
         call.results = [to_cpu(r) for r in call.results]
-        call.serial, call.reference = to_cpu(call.serial), to_cpu(call.reference)
+        call.serial = to_cpu(call.serial)
     return OpRunOutcome(state.calls, state.place.replica, state.place.tp_rank, state.place.members,
                         groups_created=state.groups_created)
 

@@ -1,15 +1,9 @@
-"""The suite's own references on the ranks, defined independently of any implementation.
+"""The suite's own reference on the ranks, defined independently of any implementation.
 
-* :func:`serial_composition`: the plain path in the op's dtype (matmul, then
-  the collective, or the reverse for a gather);
-* :func:`deterministic_reference`: the serial deterministic result::
-
-    P_r = x_r.float() @ w_r.float()            (the rank's fp32 partial)
-    S   = (((P_0 + P_1) + P_2) + ...)          (ascending rank order, fp32)
-    out = (S + bias.float()).to(dtype)         (bias once, one final cast)
-
-  with ``w_r`` the logical ``[k, n]`` weight, contiguous; for reduce-scatter
-  rank ``r`` keeps rows ``r*m/tp : (r+1)*m/tp`` of ``out``.
+:func:`serial_composition`: the plain path in the op's dtype (matmul, then the
+collective, or the reverse for a gather), the ``serial`` term of the error
+bound.  A deterministic result has no reference of its own: any fixed
+summation order is deterministic (``conformance/judge/determinism.py``).
 """
 
 from __future__ import annotations
@@ -42,23 +36,3 @@ def serial_composition(place: TPPlace, op: str, x: Any, w: Any, bias: Any) -> An
         dist.reduce_scatter_tensor(shard_out, y.contiguous(), group=group)
         y = shard_out
     return y if bias is None else y + bias
-
-
-def deterministic_reference(place: TPPlace, op: str, x: Any, w: Any, bias: Any) -> Any:
-    """The serial deterministic result (module docstring) for this rank."""
-    import torch
-    import torch.distributed as dist
-
-    tp = place.tp
-    partial = x.float() @ w.float().contiguous()
-    gathered = torch.empty((tp * partial.shape[0], partial.shape[1]), dtype=torch.float32, device=partial.device)
-    dist.all_gather_into_tensor(gathered, partial.contiguous(), group=place.group)
-    parts = gathered.view(tp, *partial.shape)
-    total = parts[0].clone()
-    for r in range(1, tp):
-        total = total + parts[r]
-    if op == "matmul_reduce_scatter":
-        total = total.chunk(tp, dim=0)[place.tp_rank]
-    if bias is not None:
-        total = total + bias.float()
-    return total.to(x.dtype)

@@ -38,7 +38,6 @@ class OpRun:
     straggler_s: float = 0.0
     straggler_rank: int | None = None
     serial: bool = True
-    reference: bool = False
     poison: bool = True
     extra: dict[str, Any] = field(default_factory=dict)  #: more keyword arguments of the op (w8A16)
 

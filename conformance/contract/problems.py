@@ -11,7 +11,17 @@ Two kinds of data (``docs/DESIGN.md#exact-data``):
   does the judging);
 * ``exact``: small integers whose every product and every partial sum is
   exactly representable in the dtype, so a result is exact in any summation
-  order and a misplaced, duplicated or stale block fails *bitwise*.
+  order and a misplaced, duplicated or stale block fails *bitwise*;
+* ``spread``: the opposite, for determinism (``docs/DESIGN.md#fused-ops``):
+  normal values, but the first quarter of ``x``'s columns scaled by
+  :data:`SPREAD` (down :data:`SPREAD_BINADES` binades from column to column)
+  and repeated, negated, one column past the middle, ``w``'s
+  rows repeated alike.  Those terms cancel exactly in the true sum, but the
+  TP partials of the first ranks and of the middle ones hold them (for
+  ``tp >= 3``), so a sum's rounding depends on the order it adds the partials
+  in -- and a GEMM's on the order it adds its terms -- down to bits the output
+  dtype keeps, half precision included.  (Repeated rather than mirrored: a
+  mirror makes the reverse order round exactly as the forward one.)
 
 Each data-parallel replica gets different data (``replica`` shifts the seed),
 so a collective over the wrong group gives wrong numbers, not the same ones.
@@ -31,6 +41,12 @@ import torch
 EXACT_MAX = {"float32": 3, "float16": 2, "bfloat16": 1}
 
 
+#: The scale of ``spread`` data's cancelling columns, per dtype: wide enough that the rounding of the float32 sums
+#: holding them shows in the dtype's bits, narrow enough that the sums stay finite (float16 partials far below
+#: 65504).
+SPREAD = {"float32": 2.0**20, "bfloat16": 2.0**20, "float16": 2.0**8}
+
+
 @dataclass(frozen=True)
 class Problem:
     """Global operands ``X [m, k] @ W [k, n] (+ bias [n])`` of an op call, by recipe."""
@@ -43,6 +59,7 @@ class Problem:
     seed: int = 0
     exact: bool = False
     case_id: str | None = None  #: take X, W and bias from this golden case instead
+    spread: bool = False  #: cancelling columns of a wide exponent spread (module docstring)
 
     def with_m(self, m: int) -> Problem:
         return replace(self, m=m)
@@ -70,7 +87,29 @@ def global_operands(problem: Problem, replica: int = 0) -> dict[str, Any]:
     x = _values((problem.m, problem.k), problem.dtype, gen, problem.exact)
     w = _values((problem.k, problem.n), problem.dtype, gen, problem.exact)
     bias = _values((problem.n,), problem.dtype, gen, problem.exact) if problem.bias else None
+    if problem.spread:
+        x, w = _spread(x, w, SPREAD[problem.dtype])
     return {"x": x, "w": w, "bias": bias}
+
+
+#: Binades the cancelling columns spread over below their scale: their products then need more bits than float32's
+#: 24 to sum exactly, whatever the dtype's own (a bfloat16 product has 16).
+SPREAD_BINADES = 12
+
+
+def _spread(x: torch.Tensor, w: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x``'s first quarter of columns times ``scale`` (column ``j`` times ``2**-(j % SPREAD_BINADES)`` more),
+    repeated negated one column past the middle; ``w``'s rows repeated alike: the two quarters' products cancel
+    exactly, in every row and column.  One column past: no TP shard of the repeat is a shard of the first quarter
+    negated, whose partial would cancel that shard's whatever its GEMM's rounding."""
+    quarter, start = x.shape[1] // 4, x.shape[1] // 2 + 1
+    x, w = x.clone(), w.clone()
+    if quarter:
+        scales = scale * torch.exp2(-(torch.arange(quarter) % SPREAD_BINADES).float())
+        x[:, :quarter] = (x[:, :quarter].float() * scales).to(x.dtype)
+        x[:, start:start + quarter] = -x[:, :quarter]
+        w[start:start + quarter] = w[:quarter]
+    return x, w
 
 
 def exact_limit_ok(problem: Problem) -> bool:

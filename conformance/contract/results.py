@@ -128,12 +128,12 @@ class LayerOutcome:
 
 @dataclass
 class OpCallResults:
-    """One problem's calls on one rank: results (per tiling and run) and what the rank observed."""
+    """One problem's calls on one rank: results (tiling after tiling, each run after run) and what the rank
+    observed."""
 
     results: list[Any]
     error: CapturedError | None = None
     serial: Any = None
-    reference: Any = None
     mutated: dict[str, str] = field(default_factory=dict)
     changed_after_return: list[str] = field(default_factory=list)
     shared_memory: list[str] = field(default_factory=list)

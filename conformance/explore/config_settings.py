@@ -18,15 +18,7 @@ from typing import Any
 
 from conformance.contract.config_rules import INCOMPATIBLE, expected_outcome
 from conformance.explore.kind import Judged, Kind, Ranks, Scope, read_spec
-from conformance.explore.space import (
-    Dimension,
-    draw_fields,
-    field_tags,
-    simpler_fields,
-    towards,
-    valid_neighbours,
-    weighted,
-)
+from conformance.explore.space import Dimension, Space, towards, valid_neighbours, weighted
 from conformance.harness.case import call_capturing_errors, observed_warnings
 from conformance.harness.impl_loader import accepts_keyword
 from conformance.judge.config_verdicts import judge_effective, judge_refused
@@ -96,7 +88,7 @@ class ConfigSpec:
 
 
 #: Fields of the spec, simplest value first.
-DIMENSIONS: tuple[Dimension, ...] = (
+DIMENSIONS = Space(
     Dimension("chunks", weighted(CHUNK_VALUES, (3, 2, 2, 2, 2) + (1,) * (len(CHUNK_VALUES) - 5)),
               towards(*CHUNK_VALUES)),
     Dimension("fused", weighted((False, True), (3, 1)), towards(False, True)),
@@ -126,16 +118,21 @@ def _fit(spec: ConfigSpec, scope: Scope | None) -> ConfigSpec:
 
 
 def draw(rng: random.Random, scope: Scope | None = None) -> ConfigSpec:
-    return _fit(ConfigSpec(**draw_fields(rng, DIMENSIONS)), scope)
+    return _fit(ConfigSpec(**DIMENSIONS.draw(rng)), scope)
 
 
 def neighbours(spec: ConfigSpec) -> Iterator[ConfigSpec]:
-    return valid_neighbours(spec, simpler_fields(spec, DIMENSIONS))
+    return valid_neighbours(spec, DIMENSIONS.simpler(spec))
 
 
 def tags(spec: ConfigSpec) -> list[str]:
     outcome = _outcome(spec)
-    return field_tags(spec, DIMENSIONS) + [f"refused={outcome.must_refuse}"]
+    return DIMENSIONS.tags(spec) + [f"refused={outcome.must_refuse}"]
+
+
+def buckets() -> dict[str, tuple[str, ...]]:
+    """Every ``dimension=bucket`` :func:`tags` names, each one a draw reaches."""
+    return {**DIMENSIONS.buckets(), "refused": ("False", "True")}
 
 
 def _outcome(spec: ConfigSpec) -> Any:
@@ -178,4 +175,4 @@ def from_dict(data: dict[str, Any]) -> ConfigSpec:
 
 
 KIND = Kind(KIND_NAME, weight=3.0, offered=offered, draw=draw, neighbours=neighbours, tags=tags, judge=judge_spec,
-            from_dict=from_dict, spec_type=ConfigSpec, subject=subject)
+            from_dict=from_dict, spec_type=ConfigSpec, buckets=buckets, subject=subject)

@@ -164,6 +164,20 @@ class Exploration:
         }
 
 
+def mutations(start: Spec, rng: random.Random, scope: Scope) -> list[Spec]:
+    """The cases one mutation of ``start`` picks from: half the time its one-step-simpler neighbours (the shrinker's
+    steps), else ``start`` with one field taken from a fresh draw of its kind -- each a valid spec other than
+    ``start`` (a field that names no runnable case with the others is dropped)."""
+    kind = kind_of(start)
+    if rng.random() < 0.5:
+        steps = list(kind.neighbours(start))
+    else:
+        drawn = kind.draw(rng, scope)
+        name = rng.choice([f.name for f in fields(drawn)])  # type: ignore[arg-type]
+        steps = [replace(start, **{name: getattr(drawn, name)})]  # type: ignore[type-var]
+    return [n for n in steps if n != start and not n.invalid()]
+
+
 class Explorer:
     """Explores what ``scope`` offers of one implementation on ``ranks`` for ``budget_s`` seconds from ``seed``."""
 
@@ -242,14 +256,7 @@ class Explorer:
         simpler neighbours (the shrinker's steps), else the case with one field taken from a fresh draw of its
         kind (a spec it names no runnable case with is dropped); None when neither gives a new case."""
         start = self.rng.choice(self.mutable)
-        kind = kind_of(start)
-        if self.rng.random() < 0.5:
-            steps = list(kind.neighbours(start))
-        else:
-            drawn = kind.draw(self.rng, self.scope)
-            name = self.rng.choice([f.name for f in fields(drawn)])  # type: ignore[arg-type]
-            steps = [replace(start, **{name: getattr(drawn, name)})]  # type: ignore[type-var]
-        steps = [n for n in steps if n != start and not n.invalid() and not self.scope.outside(n)
+        steps = [n for n in mutations(start, self.rng, self.scope) if not self.scope.outside(n)
                  and not self.not_offered(n) and n.capability not in self.report.stormed]
         if not steps:
             return None

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from conformance.explore.spec import Spec, SpecError
+from conformance.explore.spec import Spec, SpecError, require_runnable
 from conformance.harness.case import CapturedError
 from conformance.harness.case_errors import HANGS, CaseError
 from conformance.harness.impl_loader import accepts_keyword, missing_capability
@@ -152,6 +152,19 @@ def run_to_the_end(ranks: Ranks, spec: Spec, verdicts: Verdicts, task: Any, **pa
         return Judged(((key, message),))
 
 
+def outcomes_to_judge(ranks: Ranks, spec: Spec, verdicts: Verdicts, task: Any, *, modes: frozenset[str] = frozenset(),
+                      not_offered: Callable[[list[Any]], Judged | None] | None = None,
+                      **params: Any) -> list[Any] | Judged:
+    """``task`` run on ``spec.world`` ranks (:func:`run_to_the_end`): every rank's result to judge, or the verdict
+    already reached -- a case that did not finish, or one the implementation does not offer (:func:`unoffered`:
+    every rank's ``error`` a ``NotImplementedError``, its ``modes`` not offered; or as ``not_offered`` says)."""
+    outcomes = run_to_the_end(ranks, spec, verdicts, task, **params)
+    if isinstance(outcomes, Judged):
+        return outcomes
+    refused = not_offered(outcomes) if not_offered else unoffered([o.error for o in outcomes], modes)
+    return refused or outcomes
+
+
 def read_spec(spec_type: Callable[..., Spec], data: Mapping[str, Any],
               convert: Callable[[dict[str, Any]], dict[str, Any]] = dict) -> Spec:
     """The spec of ``spec_type`` a ``Spec.as_dict`` describes (its fields ``convert``ed from JSON), checked runnable."""
@@ -159,9 +172,7 @@ def read_spec(spec_type: Callable[..., Spec], data: Mapping[str, Any],
         spec = spec_type(**convert({k: v for k, v in data.items() if k != "kind"}))
     except (KeyError, TypeError, ValueError) as exc:
         raise SpecError(f"malformed spec: {exc}") from None
-    why = spec.invalid()
-    if why:
-        raise SpecError(why)
+    require_runnable(spec)
     return spec
 
 
@@ -172,9 +183,10 @@ class Kind:
     ``offered(scope)`` says why the implementation offers no case of this kind
     ("" when it does); ``draw`` returns a valid spec; ``neighbours`` every valid
     one-step-simpler spec, simplest first; ``tags`` the ``dimension=bucket``
-    counts of a spec; ``judge`` runs it and records the suite's checks into the
-    verdicts; ``from_dict`` reads :meth:`Spec.as_dict` back (raising
-    :class:`~conformance.explore.spec.SpecError`).
+    counts of a spec, ``buckets`` every bucket of every dimension a draw
+    reaches (none that it cannot); ``judge`` runs it and records the suite's
+    checks into the verdicts; ``from_dict`` reads :meth:`Spec.as_dict` back
+    (raising :class:`~conformance.explore.spec.SpecError`).
     """
 
     name: str
@@ -186,6 +198,8 @@ class Kind:
     judge: Callable[[Ranks, Any, Scope, Verdicts], Judged]
     from_dict: Callable[[dict[str, Any]], Spec]
     spec_type: type = object
+    #: Every ``dimension -> buckets`` :attr:`tags` names (each one a draw reaches).
+    buckets: Callable[[], Mapping[str, tuple[str, ...]]] = dict
     #: The modes of the implementation a spec needs (a ``NotImplementedError`` marks them not offered).
     modes: Callable[[Any], frozenset[str]] = lambda spec: frozenset({spec.capability})
     #: What of a spec a failure is about (:attr:`FailureKey.subject`): its op, setting, argument or layer.

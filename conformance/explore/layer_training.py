@@ -19,20 +19,10 @@ from typing import Any
 from conformance.cases.layer_cases import AUTOCAST_LAYERS, layer_task
 from conformance.contract.jobs import LayerJob, coc_argv
 from conformance.contract.problems import LAYER_KINDS, LayerProblem
-from conformance.explore.kind import Judged, Kind, Ranks, Scope, read_spec, run_to_the_end, unoffered
-from conformance.explore.space import (
-    Dimension,
-    draw_fields,
-    field_tags,
-    simpler_fields,
-    size,
-    size_bucket,
-    smaller_ints,
-    towards,
-    valid_neighbours,
-    weighted,
-)
-from conformance.explore.spec import OnReplicas, SpecError
+from conformance.explore import space
+from conformance.explore.kind import Judged, Kind, Ranks, Scope, outcomes_to_judge, read_spec
+from conformance.explore.space import Dimension, Space, size, smaller_ints, towards, weighted
+from conformance.explore.spec import OnReplicas, require_runnable
 from conformance.judge import layers as judge
 from conformance.judge.layer_verdicts import judge_layer_refusal, judge_training, layer_refusal_names
 from conformance.judge.levels import Level
@@ -114,9 +104,7 @@ class LayerSpec(OnReplicas):
 
     def job(self) -> LayerJob:
         """The suite's job for this spec (what ``layer_task`` runs on every rank)."""
-        why = self.invalid()
-        if why:
-            raise SpecError(why)
+        require_runnable(self)
         problem = LayerProblem(self.layer, self.sequence_parallel, self.h_in, self.h_out, self.dtype, b=self.b,
                                tokens=self.tokens, ffn=self.ffn or None, bias=self.bias, seed=self.seed)
         return LayerJob(problem, self.tp, tuple(coc_argv(self.chunks)), steps=self.steps, main_grad=self.main_grad,
@@ -141,23 +129,27 @@ def _smaller_tokens(tokens: tuple[int, ...]) -> list[tuple[int, ...]]:
     return fewer + [tokens[:i] + (v,) + tokens[i + 1:] for i, s in enumerate(tokens) for v in smaller_ints(s)]
 
 
+#: A micro-batch's token count, and how many micro-batches a case has (each its own report bucket).
+TOKENS = size(24, 96, 384)
+MICRO_BATCHES = weighted((1, 2, 3), (4, 3, 1))
+
+
 def _draw_tokens(rng: random.Random) -> tuple[int, ...]:
-    draw = size(24, 96, 384)
-    return tuple(draw(rng) for _ in range(rng.choices((1, 2, 3), (4, 3, 1))[0]))
+    return tuple(TOKENS(rng) for _ in range(MICRO_BATCHES(rng)))
 
 
 #: Fields of the spec, simplest first where the shrinker reads them.
-DIMENSIONS: tuple[Dimension, ...] = (
+DIMENSIONS = Space(
     Dimension("layer", weighted(LAYER_KINDS, (1, 1, 1)), towards(*LAYER_KINDS)),
     Dimension("sequence_parallel", weighted((False, True), (1, 1)), towards(False, True)),
     Dimension("tp", weighted((1, 2, 3, 4), (1, 4, 2, 3)), lambda tp: [t for t in (1, 2, 3, 4) if t < tp]),
     Dimension("replicas", weighted((1, 2), (4, 1)), lambda r: [1] if r > 1 else []),
     Dimension("steps", weighted((1, 2, 3), (4, 2, 1)), lambda s: list(range(1, s))),
-    Dimension("tokens", _draw_tokens, _smaller_tokens, lambda t: f"{len(t)}x{size_bucket(max(t))}"),
+    Dimension("tokens", _draw_tokens, _smaller_tokens, lambda t: TOKENS.bucket(max(t)), TOKENS.buckets),
     Dimension("b", weighted((1, 2, 3), (3, 2, 1)), lambda b: list(range(1, b))),
-    Dimension("h_in", size(48, 160, 512), smaller_ints, size_bucket),
-    Dimension("h_out", size(48, 160, 512), smaller_ints, size_bucket),
-    Dimension("ffn", size(64, 192, 512), smaller_ints, size_bucket),
+    Dimension("h_in", size(48, 160, 512), smaller_ints),
+    Dimension("h_out", size(48, 160, 512), smaller_ints),
+    Dimension("ffn", size(64, 192, 512, (60, 25, 15)), smaller_ints, absent=0),  # the MLP's (a third of draws)
     Dimension("dtype", weighted(DTYPES, (1,) * len(DTYPES)), towards(*DTYPES)),
     Dimension("bias", weighted((False, True), (1, 3)), towards(True, False)),
     Dimension("chunks", weighted(CHUNKS, (1, 3, 2, 1)), towards(*CHUNKS)),
@@ -171,7 +163,7 @@ def fit(spec: LayerSpec, up: bool) -> LayerSpec:
     """``spec`` made runnable: split sizes (and SP token counts) rounded to multiples of ``tp`` (up or down), the
     MLP's width only for the MLP, SP only with tp > 1, autocast only where it runs."""
     def rounded(value: int) -> int:
-        return max(spec.tp, -(-value // spec.tp) * spec.tp if up else value // spec.tp * spec.tp)
+        return space.round_to(value, spec.tp, up)
 
     sp = spec.sequence_parallel and spec.tp > 1
     fitted = replace(spec, sequence_parallel=sp, ffn=(spec.ffn or 1) if spec.layer == "mlp" else 0,
@@ -193,7 +185,7 @@ def offered(scope: Scope) -> str:
 
 def draw(rng: random.Random, scope: Scope | None = None) -> LayerSpec:
     """One case from the space, valid by construction."""
-    values = draw_fields(rng, DIMENSIONS)
+    values = DIMENSIONS.draw(rng)
     while values["tp"] * values["replicas"] > MAX_WORLD:
         values["replicas"] = 1
     return fit(LayerSpec(**values, seed=rng.randrange(1 << 16)), up=True)
@@ -201,18 +193,23 @@ def draw(rng: random.Random, scope: Scope | None = None) -> LayerSpec:
 
 def neighbours(spec: LayerSpec) -> Iterator[LayerSpec]:
     """Every valid one-step-simpler spec, simplest first."""
-    return valid_neighbours(spec, _steps(spec), lambda c: fit(c, up=False))
+    return space.valid_neighbours(spec, _steps(spec), lambda c: fit(c, up=False))
 
 
 def _steps(spec: LayerSpec) -> Iterable[LayerSpec]:
-    yield from simpler_fields(spec, DIMENSIONS)
+    yield from DIMENSIONS.simpler(spec)
     if spec.h_in == spec.h_out:  # a square layer's sizes shrink together
         for value in smaller_ints(spec.h_in):
             yield replace(spec, h_in=value, h_out=value)
 
 
 def tags(spec: LayerSpec) -> list[str]:
-    return field_tags(spec, DIMENSIONS) + [f"uneven={spec.uneven()}"]
+    return DIMENSIONS.tags(spec) + [f"micro_batches={len(spec.tokens)}", f"uneven={spec.uneven()}"]
+
+
+def buckets() -> dict[str, tuple[str, ...]]:
+    """Every ``dimension=bucket`` :func:`tags` names, each one a draw reaches."""
+    return {**DIMENSIONS.buckets(), "micro_batches": MICRO_BATCHES.buckets, "uneven": ("False", "True")}
 
 
 #: The check a layer case fails when a rank raised where the patched layers must run.
@@ -229,13 +226,10 @@ def modes(spec: LayerSpec) -> frozenset[str]:
 def judge_spec(ranks: Ranks, spec: LayerSpec, scope: Scope, verdicts: Verdicts) -> Judged:
     """Run ``spec`` on ``ranks`` and record the suite's checks of a training job into ``verdicts``."""
     job = spec.job()
-    outcomes = run_to_the_end(ranks, spec, verdicts, layer_task, job=job)
+    outcomes = outcomes_to_judge(ranks, spec, verdicts, layer_task, modes=modes(spec), job=job)
     if isinstance(outcomes, Judged):
         return outcomes
     errors = [o.error for o in outcomes]
-    not_offered = unoffered(errors, modes(spec))
-    if not_offered:
-        return not_offered
     if any(e is not None for e in errors) and spec.uneven():
         m, rows = max(spec.tokens) * spec.b, min(spec.rows())
         judge_layer_refusal(verdicts, outcomes, scope.declarations, label="token counts",
@@ -255,5 +249,5 @@ def from_dict(data: dict[str, Any]) -> LayerSpec:
 
 
 KIND = Kind(KIND_NAME, weight=1.0, offered=offered, draw=draw, neighbours=neighbours, tags=tags, judge=judge_spec,
-            from_dict=from_dict, spec_type=LayerSpec, modes=modes,
+            from_dict=from_dict, spec_type=LayerSpec, buckets=buckets, modes=modes,
             subject=lambda spec: spec.layer + (" SP" if spec.sequence_parallel else ""))

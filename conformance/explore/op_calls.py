@@ -6,7 +6,9 @@ sequence may mix ops, every result kept until the last call returned.  It
 maps to the suite's own jobs (:class:`~conformance.contract.jobs.OpRun`, one
 per stretch of one op) and is judged by the suite's own rules
 (:mod:`conformance.judge.op_verdicts`): a call that raised as a refusal, the
-rest by the op checks, deterministic cases also bitwise.
+rest by the op checks, deterministic cases also bitwise (every run of a
+tiling, and every tiling where declared split-invariant) -- on spread data,
+at least two runs a tiling, never of exact data, where nothing could differ.
 """
 
 from __future__ import annotations
@@ -21,32 +23,21 @@ from conformance.cases.groups import GROUP_LAYOUTS
 from conformance.cases.op_cases import op_sequence_task
 from conformance.contract.jobs import OPERAND_STRIDES, OpRun
 from conformance.contract.problems import Problem, exact_limit_ok
-from conformance.explore.kind import Judged, Kind, Ranks, Scope, read_spec, run_to_the_end, unoffered
-from conformance.explore.space import (
-    Dimension,
-    draw_fields,
-    field_tags,
-    nothing_simpler,
-    size,
-    size_bucket,
-    smaller_ints,
-    towards,
-    valid_neighbours,
-    weighted,
-)
-from conformance.explore.spec import OnReplicas, SpecError
+from conformance.explore import space
+from conformance.explore.kind import Judged, Kind, Ranks, Scope, outcomes_to_judge, read_spec, unoffered
+from conformance.explore.space import Dimension, Space, nothing_simpler, size, smaller_ints, towards, weighted
+from conformance.explore.spec import OnReplicas, SpecError, require_runnable
 from conformance.judge import ops as judge
+from conformance.judge.determinism import nothing_to_compare
 from conformance.judge.op_verdicts import judge_deterministic, judge_op_runs, judge_refusal, rows_per_rank
 from conformance.judge.verdicts import Verdicts
-from conformance.protocol import FUSED_OPS
+from conformance.protocol import DETERMINISTIC_OPS, FUSED_OPS
 from golden.catalogue import DTYPES
 
 #: The ops whose weight (``k``) is split over the TP ranks; the reduce-scatter also splits its rows.
 K_SPLIT = ("matmul_all_reduce", "matmul_reduce_scatter")
-#: The ops with a deterministic mode.
-DETERMINISTIC_OPS = ("matmul_all_reduce", "matmul_reduce_scatter")
-#: Explicit tilings of a case of exact data (``blocks=``; its results are exact whatever the tiling), by recipe over
-#: a rank's result rows: the implementation's own, one block, equal halves, ragged blocks (1 row, the rest, 2 rows).
+#: Explicit tilings besides the implementation's own (``blocks=``), by recipe over a rank's result rows: the
+#: implementation's own, one block, equal halves, ragged blocks (1 row, the rest, 2 rows).
 TILINGS = ("own", "one", "halves", "ragged")
 
 
@@ -94,7 +85,7 @@ class OpSpec(OnReplicas):
     strides: str = "contiguous"  #: how the operands lie in memory (:data:`OPERAND_STRIDES`)
     deterministic: bool = False
     exact: bool = False  #: small-integer data, every result judged bitwise (any summation order is exact)
-    tiling: str = "own"  #: exact data: one of :data:`TILINGS`, besides the implementation's own
+    tiling: str = "own"  #: one of :data:`TILINGS`, besides the implementation's own
     runs: int = 1
     straggler_s: float = 0.0
 
@@ -114,12 +105,6 @@ class OpSpec(OnReplicas):
                  "weight [n, k]" if self.transpose_weight else "",
                  f"{self.strides} operands" if self.strides != "contiguous" else ""]
         return frozenset(ops or self.ops) | {m for m in modes if m}
-
-    @property
-    def compares_bitwise(self) -> bool:
-        """Whether "deterministic: bitwise reproducible" has two results of a call to compare: a repeat, an explicit
-        tiling, or (exact data) the serial deterministic reference."""
-        return self.runs > 1 or self.tiling != "own" or self.exact
 
     def problem(self, call: Call) -> str:
         """Why ``call`` cannot run in this spec ("" when it can)."""
@@ -142,9 +127,10 @@ class OpSpec(OnReplicas):
                     f"{self.strides!r}, {self.layout!r}, {self.tiling!r}")
         if self.deterministic and not set(self.ops) <= set(DETERMINISTIC_OPS):
             return f"deterministic=True is a mode of {DETERMINISTIC_OPS} only, not of {self.ops}"
+        cannot = nothing_to_compare(runs=self.runs, exact=self.exact) if self.deterministic else ""
+        if cannot:
+            return f"a deterministic case must be able to fail: {cannot}"
         if self.tiling != "own":
-            if not self.exact:
-                return "an explicit tiling is drawn for calls of exact data only (exact under any tiling)"
             if len({self._rows(c) for c in self.calls}) > 1:
                 return "an explicit tiling needs every call to have the same rows per rank"
             try:
@@ -157,13 +143,12 @@ class OpSpec(OnReplicas):
         return rows_per_rank(call.op, call.m, self.tp)
 
     def _problem(self, call: Call) -> Problem:
-        return Problem(call.m, call.k, call.n, call.dtype, call.bias, seed=call.seed, exact=self.exact)
+        return Problem(call.m, call.k, call.n, call.dtype, call.bias, seed=call.seed, exact=self.exact,
+                       spread=self.deterministic)
 
     def jobs(self) -> tuple[OpRun, ...]:
         """The suite's jobs for this spec: one run per stretch of calls of one op (what ``op_sequence_task`` runs)."""
-        why = self.invalid()
-        if why:
-            raise SpecError(why)
+        require_runnable(self)
         runs: list[list[Call]] = []
         for call in self.calls:
             if runs and runs[-1][0].op == call.op:
@@ -176,8 +161,7 @@ class OpSpec(OnReplicas):
         return tuple(OpRun(calls[0].op, tuple(map(self._problem, calls)), self.tp, layout=self.layout,
                            strides=self.strides, transpose_weight=self.transpose_weight,
                            deterministic=self.deterministic, tilings=tilings,
-                           runs=self.runs, straggler_s=self.straggler_s,
-                           reference=self.deterministic and self.exact)
+                           runs=self.runs, straggler_s=self.straggler_s)
                      for calls in runs)
 
     def as_dict(self) -> dict[str, Any]:
@@ -200,7 +184,7 @@ class OpSpec(OnReplicas):
 KIND_NAME = "op"
 
 #: Fields of the spec.  ``tp`` weights favour 2 and 4, with 1 and 3 drawn too (sizes the fixed suite lacks).
-SPEC_DIMENSIONS: tuple[Dimension, ...] = (
+SPEC_DIMENSIONS = Space(
     Dimension("tp", weighted((1, 2, 3, 4), (1, 5, 2, 4)), lambda tp: [t for t in (1, 2, 3, 4) if t < tp]),
     Dimension("replicas", weighted((1, 2), (4, 1)), lambda r: [1] if r > 1 else []),
     Dimension("layout", weighted(GROUP_LAYOUTS, (1, 1)), towards(*GROUP_LAYOUTS)),
@@ -209,15 +193,15 @@ SPEC_DIMENSIONS: tuple[Dimension, ...] = (
               towards(*OPERAND_STRIDES)),
     Dimension("deterministic", weighted((False, True), (3, 1)), towards(False, True)),
     Dimension("exact", weighted((False, True), (2, 1)), towards(False, True)),
-    Dimension("tiling", weighted(TILINGS, (1, 1, 2, 1)), towards(*TILINGS)),
+    Dimension("tiling", weighted(TILINGS, (6, 1, 1, 1)), towards(*TILINGS)),
     Dimension("runs", weighted((1, 2, 3), (8, 2, 1)), lambda r: list(range(1, r))),
     Dimension("straggler_s", weighted((0.0, 0.002), (6, 1)), lambda s: [0.0] if s else []),
 )
 #: Fields of each call.  A call's op is the previous call's, or (a sequence) another one now and then.
-CALL_DIMENSIONS: tuple[Dimension, ...] = (
-    Dimension("m", size(48, 400, 2400), smaller_ints, size_bucket),
-    Dimension("k", size(80, 320, 1024), smaller_ints, size_bucket),
-    Dimension("n", size(80, 320, 1024), smaller_ints, size_bucket),
+CALL_DIMENSIONS = Space(
+    Dimension("m", size(48, 400, 2400), smaller_ints),
+    Dimension("k", size(80, 320, 1024), smaller_ints),
+    Dimension("n", size(80, 320, 1024), smaller_ints),
     Dimension("dtype", weighted(DTYPES, (1,) * len(DTYPES)), towards(*DTYPES)),
     Dimension("bias", weighted((False, True), (1, 1)), towards(False, True)),
     Dimension("op", weighted(FUSED_OPS, (1,) * len(FUSED_OPS)), nothing_simpler),
@@ -238,23 +222,21 @@ MAX_WORLD = 4
 def fit(spec: OpSpec, up: bool) -> OpSpec:
     """``spec`` made runnable: every size its ops split over the TP ranks rounded to a multiple of ``tp`` (up or
     down), modes only where they apply (a layout with replicas, determinism on its ops, a tiling where it fits),
-    and a deterministic case with something to compare (else two runs)."""
-    def rounded(value: int) -> int:
-        return max(spec.tp, -(-value // spec.tp) * spec.tp if up else value // spec.tp * spec.tp)
-
+    and a deterministic case that can fail (spread data, not exact; two runs at least)."""
     calls = []
     for call in spec.calls:
-        sizes: dict[str, Any] = {name: rounded(getattr(call, name)) for name in split_sizes(call.op)}
+        sizes: dict[str, Any] = {name: space.round_to(getattr(call, name), spec.tp, up)
+                                 for name in split_sizes(call.op)}
         calls.append(replace(call, **sizes))
     fitted = replace(spec, calls=tuple(calls), layout=spec.layout if spec.replicas > 1 else GROUP_LAYOUTS[0])
     if fitted.deterministic and not set(fitted.ops) <= set(DETERMINISTIC_OPS):
         fitted = replace(fitted, deterministic=False)
+    if fitted.deterministic:
+        fitted = replace(fitted, exact=False, runs=max(2, fitted.runs))
     if fitted.exact and any(fitted.problem(c) for c in fitted.calls):
         fitted = replace(fitted, exact=False)
     if fitted.tiling != "own" and fitted.invalid():
         fitted = replace(fitted, tiling="own")
-    if fitted.deterministic and not fitted.compares_bitwise:
-        fitted = replace(fitted, runs=2)
     return fitted
 
 
@@ -265,7 +247,7 @@ def offered(scope: Scope) -> str:
 def draw(rng: random.Random, scope: Scope | None = None, ops: Sequence[str] | None = None) -> OpSpec:
     """One case from the space (only the ops of ``scope``, or ``ops``), valid by construction."""
     ops = tuple(ops or (scope.ops if scope is not None else FUSED_OPS))
-    values = draw_fields(rng, SPEC_DIMENSIONS)
+    values = SPEC_DIMENSIONS.draw(rng)
     while values["tp"] * values["replicas"] > MAX_WORLD:
         values["replicas"] = 1
     calls: list[Call] = []
@@ -274,7 +256,7 @@ def draw(rng: random.Random, scope: Scope | None = None, ops: Sequence[str] | No
         if calls and rng.random() < REPEAT_SHAPE:
             calls.append(replace(calls[-1], seed=seed))
             continue
-        call = Call(**draw_fields(rng, CALL_DIMENSIONS), seed=seed)
+        call = Call(**CALL_DIMENSIONS.draw(rng), seed=seed)
         if call.op not in ops or (calls and rng.random() >= ANOTHER_OP):
             call = replace(call, op=calls[-1].op if calls else rng.choice(ops))
         elif calls and call.op != calls[-1].op and rng.random() < COINCIDE:
@@ -313,7 +295,7 @@ def shares_an_output_shape(spec: OpSpec) -> bool:
 def neighbours(spec: OpSpec) -> Iterator[OpSpec]:
     """Every valid one-step-simpler spec: a call fewer, or one dimension of the spec, of the calls sharing a value,
     or of one call simpler."""
-    return valid_neighbours(spec, _steps(spec), lambda c: fit(c, up=False))
+    return space.valid_neighbours(spec, _steps(spec), lambda c: fit(c, up=False))
 
 
 def _steps(spec: OpSpec) -> Iterable[OpSpec]:
@@ -341,12 +323,18 @@ def _steps(spec: OpSpec) -> Iterable[OpSpec]:
 
 def tags(spec: OpSpec) -> list[str]:
     """``dimension=bucket`` of each dimension of ``spec`` (the explored counts per dimension)."""
-    found = field_tags(spec, SPEC_DIMENSIONS) + [f"calls={len(spec.calls)}"]
+    found = SPEC_DIMENSIONS.tags(spec) + [f"calls={len(spec.calls)}"]
     if len(spec.ops) > 1:
         found.append(f"ops_share_an_output_shape={shares_an_output_shape(spec)}")
     for call in spec.calls:
-        found.extend(field_tags(call, CALL_DIMENSIONS))
+        found.extend(CALL_DIMENSIONS.tags(call))
     return found
+
+
+def buckets() -> dict[str, tuple[str, ...]]:
+    """Every ``dimension=bucket`` :func:`tags` names, each one a draw reaches."""
+    return {**SPEC_DIMENSIONS.buckets(), **CALL_DIMENSIONS.buckets(), "calls": CALLS.buckets,
+            "ops_share_an_output_shape": ("False", "True")}
 
 
 def judge_spec(ranks: Ranks, spec: OpSpec, scope: Scope, verdicts: Verdicts) -> Judged:
@@ -357,25 +345,26 @@ def judge_spec(ranks: Ranks, spec: OpSpec, scope: Scope, verdicts: Verdicts) -> 
     allows it (``judge_refusal``: strided operands, an odd number of rows per
     rank) is judged as a refusal; any other call that raised fails "the op
     ran on every rank".  A deterministic case must also be bitwise
-    reproducible.
+    reproducible, and split-invariant where the implementation declares it.
     """
     if spec.tiling != "own" and not set(spec.ops) <= scope.blocks:
         return Judged(skipped=f"{spec.ops} take no explicit tiling (blocks=)")
     runs = spec.jobs()
-    outcomes = run_to_the_end(ranks, spec, verdicts, op_sequence_task, runs=runs)
+
+    def not_offered(outcomes: list[Any]) -> Judged | None:
+        return next(filter(None, (unoffered(judge.call_errors([o[i] for o in outcomes]), spec.modes((run.op,)))
+                                  for i, run in enumerate(runs))), None)
+
+    outcomes = outcomes_to_judge(ranks, spec, verdicts, op_sequence_task, not_offered=not_offered, runs=runs)
     if isinstance(outcomes, Judged):
         return outcomes
     judged = [(run, [o[i] for o in outcomes]) for i, run in enumerate(runs)]
-    for run, run_outcomes in judged:
-        not_offered = unoffered(judge.call_errors(run_outcomes), spec.modes((run.op,)))
-        if not_offered:
-            return not_offered
     for run, run_outcomes in judged:
         if judge_refusal(verdicts, run, run_outcomes, scope.declarations):
             return Judged.of(verdicts)
     judge_op_runs(verdicts, judged, scope.declarations.in_place_ops, exact=spec.exact)
     if spec.deterministic:
-        judge_deterministic(verdicts, judged)
+        judge_deterministic(verdicts, judged, scope.declarations.split_invariant_ops)
     return Judged.of(verdicts)
 
 
@@ -390,5 +379,5 @@ def from_dict(data: dict[str, Any]) -> OpSpec:
 
 
 KIND = Kind(KIND_NAME, weight=6.0, offered=offered, draw=draw, neighbours=neighbours, tags=tags, judge=judge_spec,
-            from_dict=from_dict, spec_type=OpSpec, modes=lambda spec: spec.modes(),
+            from_dict=from_dict, spec_type=OpSpec, buckets=buckets, modes=lambda spec: spec.modes(),
             subject=lambda spec: "+".join(spec.ops))

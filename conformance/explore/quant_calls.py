@@ -19,20 +19,10 @@ from typing import Any
 from conformance.cases.quant_cases import BAD_QUANT, quant_inputs, quant_task
 from conformance.contract.jobs import QuantRun
 from conformance.contract.problems import GRANULARITIES, QuantProblem
-from conformance.explore.kind import Judged, Kind, Ranks, Scope, read_spec, run_to_the_end, unoffered
-from conformance.explore.space import (
-    Dimension,
-    draw_fields,
-    field_tags,
-    simpler_fields,
-    size,
-    size_bucket,
-    smaller_ints,
-    towards,
-    valid_neighbours,
-    weighted,
-)
-from conformance.explore.spec import SpecError
+from conformance.explore import space
+from conformance.explore.kind import Judged, Kind, Ranks, Scope, outcomes_to_judge, read_spec
+from conformance.explore.space import Dimension, Space, size, smaller_ints, towards, weighted
+from conformance.explore.spec import require_runnable
 from conformance.judge.levels import Level
 from conformance.judge.quant_verdicts import check_w8a16, judge_bad_argument, quant_truth
 from conformance.judge.verdicts import Verdicts
@@ -92,9 +82,7 @@ class QuantSpec:
         return ""
 
     def run(self) -> QuantRun:
-        why = self.invalid()
-        if why:
-            raise SpecError(why)
+        require_runnable(self)
         problem = QuantProblem(self.m, self.k, self.n, self.dtype, self.group_size, seed=self.seed,
                                granularity=self.granularity, offset=self.offset, bias=self.bias)
         return QuantRun(None, self.tp, change=None if self.change == "none" else self.change, seeded=problem)
@@ -110,14 +98,14 @@ class QuantSpec:
 
 
 #: Fields of the spec, simplest value first.
-DIMENSIONS: tuple[Dimension, ...] = (
+DIMENSIONS = Space(
     Dimension("change", weighted(("none", *BAD_QUANT), (24,) + (1,) * len(BAD_QUANT)), towards("none", *BAD_QUANT)),
     Dimension("tp", weighted((1, 2, 3, 4), (1, 4, 2, 3)), lambda tp: [t for t in (1, 2, 3, 4) if t < tp]),
     Dimension("granularity", weighted(GRANULARITIES, (1, 1, 2)), towards(*GRANULARITIES)),
-    Dimension("group_size", weighted(GROUP_SIZES, (2, 2, 1, 2, 1, 1)), towards(0, *GROUP_SIZES)),
-    Dimension("m", size(32, 256, 1024), smaller_ints, size_bucket),
-    Dimension("k", size(96, 512, 1536), smaller_ints, size_bucket),
-    Dimension("n", size(64, 256, 768), smaller_ints, size_bucket),
+    Dimension("group_size", weighted(GROUP_SIZES, (2, 2, 1, 2, 1, 1)), towards(0, *GROUP_SIZES), absent=0),
+    Dimension("m", size(32, 256, 1024), smaller_ints),
+    Dimension("k", size(96, 512, 1536), smaller_ints),
+    Dimension("n", size(64, 256, 768), smaller_ints),
     Dimension("dtype", weighted(ACTIVATIONS, (1, 1)), towards(*ACTIVATIONS)),
     Dimension("offset", weighted((False, True), (1, 1)), towards(False, True)),
     Dimension("bias", weighted((False, True), (1, 1)), towards(False, True)),
@@ -135,7 +123,7 @@ def fit(spec: QuantSpec, up: bool) -> QuantSpec:
         step = spec.tp * spec.group_size
     if spec.change in WHOLE_GROUPS:
         step = math.lcm(step, spec.tp * 32)
-    k = max(-(-spec.k // step) * step if up else spec.k // step * step, step)
+    k = space.round_to(spec.k, step, up)
     if spec.granularity == "per_group" and k // spec.tp <= spec.group_size:
         k = 2 * step if up else k
     return replace(spec, k=k)
@@ -145,29 +133,46 @@ def offered(scope: Scope) -> str:
     return "" if scope.w8a16 else "matmul_all_reduce takes no w8A16 arguments"
 
 
-#: Groups per rank of a per-group draw, above the least two: mostly a few, often a dozen or two (a scale cache
-#: or a tiling sized for a few groups breaks only past them; each bucket of the report is drawn often enough).
-def MORE_GROUPS(rng: random.Random) -> int:  # noqa: N802 - a drawing line, named as the space's others
-    low, high = rng.choices(((1, 3), (4, 7), (8, 15), (16, 24)), (50, 20, 15, 15))[0]
-    return rng.randint(low, high)
+#: Groups per rank of a per-group draw: mostly a few, often a dozen or two (a scale cache or a tiling sized for a
+#: few groups breaks only past them).  Each range is a report bucket, drawn at its share; the last one is open (a
+#: neighbour or a mutation may hold any number of groups).
+GROUPS = (2, 4, 8, 16, 25)
+GROUP_SHARES = (50, 20, 15, 15)
+
+
+def more_groups(rng: random.Random) -> int:
+    """Groups per rank of a per-group draw (:data:`GROUPS`)."""
+    low, high = rng.choices(tuple(zip(GROUPS, GROUPS[1:])), GROUP_SHARES)[0]
+    return rng.randint(low + (low != GROUPS[0]), high)
+
+
+def groups_bucket(groups: int) -> str:
+    """The report bucket of ``groups`` per rank (``none``: no per-group scales)."""
+    if not groups:
+        return "none"
+    return next((f"<={top}" for top in GROUPS[1:-1] if groups <= top), f">{GROUPS[-2]}")
 
 
 def draw(rng: random.Random, scope: Scope | None = None) -> QuantSpec:
-    fields = draw_fields(rng, DIMENSIONS)
-    groups = 1 + MORE_GROUPS(rng)
+    fields = DIMENSIONS.draw(rng)
+    groups = more_groups(rng)
     if fields["granularity"] == "per_group":
         fields["k"] = fields["tp"] * fields["group_size"] * groups
     return fit(QuantSpec(**fields, seed=rng.randrange(1 << 16)), up=True)
 
 
 def neighbours(spec: QuantSpec) -> Iterator[QuantSpec]:
-    return valid_neighbours(spec, simpler_fields(spec, DIMENSIONS), lambda c: fit(c, up=False))
+    return space.valid_neighbours(spec, DIMENSIONS.simpler(spec), lambda c: fit(c, up=False))
 
 
 def tags(spec: QuantSpec) -> list[str]:
     groups = spec.k // spec.tp // spec.group_size if spec.group_size else 0
-    bucket = next(f"<={top}" for top in (4, 8, 16, 32) if groups <= top) if groups else "none"
-    return field_tags(spec, DIMENSIONS) + [f"groups_per_rank={bucket}"]
+    return DIMENSIONS.tags(spec) + [f"groups_per_rank={groups_bucket(groups)}"]
+
+
+def buckets() -> dict[str, tuple[str, ...]]:
+    """Every ``dimension=bucket`` :func:`tags` names, each one a draw reaches."""
+    return {**DIMENSIONS.buckets(), "groups_per_rank": tuple(map(groups_bucket, (0, *GROUPS[1:])))}
 
 
 def modes(spec: QuantSpec) -> frozenset[str]:
@@ -178,12 +183,9 @@ def modes(spec: QuantSpec) -> frozenset[str]:
 def judge_spec(ranks: Ranks, spec: QuantSpec, scope: Scope, verdicts: Verdicts) -> Judged:
     """Run ``spec`` on ``ranks``: the numbers against the dequantised truth, or the refusal of its invalid argument."""
     run = spec.run()
-    outcomes = run_to_the_end(ranks, spec, verdicts, quant_task, run=run)
+    outcomes = outcomes_to_judge(ranks, spec, verdicts, quant_task, modes=modes(spec), run=run)
     if isinstance(outcomes, Judged):
         return outcomes
-    not_offered = unoffered([o.error for o in outcomes], modes(spec))
-    if not_offered:
-        return not_offered
     if run.change is not None:
         judge_bad_argument(verdicts, outcomes, run.change, scope.declarations)
     else:
@@ -199,5 +201,5 @@ def from_dict(data: dict[str, Any]) -> QuantSpec:
 
 
 KIND = Kind(KIND_NAME, weight=1.5, offered=offered, draw=draw, neighbours=neighbours, tags=tags, judge=judge_spec,
-            from_dict=from_dict, spec_type=QuantSpec, modes=modes,
+            from_dict=from_dict, spec_type=QuantSpec, buckets=buckets, modes=modes,
             subject=lambda spec: spec.change if spec.change != "none" else f"w8A16 {spec.granularity}")

@@ -1,9 +1,12 @@
-"""How a dimension of the space is drawn and made simpler: the pieces every kind of spec builds its space from.
+"""How a dimension of the space is drawn, made simpler and counted: the pieces every kind of spec builds its space from.
 
-A dimension is one field of a spec: a draw from a seeded ``random.Random``
-and the one-step-simpler values of a value, simplest first.  Drawing and
-shrinking read the same lines, so a new dimension (a new job field) is one
-line in a kind's space and one field of its spec.
+A dimension is one field of a spec: a draw from a seeded ``random.Random``,
+the one-step-simpler values of a value, simplest first, and the report
+buckets its values fall in.  Drawing, shrinking and counting read the same
+lines (a :class:`Space`), so a new dimension (a new job field) is one line in
+a kind's space and one field of its spec.  Every bucket a dimension names is
+one a draw reaches -- at its weight, or its size range's share -- so a report
+(and the unit test of what a night covers) can hold each to a floor.
 
 Small sizes most of the time (cases per second), big ones sometimes (where
 kernels switch algorithm), odd and prime sizes often (tail tiles).
@@ -19,17 +22,61 @@ from typing import Any, TypeVar
 Case = TypeVar("Case")
 
 
-def weighted(values: Sequence[Any], weights: Sequence[float]) -> Callable[[random.Random], Any]:
+@dataclass(frozen=True)
+class Weighted:
+    """One of ``values``, drawn with ``weights``; each value is its own report bucket."""
+
+    values: tuple[Any, ...]
+    weights: tuple[float, ...]
+
+    def __call__(self, rng: random.Random) -> Any:
+        return rng.choices(self.values, self.weights)[0]
+
+    def bucket(self, value: Any) -> str:
+        return str(value)
+
+    @property
+    def buckets(self) -> tuple[str, ...]:
+        return tuple(map(str, self.values))
+
+
+def weighted(values: Sequence[Any], weights: Sequence[float]) -> Weighted:
     """Draw one of ``values`` with ``weights``."""
-    return lambda rng: rng.choices(values, weights)[0]
+    return Weighted(tuple(values), tuple(weights))
 
 
-def size(small: int, medium: int, large: int) -> Callable[[random.Random], int]:
+#: How often a size falls in its small, medium and large range.
+SIZE_SHARES = (80.0, 16.0, 4.0)
+
+
+@dataclass(frozen=True)
+class Sized:
+    """A size: in ``1..small`` most of the time, ``small+1..medium`` sometimes, ``medium+1..large`` rarely
+    (``shares``); each range is a report bucket, drawn at its share."""
+
+    small: int
+    medium: int
+    large: int
+    shares: tuple[float, float, float] = SIZE_SHARES
+
+    def __call__(self, rng: random.Random) -> int:
+        low, high = rng.choices(((1, self.small), (self.small + 1, self.medium), (self.medium + 1, self.large)),
+                                self.shares)[0]
+        return rng.randint(low, high)
+
+    def bucket(self, value: int) -> str:
+        """``<=small``, ``<=medium`` or ``>medium`` (a neighbour or a mutation past ``large`` too)."""
+        return f"<={self.small}" if value <= self.small else f"<={self.medium}" if value <= self.medium \
+            else f">{self.medium}"
+
+    @property
+    def buckets(self) -> tuple[str, ...]:
+        return f"<={self.small}", f"<={self.medium}", f">{self.medium}"
+
+
+def size(small: int, medium: int, large: int, shares: tuple[float, float, float] = SIZE_SHARES) -> Sized:
     """Mostly ``1..small``, sometimes up to ``medium``, rarely up to ``large``."""
-    def draw(rng: random.Random) -> int:
-        top = rng.choices((small, medium, large), (80, 16, 4))[0]
-        return rng.randint(1, top)
-    return draw
+    return Sized(small, medium, large, shares)
 
 
 def smaller_ints(value: int) -> list[int]:
@@ -52,36 +99,65 @@ def nothing_simpler(value: Any) -> list[Any]:
     return []
 
 
-def size_bucket(value: int) -> str:
-    """How a report counts a size: ``<=16``, ``<=128``, ``<=1024``, ``inf``."""
-    return next(f"<={top}" for top in (16, 128, 1024) if value <= top) if value <= 1024 else "inf"
+#: A dimension's value where it does not apply: counted in no bucket.
+NOT_APPLICABLE = object()
 
 
 @dataclass(frozen=True)
 class Dimension:
-    """One field of a spec: how it is drawn, its simpler values, how a report buckets it."""
+    """One field of a spec: how it is drawn, its simpler values, how a report buckets it.
+
+    ``bucket`` and ``buckets`` default to the draw's own (a :class:`Weighted` value's name, a :class:`Sized`
+    range); ``absent`` is the value a spec holds where the dimension does not apply (no bucket counts it).
+    """
 
     name: str
     draw: Callable[[random.Random], Any]
     simpler: Callable[[Any], list[Any]]
-    bucket: Callable[[Any], str] = str
+    bucket: Callable[[Any], str] | None = None
+    buckets: tuple[str, ...] = ()
+    absent: Any = NOT_APPLICABLE
+
+    def bucket_of(self, value: Any) -> str | None:
+        """The report bucket of ``value`` (None where the dimension does not apply)."""
+        if self.absent is not NOT_APPLICABLE and value == self.absent:
+            return None
+        if self.bucket is not None:
+            return self.bucket(value)
+        return str(getattr(self.draw, "bucket", str)(value))
+
+    def every_bucket(self) -> tuple[str, ...]:
+        """Every bucket a draw reaches."""
+        return self.buckets or tuple(getattr(self.draw, "buckets", ()))
 
 
-def draw_fields(rng: random.Random, dimensions: Iterable[Dimension]) -> dict[str, Any]:
-    """One value per dimension, in their order (the same seed, the same values)."""
-    return {d.name: d.draw(rng) for d in dimensions}
+class Space:
+    """The dimensions of a spec (or of one call of it), in order: what drawing, shrinking and counting read."""
 
+    def __init__(self, *dimensions: Dimension) -> None:
+        self.dimensions = dimensions
 
-def simpler_fields(case: Case, dimensions: Iterable[Dimension]) -> Iterator[Case]:
-    """``case`` with one field of ``dimensions`` one step simpler, simplest first (``case`` a frozen dataclass)."""
-    for d in dimensions:
-        for value in d.simpler(getattr(case, d.name)):
-            yield replace(case, **{d.name: value})  # type: ignore[type-var]
+    def __iter__(self) -> Iterator[Dimension]:
+        return iter(self.dimensions)
 
+    def draw(self, rng: random.Random) -> dict[str, Any]:
+        """One value per dimension, in their order (the same seed, the same values)."""
+        return {d.name: d.draw(rng) for d in self.dimensions}
 
-def field_tags(case: Any, dimensions: Iterable[Dimension]) -> list[str]:
-    """``dimension=bucket`` of each of ``dimensions`` (the explored counts per dimension)."""
-    return [f"{d.name}={d.bucket(getattr(case, d.name))}" for d in dimensions]
+    def simpler(self, case: Case) -> Iterator[Case]:
+        """``case`` with one field one step simpler, simplest first (``case`` a frozen dataclass)."""
+        for d in self.dimensions:
+            for value in d.simpler(getattr(case, d.name)):
+                yield replace(case, **{d.name: value})  # type: ignore[type-var]
+
+    def tags(self, case: Any) -> list[str]:
+        """``dimension=bucket`` of each dimension that applies to ``case`` (the explored counts per dimension)."""
+        found = ((d.name, d.bucket_of(getattr(case, d.name))) for d in self.dimensions)
+        return [f"{name}={bucket}" for name, bucket in found if bucket is not None]
+
+    def buckets(self) -> dict[str, tuple[str, ...]]:
+        """Every dimension's buckets a draw reaches."""
+        return {d.name: d.every_bucket() for d in self.dimensions}
 
 
 def valid_neighbours(case: Case, candidates: Iterable[Case],
@@ -92,3 +168,8 @@ def valid_neighbours(case: Case, candidates: Iterable[Case],
         if candidate not in seen and not candidate.invalid():  # type: ignore[attr-defined]
             seen.add(candidate)
             yield candidate
+
+
+def round_to(value: int, step: int, up: bool) -> int:
+    """``value`` rounded to a multiple of ``step`` (up or down), at least ``step``."""
+    return max(step, -(-value // step) * step if up else value // step * step)

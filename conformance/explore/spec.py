@@ -58,6 +58,13 @@ class OnReplicas:
         return self.tp * self.replicas
 
 
+def require_runnable(spec: Spec) -> None:
+    """Raise :class:`SpecError` saying why, where ``spec`` names no runnable case."""
+    why = spec.invalid()
+    if why:
+        raise SpecError(why)
+
+
 def spec_key(spec: Spec) -> str:
     """A short stable hash of ``spec`` (file names)."""
     return hashlib.sha256(json.dumps(spec.as_dict(), sort_keys=True).encode()).hexdigest()[:10]

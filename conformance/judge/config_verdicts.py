@@ -32,7 +32,7 @@ def judge_refused(verdicts: Verdicts, error: CapturedError | None, declared: Dec
                   kind: str | None, level: Level, what: str, or_correct: bool = False) -> None:
     """``configure`` refused the setting naming it (``names``, a regex); the declared ``kind`` of error (SHOULD;
     ``kind`` None: several kinds apply, none judged).  ``or_correct``: accepting it is conforming when the
-    results are right (results not run here), the refusal a SHOULD."""
+    results are right (results not run here), the refusal -- naming the setting, as any refusal -- a SHOULD."""
     if or_correct:
         with verdicts.check("a clear refusal, or correct results", Level.MUST):
             if error is None:
@@ -41,6 +41,7 @@ def judge_refused(verdicts: Verdicts, error: CapturedError | None, declared: Dec
         with verdicts.check("refused, naming the setting", Level.SHOULD):
             if error is None:
                 raise WrongError(f"{what}: accepted; the feature documents a refusal", level=Level.SHOULD)
+            checks.check_refused_on_every_rank([error], what=what, patterns=[names], level=Level.SHOULD)
     else:
         with verdicts.check("refused, naming the setting", level):
             checks.check_refused_on_every_rank([error], what=what, patterns=[names])

@@ -10,16 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
-import torch
-
-from conformance.contract.equality import bitwise_equal, describe_difference
 from conformance.contract.jobs import OpRun
 from conformance.contract.results import OpRunOutcome
 from conformance.judge import checks
 from conformance.judge import ops as judge
-from conformance.judge.failures import DeterminismViolation
+from conformance.judge.determinism import check_reproducible, check_split_invariant, nothing_to_compare
 from conformance.judge.levels import Level
 from conformance.judge.verdicts import NotJudged, Verdicts
 from conformance.protocol import Declarations
@@ -134,30 +130,27 @@ def judge_refusal(verdicts: Verdicts, run: OpRun, outcomes: Sequence[OpRunOutcom
     return True
 
 
-def judge_deterministic(verdicts: Verdicts, judged: Sequence[tuple[OpRun, Sequence[OpRunOutcome]]]) -> None:
-    """``deterministic=True`` (MUST): every run bitwise reproducible -- not judged where a call raised."""
+def judge_deterministic(verdicts: Verdicts, judged: Sequence[tuple[OpRun, Sequence[OpRunOutcome]]],
+                        split_invariant_ops: frozenset[str] = frozenset()) -> None:
+    """``deterministic=True`` (``conformance/judge/determinism.py``): every run of a call under one tiling bitwise
+    the first (MUST); for the ops declared split-invariant on this device, every tiling bitwise the first (MUST),
+    for the others not judged -- their tilings are judged by the error bound, with the op checks.  Not judged where
+    a call raised, or where nothing was there to compare."""
     with verdicts.check("deterministic: bitwise reproducible", Level.MUST):
         for run, outcomes in judged:
             _needs_every_result(outcomes)
-            check_bitwise_reproducible(run, outcomes)
-
-
-def check_bitwise_reproducible(run: OpRun, outcomes: Sequence[OpRunOutcome]) -> None:
-    """``deterministic=True``: every result of a call (each tiling, each run) bitwise equal to the first, and, with
-    ``run.reference``, to the serial deterministic reference.  Of exact data, up to the sign of a zero (which
-    a tile's own summation order decides)."""
-    for rank, o in enumerate(outcomes):
-        for index, (call, problem) in enumerate(zip(o.calls, run.problems)):
-            name = f"{run.op} {problem.dtype} rank {rank}" + (f" call {index}" if index else "")
-            results = [_plus_zero(r) for r in call.results] if problem.exact else call.results
-            checks.check_bitwise_equal(name, results, what="run/tiling")
-            reference = _plus_zero(call.reference) if problem.exact else call.reference
-            if run.reference and not bitwise_equal(results[0], reference):
-                raise DeterminismViolation(
-                    f"{name}: differs bitwise from the serial deterministic reference "
-                    f"({describe_difference(call.reference, call.results[0])})")
-
-
-def _plus_zero(value: Any) -> Any:
-    """``value`` with every zero ``+0`` (a tensor plus ``+0``; anything else as it is)."""
-    return value + 0 if isinstance(value, torch.Tensor) and value.is_floating_point() else value
+            why = nothing_to_compare(runs=run.runs, exact=any(p.exact for p in run.problems))
+            if why:
+                raise NotJudged(f"{run.op}: {why}")
+            check_reproducible(run, outcomes)
+    tiled = [(run, outcomes) for run, outcomes in judged if len(run.tilings) > 1]
+    if not tiled:
+        return  # one tiling: nothing split, no split-invariance check to record
+    with verdicts.check("split-invariant: bitwise across tilings", Level.MUST):
+        declared = [(run, outcomes) for run, outcomes in tiled if run.op in split_invariant_ops]
+        if not declared:
+            raise NotJudged(f"{sorted({run.op for run, _ in tiled})} declared no split invariance on this device "
+                            "(split_invariant_ops): the tilings are judged by the error bound")
+        for run, outcomes in declared:
+            _needs_every_result(outcomes)
+            check_split_invariant(run, outcomes)

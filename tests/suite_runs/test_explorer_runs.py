@@ -7,6 +7,8 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
+from conformance.explore.op_calls import Call, OpSpec
+from conformance.explore.spec import SPEC_SCHEMA
 from tests.support.suite_run import SuiteRun
 
 FAULT = "tests.support.faulty_impls:UnalignedKBias"
@@ -105,11 +107,18 @@ def test_refusing_every_call_fails_at_must_and_lacking_a_mode_passes_with_it_not
     ran = [f for f in explored["findings"] if f["check"] == "the op ran on every rank"]  # type: ignore[attr-defined]
     assert ran and min(f["found_after_s"] for f in ran) < 30, explored["findings"]
 
+    # A corpus of one deterministic case, replayed first: the mode is met whatever the draws.
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    deterministic = OpSpec((Call(48, 96, 64),), tp=3, deterministic=True, runs=2)
+    (corpus / "deterministic.json").write_text(json.dumps({"schema": SPEC_SCHEMA, "spec": deterministic.as_dict()}))
     lacking = run_suite("test_explore", "tests.support.faulty_impls:NoDeterministicMode", "--coc-explore", "8",
-                        "--coc-seed", "3", "--coc-explore-dir", str(tmp_path / "found2"),
+                        "--coc-seed", "3", "--coc-explore-dir", str(tmp_path / "found2"), "--coc-corpus", str(corpus),
+                        "--coc-no-shipped-corpus",
                         "--coc-summary", str(tmp_path / "lacking.json"), *_own_leases(tmp_path))
     assert lacking.ret == 0, lacking.output
     case, explored = _exploration(tmp_path / "lacking.json")
     assert case["outcome"] == "passed" and explored["findings"] == [], explored
-    drew = explored["per_dimension"].get("op.deterministic=True", 0)  # type: ignore[attr-defined]
-    assert not drew or any("deterministic" in modes for modes in explored["not_offered"]), explored
+    assert explored["per_dimension"]["op.deterministic=True"] >= 1, explored  # type: ignore[index]
+    assert any("deterministic" in modes for modes in explored["not_offered"]), explored  # type: ignore[attr-defined]
+    assert any(c["outcome"] == "passed" for c in case["checks"]), case  # the rest of what it drew was judged

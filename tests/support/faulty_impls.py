@@ -1630,3 +1630,73 @@ class AcceptsTpZeroAndMc2(ReferenceCoC):
     def configure(self, argv: Sequence[str] | None, env: Mapping[str, str] | None, **kw: Any) -> CoCConfig:
         kw.update(use_ascend_mc2=False, tp_size=kw.get("tp_size") or 1)
         return super().configure(argv, env, **kw)
+
+
+def row_count_gemm(x32: Any, w32: Any) -> Any:
+    """A float32 GEMM that rounds a row by the rows it is given, as a device BLAS choosing split-K by shape does:
+    the ``k`` sum is cut into ``1 + rows % 3`` slices, each multiplied, then added.  Deterministic for one shape;
+    within the error bound for any."""
+    rows, k = x32.shape
+    cuts = [k * i // (1 + rows % 3) for i in range(2 + rows % 3)]
+    total = x32[:, :cuts[1]] @ w32[:cuts[1]]
+    for lo, hi in zip(cuts[1:], cuts[2:]):
+        total = total + x32[:, lo:hi] @ w32[lo:hi]
+    return total
+
+
+def _deterministic_by_tiles(x: Any, w: Any, bias: Any, *, group: Any, scatter: bool, transpose_weight: bool = False,
+                            blocks: Sequence[int] | None = None, **_: Any) -> Any:
+    """Float32 partials of each tile (``blocks`` of the rows a rank keeps; one tile by default) by
+    :func:`row_count_gemm`, all-gathered and summed in rank order, the bias once, one cast."""
+    import torch
+    import torch.distributed as dist
+
+    tp, rank, m = dist.get_world_size(group), dist.get_rank(group), x.shape[0]
+    if scatter and m % tp:
+        raise ValueError(f"m={m} rows cannot be reduce-scattered over tp={tp} ranks")
+    kept = m // tp if scatter else m
+    tiles = list(blocks or (kept,))
+    if sum(tiles) != kept or min(tiles) < 1:
+        raise ValueError(f"blocks {tiles} do not tile the {kept} rows a rank keeps")
+    w32 = (w.T if transpose_weight else w).float()
+    partial = torch.empty((m, w32.shape[1]), dtype=torch.float32, device=x.device)
+    start = 0
+    for _chunk in range(tp if scatter else 1):
+        for size in tiles:
+            partial[start:start + size] = row_count_gemm(x[start:start + size].float(), w32)
+            start += size
+    parts = torch.empty((tp * m, w32.shape[1]), dtype=torch.float32, device=x.device)
+    dist.all_gather_into_tensor(parts, partial, group=group)
+    total = parts[:m].clone()
+    for r in range(1, tp):
+        total += parts[r * m:(r + 1) * m]
+    if scatter:
+        total = total[rank * kept:(rank + 1) * kept]
+    return (total if bias is None else total + bias.float()).to(x.dtype).clone()
+
+
+class RowCountRounding(ReferenceCoC):
+    """Correct, with a deterministic mode whose GEMM rounds a row by the rows of its tile (a GPU's cuBLAS, emulated):
+    the same tiling gives the same bits run after run, another tiling other bits within the error bound.  It
+    declares no split invariance, so it conforms."""
+
+    name = "variant-row-count-rounding"
+    split_invariant_ops: Any = ()
+
+    def matmul_all_reduce(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
+        if not kw.pop("deterministic", False):
+            return super().matmul_all_reduce(x, w, bias, **kw)
+        return _deterministic_by_tiles(x, w, bias, scatter=False, **kw)
+
+    def matmul_reduce_scatter(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
+        if not kw.pop("deterministic", False):
+            return super().matmul_reduce_scatter(x, w, bias, **kw)
+        return _deterministic_by_tiles(x, w, bias, scatter=True, **kw)
+
+
+class ClaimsSplitInvariance(RowCountRounding):
+    """The same, declaring split invariance it does not have (the reference's claim, on a GPU whose GEMM rounds by
+    the row count): another tiling gives other bits."""
+
+    name = "fault-claims-split-invariance"
+    split_invariant_ops = ("matmul_all_reduce", "matmul_reduce_scatter")

@@ -1,9 +1,12 @@
-"""Deterministic fused reductions: bitwise equal for any tiling, run and rank timing."""
+"""Deterministic fused reductions: the reference's (bitwise equal for any tiling, run and rank timing, where its GEMM
+is row-invariant), and the suite's rules (deterministic, split-invariant, and what a case needs to be able to fail)."""
 
 from __future__ import annotations
 
+import json
 import random
 import time
+from dataclasses import replace
 
 import pytest
 import torch
@@ -207,3 +210,144 @@ def test_ascending_rank_order_on_four_gloo_ranks(gloo4, op: str, tilings) -> Non
         want = expected if op == "ar" else expected[rank * 4:(rank + 1) * 4]
         for blocks, out in zip(tilings, outs, strict=True):
             assert torch.equal(out, want), (rank, blocks, out.flatten().tolist())
+
+
+# --------------------------------------------------------------------------- split invariance, and what can fail
+
+def test_the_cpu_gemm_gives_a_row_the_same_bits_at_any_row_count_from_sixteen() -> None:
+    """What the reference's CPU claim of split invariance rests on, measured here as the device check measures a
+    device (one thread, as ranks run): tiles of 16 rows or more, at two offsets, against the whole product."""
+    from coc_impl.split_invariance import MIN_GEMM_ROWS
+    from coc_shared import gemm_rows
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        measured = gemm_rows.measure("cpu", [(96, 64), (512, 512), (1024, 1024)], rows=1024)
+    finally:
+        torch.set_num_threads(threads)
+    assert measured.invariant(MIN_GEMM_ROWS), measured.text()
+    assert gemm_rows.GemmRows.from_dict(json.loads(json.dumps(measured.to_dict()))) == measured
+
+
+@pytest.mark.parametrize("device, differ_at, claims", [
+    ("cpu", [1, 2, 3], {"cpu"}),  # below the reference's 16 padded rows: no tile of its has them
+    ("cpu", [1, 2, 3, 16, 32, 128], set()),  # a CPU whose GEMM rounds by the row count (issue 42's MKL)
+    ("cuda", list(range(1, 513)), {"cpu"}),  # the H200's float32 GEMM
+    ("cuda", [], {"cpu", "cuda"}),
+])
+def test_the_reference_claims_split_invariance_only_where_its_gemm_was_measured_to_hold(
+        tmp_path, monkeypatch: pytest.MonkeyPatch, device: str, differ_at: list[int], claims: set[str]) -> None:
+    from coc_impl.reference import ReferenceCoC
+    from coc_shared import gemm_rows
+    from conformance.protocol import DETERMINISTIC_OPS, declarations
+
+    path = tmp_path / "device-check.json"
+    path.write_text(json.dumps({"gemm_rows": {"device": device, "dtype": "float32", "rows": 4096,
+                                              "shapes": [{"k": 1024, "n": 1024, "differ_at": differ_at}]}}))
+    monkeypatch.setenv(gemm_rows.ENV, str(path))
+    for kind in ("cpu", "cuda", "npu"):
+        declared = declarations(ReferenceCoC(), device=kind).split_invariant_ops
+        assert declared == (frozenset(DETERMINISTIC_OPS) if kind in claims else frozenset()), kind
+
+
+def test_without_a_measurement_the_reference_claims_the_cpu_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    from coc_impl.reference import ReferenceCoC
+    from coc_shared import gemm_rows
+    from conformance.protocol import declarations
+
+    monkeypatch.delenv(gemm_rows.ENV, raising=False)
+    assert declarations(ReferenceCoC()).split_invariant_ops
+    assert not declarations(ReferenceCoC(), device="cuda").split_invariant_ops
+
+
+@pytest.mark.parametrize("raw, why", [
+    ("matmul_all_reduce", "must name ops"),
+    (("all_gather_matmul",), "must name ops"),
+    ({"": ("matmul_all_reduce",)}, "keys must be device kinds"),
+])
+def test_a_malformed_split_invariance_declaration_is_refused(raw: object, why: str) -> None:
+    from conformance.protocol import DeclarationError, declarations
+
+    class Declares:
+        name = "declares"
+        split_invariant_ops = raw
+
+    with pytest.raises(DeclarationError, match=why):
+        declarations(Declares())
+
+
+def _det_run(tp: int, dtype: str = "float32", **changes: object):
+    from conformance.contract.jobs import OpRun
+    from conformance.contract.problems import Problem
+
+    problem = Problem(64, 96, 64, dtype, seed=17, spread=bool(changes.pop("spread", True)),
+                      exact=bool(changes.pop("exact", False)))
+    settings: dict[str, object] = {"tilings": (None, (64,), (1, 61, 2)), "runs": 3, **changes}
+    return OpRun("matmul_all_reduce", (problem,), tp, deterministic=True, **settings)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("tp", [3, 4, 8])
+def test_spread_data_shows_a_reordered_tp_sum_in_every_dtype(tp: int, dtype: str) -> None:
+    from conformance.judge.determinism import cannot_fail
+
+    assert cannot_fail(_det_run(tp, dtype)) == ""
+
+
+@pytest.mark.parametrize("run, why", [
+    (lambda: _det_run(2), "two ranks commute"),
+    (lambda: _det_run(4, "bfloat16", spread=False), "the same bits for the TP sum in any order"),
+    (lambda: _det_run(4, exact=True, spread=False), "exact data"),
+    (lambda: _det_run(4, runs=1), "one run per tiling"),
+    (lambda: replace(_det_run(4), tilings=(None, (64,), (64,))), "repeat one another"),
+])
+def test_a_deterministic_case_that_cannot_fail_says_why(run, why: str) -> None:
+    """The fixed suite calls such a case a suite error (``test_deterministic_is_bitwise_reproducible``)."""
+    from conformance.judge.determinism import cannot_fail
+
+    assert why in cannot_fail(run())
+
+
+def _outcomes(results_per_rank: list[list[torch.Tensor]]):
+    from conformance.contract.results import OpCallResults, OpRunOutcome
+
+    return [OpRunOutcome([OpCallResults(list(results))], 0, rank, tuple(range(len(results_per_rank))))
+            for rank, results in enumerate(results_per_rank)]
+
+
+def _judged(run, outcomes, declared: frozenset[str]) -> dict[str, tuple[str, str]]:
+    from conformance.judge.op_verdicts import judge_deterministic
+    from conformance.judge.verdicts import Verdicts
+
+    verdicts = Verdicts()
+    judge_deterministic(verdicts, [(run, outcomes)], declared)
+    return {r.name: (r.outcome, r.message) for r in verdicts.results}
+
+
+def test_tilings_that_differ_pass_unless_split_invariance_is_declared() -> None:
+    run = _det_run(3)
+    a, b = torch.ones(64, 64), torch.full((64, 64), 1.0 + 2.0**-20)
+    outcomes = _outcomes([[a, a, a, b, b, b, a, a, a]] * 3)  # tiling after tiling, run after run
+    undeclared = _judged(run, outcomes, frozenset())
+    assert undeclared["deterministic: bitwise reproducible"][0] == "passed"
+    assert undeclared["split-invariant: bitwise across tilings"][0] == "not judged"
+    declared = _judged(run, outcomes, frozenset({"matmul_all_reduce"}))
+    outcome, message = declared["split-invariant: bitwise across tilings"]
+    assert outcome == "failed" and "tiling [64] differs bitwise from its own tiling" in message, message
+
+
+def test_a_run_that_differs_from_the_run_before_under_one_tiling_fails_deterministic() -> None:
+    run = _det_run(3)
+    a, b = torch.ones(64, 64), torch.full((64, 64), 1.0 + 2.0**-20)
+    judged = _judged(run, _outcomes([[a, a, a, a, a, a, a, a, a]] * 2 + [[a, a, a, a, b, a, a, a, a]]),
+                     frozenset({"matmul_all_reduce"}))
+    outcome, message = judged["deterministic: bitwise reproducible"]
+    assert outcome == "failed" and "rank 2, tiling [64]: run 1 differs bitwise from run 0" in message, message
+    assert "split-invariant: bitwise across tilings" in judged
+
+
+def test_one_tiling_records_no_split_invariance_check() -> None:
+    run = replace(_det_run(3), tilings=(None,))
+    a = torch.ones(64, 64)
+    assert set(_judged(run, _outcomes([[a, a, a]] * 3), frozenset())) == {"deterministic: bitwise reproducible"}

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from conformance.contract.config_rules import expected_outcome
-from conformance.explore import config_settings, layer_training, op_calls, quant_calls
+from conformance.explore import config_settings, layer_training, op_calls, quant_calls, space
 from conformance.explore import explorer as explorer_module
 from conformance.explore.explorer import STORMED_DRAWS, Explorer
 from conformance.explore.kind import FINISHED, FailureKey, Judged, Kind, Scope
@@ -305,17 +305,50 @@ def test_one_bad_setting_hides_no_other_each_finding_names_its_setting() -> None
     assert all(f.key.name == f"{f.key.subject}: {f.key.check}" for f in report.findings)
 
 
-@pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.name)
-def test_every_dimension_value_is_drawn_in_at_least_two_percent_of_its_kinds_draws(kind: Kind, scope: Scope) -> None:
-    """What a night covers: each value (report bucket) of each dimension, explicit tilings of every op, sequences
-    of ops whose results share a shape and dtype (micro-batch token counts are tagged as one composite bucket)."""
-    specs = _drawn(kind, scope, seed=0, count=3000)
+#: The least share of its kind's draws every bucket of every dimension is drawn in.
+FLOOR = 0.02
+
+
+def _below_the_floor(kind: Kind, specs: list[Any]) -> dict[str, float]:
+    """Every ``dimension=bucket`` the kind names that fewer than :data:`FLOOR` of ``specs`` hold, with its share;
+    a tag the kind does not name counts as held by none (its dimension names a bucket it never declared)."""
     counts: Counter[str] = Counter(tag for spec in specs for tag in set(kind.tags(spec)))
-    rare = {tag: n for tag, n in counts.items() if n < 0.02 * len(specs) and not tag.startswith("tokens=")}
-    assert not rare, rare
+    named = {f"{name}={bucket}" for name, buckets in kind.buckets().items() for bucket in buckets}
+    shares = {tag: counts[tag] / len(specs) for tag in named | set(counts)}
+    return {tag: share if tag in named else 0.0 for tag, share in shares.items()
+            if share < FLOOR or tag not in named}
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.name)
+def test_every_bucket_of_every_dimension_is_drawn_in_at_least_two_percent_of_its_kinds_draws(
+        kind: Kind, scope: Scope) -> None:
+    """What a night covers: every bucket each dimension names -- those no draw reaches too -- explicit tilings of
+    every op, sequences of ops whose results share a shape and dtype."""
+    specs = _drawn(kind, scope, seed=0, count=3000)
+    assert kind.buckets() and not _below_the_floor(kind, specs), _below_the_floor(kind, specs)
     if kind.name == "op":
         assert {op for s in specs if s.tiling != "own" for op in s.ops} == set(scope.ops)
-        assert counts["ops_share_an_output_shape=True"] >= 0.02 * len(specs), counts
+
+
+def test_a_value_drawn_at_weight_zero_fails_the_coverage_floor(scope: Scope, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The floor holds every bucket a dimension names, not only those drawn: one tiling never drawn fails it."""
+    tiling = next(d for d in op_calls.SPEC_DIMENSIONS if d.name == "tiling")
+    weights = [0 if t == "halves" else 1 for t in op_calls.TILINGS]
+    never = replace(tiling, draw=space.weighted(op_calls.TILINGS, weights))
+    monkeypatch.setattr(op_calls, "SPEC_DIMENSIONS",
+                        space.Space(*(never if d is tiling else d for d in op_calls.SPEC_DIMENSIONS)))
+    specs = _drawn(op_calls.KIND, scope, seed=0, count=3000)
+    assert not any(s.tiling == "halves" for s in specs)
+    assert _below_the_floor(op_calls.KIND, specs) == {"tiling=halves": 0.0}
+
+
+@pytest.mark.parametrize("groups", [2, 25, 26, 76, 1000])
+def test_a_w8a16_case_of_any_number_of_groups_has_its_bucket(groups: int) -> None:
+    """A neighbour or a mutation may hold more groups a rank than any draw (76: k=2432, group size 32)."""
+    spec = quant_calls.QuantSpec(8, 32 * groups, 16, 1, group_size=32)
+    assert spec.invalid() == ""
+    bucket = next(t for t in quant_calls.KIND.tags(spec) if t.startswith("groups_per_rank="))
+    assert bucket.split("=", 1)[1] in quant_calls.KIND.buckets()["groups_per_rank"]
 
 
 def test_one_chunk_is_judged_by_its_count_not_by_whether_coc_is_called_enabled(scope: Scope) -> None:
@@ -347,3 +380,27 @@ def test_a_failure_that_shrinks_to_one_found_before_is_no_second_finding(scope: 
                       kinds=(config_settings.KIND,), clock=lambda: next(ticks) * 0.01).explore()
     names = [f.key.name for f in report.findings]
     assert len(names) == len(set(names)) and any(n.startswith("chunks=0") for n in names), names
+
+
+def test_a_configure_that_raises_for_everything_is_never_refusing_moe_naming_it(scope: Scope) -> None:
+    """``NotImplementedError`` for every setting names no setting: "refused, naming the setting" (SHOULD) fails for
+    MoE, in an exploration as in the fixed suite (one function judges both), and every valid setting fails."""
+    from coc_impl.reference import ReferenceCoC
+
+    class ConfiguresNothing(ReferenceCoC):
+        name = "configures-nothing"
+
+        def configure(self, argv: Any, env: Any, **kw: Any) -> Any:
+            raise NotImplementedError("configure is not implemented")
+
+    impl = ConfiguresNothing()
+    ticks = itertools.count()
+    report = Explorer(_NoRanks(), seed=1, budget_s=30.0, scope=Scope.of(impl, declarations(impl)),
+                      kinds=(config_settings.KIND,), clock=lambda: next(ticks) * 0.01).explore()
+    failed = {name.split(": ", 1)[1] for name in report.failing_cases}
+    moe_refusals = {name for _, name, _ in report.judged_checks
+                    if "incompatible=moe" in name and name.endswith("refused, naming the setting")}
+    assert moe_refusals and moe_refusals <= failed, moe_refusals - failed
+    moe = config_settings.judge_spec(_NoRanks(), config_settings.ConfigSpec(incompatible="moe"),
+                                     replace(scope, impl=impl), Verdicts())
+    assert ("refused, naming the setting", Level.SHOULD) in {(k.check, k.level) for k, _ in moe.failures}

@@ -63,8 +63,8 @@ def test_the_space_reaches_the_corners_the_fixed_suite_lacks() -> None:
     assert any(len(s.calls) >= 3 and len({(c.m, c.k, c.n, c.dtype) for c in s.calls[:3]}) == 1 for s in specs)
     assert {s.strides for s in specs} == set(OPERAND_STRIDES), "strided operands"
     assert any(len(s.ops) > 1 for s in specs), "sequences mixing ops"
-    assert any(s.deterministic and s.tiling != "own" and s.exact for s in specs), "explicit tilings"
-    assert any(s.deterministic and not s.exact and s.runs > 1 for s in specs), "repeated deterministic runs"
+    assert any(s.tiling != "own" and s.exact for s in specs), "explicit tilings of exact data"
+    assert any(s.deterministic and s.tiling != "own" and s.runs > 1 for s in specs), "deterministic tilings"
 
 
 @pytest.mark.parametrize("data, why", [
@@ -74,7 +74,13 @@ def test_the_space_reaches_the_corners_the_fixed_suite_lacks() -> None:
     ({"kind": "op", "tp": 2, "calls": [{"m": 3, "k": 4, "n": 4, "op": "matmul_reduce_scatter"}]}, r"m=3 over tp=2"),
     ({"kind": "op", "tp": 2, "deterministic": True, "calls": [{"m": 4, "k": 4, "n": 4, "op": "all_gather_matmul"}]},
      "deterministic=True is a mode of"),
-    ({"kind": "op", "tp": 1, "tiling": "halves", "calls": [{"m": 4, "k": 4, "n": 4}]}, "explicit tiling"),
+    ({"kind": "op", "tp": 1, "tiling": "halves", "calls": [{"m": 4, "k": 4, "n": 4},
+                                                           {"m": 2, "k": 4, "n": 4}]}, "explicit tiling"),
+    # a deterministic spec that could not fail: replaying such a file says so, and judges nothing
+    ({"kind": "op", "tp": 3, "deterministic": True, "calls": [{"m": 4, "k": 6, "n": 4}]},
+     "must be able to fail: one run per tiling"),
+    ({"kind": "op", "tp": 3, "deterministic": True, "exact": True, "runs": 2, "calls": [{"m": 4, "k": 6, "n": 4}]},
+     "must be able to fail: exact data"),
     ({"kind": "op", "tp": 1, "strides": "diagonal", "calls": [{"m": 4, "k": 4, "n": 4}]}, "strides"),
 ])
 def test_a_spec_that_names_no_runnable_case_is_refused_saying_why(data: dict[str, object], why: str) -> None:
@@ -154,14 +160,27 @@ def test_every_explorer_only_fault_is_a_faulty_implementation() -> None:
         assert row.check, row
 
 
-def test_every_deterministic_draw_and_neighbour_has_two_results_to_compare_bitwise() -> None:
-    """A repeat, an explicit tiling or the deterministic reference (exact data): never one result alone."""
+def test_no_deterministic_draw_neighbour_or_mutation_is_a_case_that_cannot_fail() -> None:
+    """Every deterministic spec the explorer builds compares something that could differ: two runs of each tiling
+    or more, never exact data, spread data (issue 43: mutations built one run, one tiling, no exact data)."""
+    from coc_impl.reference import ReferenceCoC
+    from conformance.explore.explorer import mutations
+    from conformance.explore.kind import Scope
+    from conformance.judge.determinism import nothing_to_compare
+    from conformance.protocol import declarations
+
+    scope = Scope.of(ReferenceCoC(), declarations(ReferenceCoC()))
+    rng = random.Random(5)
     specs = [s for s in _drawn(5, 3000) if s.deterministic]
     assert len(specs) > 100
-    assert all(s.runs > 1 or s.tiling != "own" or s.exact for s in specs), \
-        [s.describe() for s in specs if not s.compares_bitwise][:3]
-    for spec in specs[:40]:
-        assert all(n.compares_bitwise for n in ops.neighbours(spec) if n.deterministic)
+    built = specs + [n for s in specs[:60] for n in [*ops.neighbours(s), *mutations(s, rng, scope)]]
+    deterministic = [s for s in built if s.deterministic]
+    assert len(deterministic) > len(specs)
+    for spec in deterministic:
+        assert nothing_to_compare(runs=spec.runs, exact=spec.exact) == "", spec.describe()
+        assert all(p.spread and not p.exact for run in spec.jobs() for p in run.problems), spec.describe()
+    one_run = replace(specs[0], runs=1)
+    assert "one run per tiling" in one_run.invalid() and one_run not in built
 
 
 def test_a_case_is_minimal_only_when_every_neighbour_ran_and_recorded_no_failure() -> None:

@@ -1,0 +1,102 @@
+"""The device check's pieces on CPU (docs/DESIGN.md#the-device-check): the sessions it runs on an accelerator, the
+parts a CPU records as not run, the GEMM rows measurement it hands the reference, and the verdicts of its device
+hang cases."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from coc_shared import gemm_rows
+from conformance.bench import device, hangs
+from conformance.harness.case import Budget, CapturedError, RankOutcome
+from conformance.harness.case_errors import CaseTimeout, RankCrashed
+from conformance.harness.launchers.devices import DeviceKind, cpu
+
+ONE_GPU = DeviceKind("cuda", "nccl", "CUDA_VISIBLE_DEVICES", 1)
+
+
+def test_on_an_accelerator_it_runs_the_whole_suite_at_tp_2_to_8_sharing_the_device_and_explores_at_tp_2(
+        tmp_path: Path) -> None:
+    sessions = device.sessions(ONE_GPU, tmp_path, 60.0)
+    assert set(sessions) == {"suite", "explore", "shared"}
+    shared, _, limit = sessions["shared"]
+    assert shared[shared.index("--coc-ranks-per-device") + 1] == "8" and shared[shared.index("--coc-tp") + 1] == "2,4,8"
+    assert shared[shared.index("-m") + 1] == "not perf" and limit <= 600
+    explore = sessions["explore"][0]
+    assert explore[explore.index("--coc-tp") + 1] == "2" and "--coc-ranks-per-device" in explore  # one device
+    assert "--coc-ranks-per-device" not in device.sessions(DeviceKind("cuda", "nccl", "CUDA_VISIBLE_DEVICES", 2),
+                                                           tmp_path, 60.0)["explore"][0]
+    assert set(device.sessions(cpu(), tmp_path, 60.0)) == {"suite", "explore"}
+
+
+def test_on_a_cpu_the_accelerator_parts_are_recorded_as_not_run_and_the_gemm_rows_measured(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(device, "CPU_ROWS", (((96, 64), (256, 256)), 512))
+    monkeypatch.delenv(gemm_rows.ENV, raising=False)
+    out = tmp_path / "device-check.json"
+    assert device.main(["--only", "gemm_rows", "--only", "shared", "--only", "hangs", "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["shared"] == {"ran": False, "why": device.NOT_ON_CPU["shared"]}
+    assert doc["hangs"] == {"ran": False, "why": device.NOT_ON_CPU["hangs"]} and doc["failed_parts"] == []
+    measured = gemm_rows.load(out)
+    assert measured.device == "cpu" and [(s.k, s.n) for s in measured.shapes] == [(96, 64), (256, 256)]
+    # What the sessions were given, and what the reference declared on it.
+    assert gemm_rows.load(out.with_suffix(".parts") / "gemm-rows.json") == measured
+    assert doc["gemm_rows"]["reference_claims_split_invariance"] is measured.invariant(16)
+
+
+def test_a_part_fails_the_check_when_its_session_or_a_hang_verdict_failed() -> None:
+    assert device.failed({"suite": {"exit_code": 0}, "explore": {"exit_code": 5}, "hangs": {"problems": []}}) == []
+    assert device.failed({"suite": {"exit_code": 1}, "shared": {"exit_code": 0, "failed": ["a case"]},
+                          "hangs": {"problems": ["late"]}}) == ["suite", "shared", "hangs"]
+    assert device.failed({"shared": {"ran": False, "why": "cpu"}}) == []
+
+
+def test_two_ranks_share_the_only_device_where_they_can() -> None:
+    kind, devices = device._two_ranks(ONE_GPU)  # type: ignore[misc]
+    assert kind.backend == "gloo" and kind.ranks_per_device == 2 and devices == ["0/0", "0/1"]
+    assert device._two_ranks(DeviceKind("cuda", "nccl", "CUDA_VISIBLE_DEVICES", 4))[1] == ["0", "1"]  # type: ignore[index]
+    assert "cannot share it" in str(device._two_ranks(DeviceKind("npu", "hccl", "ASCEND_RT_VISIBLE_DEVICES", 1)))
+
+
+def _passed() -> list[RankOutcome]:
+    return [RankOutcome(rank, None, None) for rank in range(2)]
+
+
+@pytest.mark.parametrize("bound_s, bound, deadlock_s, deadlock, wrong", [
+    (6.0, "passed", 2.0, "timeout", ""),
+    (6.0, "timeout", 2.0, "timeout", "did not count as progress"),
+    (1.5, "passed", 2.0, "timeout", "proves nothing"),
+    (6.0, "passed", 2.0, "crash", "not a hang"),
+    (6.0, "passed", 60.0, "timeout", "an idle device was taken for progress"),
+])
+def test_the_device_hang_verdicts_are_held_to_the_devices_evidence(bound_s: float, bound: str, deadlock_s: float,
+                                                                   deadlock: str, wrong: str) -> None:
+    results = {"passed": _passed(), "timeout": CaseTimeout("no progress"), "crash": RankCrashed("rank 1 died")}
+    problems = hangs.device_problems(hangs.OnDevice(1.0, hangs.Timed(bound_s, results[bound]),
+                                                    hangs.Timed(deadlock_s, results[deadlock])))
+    assert (wrong in " ".join(problems)) if wrong else problems == [], problems
+
+
+def test_a_rank_error_in_the_device_bound_case_is_a_problem() -> None:
+    outcomes = [RankOutcome(0, None, None), RankOutcome(1, None, CapturedError("RuntimeError", "boom", ""))]
+    assert hangs.device_problems(hangs.OnDevice(1.0, hangs.Timed(6.0, outcomes),
+                                                hangs.Timed(2.0, CaseTimeout("no progress"))))
+
+
+def test_the_device_hang_cases_run_on_cpu_ranks() -> None:
+    """Their code on CPU ranks, where CPU time carries the device-bound case (the device's events are the
+    accelerator's: unproven here)."""
+    from conformance.harness.launchers.process_launcher import ProcessLauncher
+
+    launcher = ProcessLauncher(cpu(2), max_live_ranks=2)
+    try:
+        run = hangs.on_device(launcher, (), Budget(factor=20, floor=1.0), seconds=0.3, ceiling_s=60.0)
+    finally:
+        launcher.close()
+    bound = run.bound.result
+    assert isinstance(bound, list) and all(o.error is None and o.value >= 1 for o in bound), bound
+    assert isinstance(run.deadlock.result, CaseTimeout), run.deadlock
