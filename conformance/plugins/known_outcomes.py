@@ -26,8 +26,8 @@ import pytest
 from conformance import options, report_properties
 from conformance.caseids import case_id
 from conformance.gating.expectations import Expectation, Expectations, ExpectationsError, judge_checks
-from conformance.judge.run_diff import UNEXPECTED_PASS
 from conformance.harness.case_errors import HANGS
+from conformance.judge.run_diff import UNEXPECTED_PASS
 
 expectations_key = pytest.StashKey[Expectations]()
 matched_key = pytest.StashKey[list[Expectation]]()
