@@ -28,9 +28,11 @@ CELL = 120
 _OUTCOMES = {"passed": "passed", "failed": "failed", "broken": "error", "skipped": "skipped"}
 
 
-def history_run(path: Path, cases_by_history_id: Mapping[str, str]) -> Run:
-    """The last run of a report's history (``allure-history.jsonl``), its cases named by this run's case ids
-    (history ids the current results do not hold keep theirs)."""
+def history_run(path: Path, cases_by_title: Mapping[tuple[str, str], str]) -> Run:
+    """The last run of a report's history (``allure-history.jsonl``), case by case: each result named by the case
+    id it carries (label ``coc_case``), else by this run's case of the same full name and title."""
+    from conformance.report_properties import CASE_LABEL
+
     try:
         lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
         last: dict[str, Any] = json.loads(lines[-1]) if lines else {}
@@ -40,16 +42,18 @@ def history_run(path: Path, cases_by_history_id: Mapping[str, str]) -> Run:
         raise RunError(f"{path}: not an Allure history (no run with testResults)")
     cases = {}
     for history_id, result in last["testResults"].items():
-        cid = cases_by_history_id.get(history_id, str(result.get("fullName") or history_id))
+        labelled = [str(label.get("value")) for label in result.get("labels", ()) if label.get("name") == CASE_LABEL]
+        title = (str(result.get("fullName", "")), str(result.get("name", "")))
+        cid = labelled[0] if labelled else cases_by_title.get(title, f"{title[0]} {title[1]}".strip() or history_id)
         cases[cid] = {"id": cid, "outcome": _OUTCOMES.get(str(result.get("status")), "error"),
                       "failure": {"category": "-", "message": ""}}
     return Run(f"{path} (its last run)", "?", cases)
 
 
-def load(path: Path, cases_by_history_id: Mapping[str, str]) -> Run:
+def load(path: Path, cases_by_title: Mapping[tuple[str, str], str]) -> Run:
     """A baseline: a report's history (``*.jsonl``), else what ``coc-gate --baseline`` reads."""
     if path.suffix == ".jsonl" and path.is_file():
-        return history_run(path, cases_by_history_id)
+        return history_run(path, cases_by_title)
     return load_run(path)
 
 

@@ -320,7 +320,7 @@ def _baseline(given: Path, judged: _Judged, found: same_run.ResultsRun) -> tuple
     if judged.summary_path is None or judged.summary is None:
         return None, [f"no baseline view: the comparison with {given} needs this run's summary"]
     try:
-        return diff_runs(baseline.load(given, found.cases_by_history_id), load_run(judged.summary_path)), []
+        return diff_runs(baseline.load(given, found.cases_by_title), load_run(judged.summary_path)), []
     except RunError as exc:
         return None, [f"no baseline view: {exc}"]
 
@@ -389,7 +389,7 @@ def build(results: Path, out: Path, history: Path | None = None, *, name: str = 
             [(cid, found.result_ids.get(cid)) for cid in not_judged_cases(judged.summary or {})],
             compared, problems))
         try:
-            page.finish(index, top, page.tone(shown["verdict"]))
+            page.finish(index, top, page.tone(shown["verdict"]), gate.passed)
         except page.PageError as exc:
             raise ReportBuildError(str(exc)) from None
         seconds = time.perf_counter() - start

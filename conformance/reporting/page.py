@@ -161,9 +161,20 @@ def banner(shown: Banner) -> str:
     return "".join(parts)
 
 
-def finish(index: Path, top: str, verdict_tone: str) -> None:
+#: A passed gate's entries in the Quality Gates tab, which Allure draws as failures whatever they hold.
+_GATE_PASSED = """
+[data-testid="nav-tab-qualityGate"] [data-testid="counter"]{background:#dcfce7!important;color:#15803d!important}
+[data-testid="quality-gate-result"]>div>svg{display:none}
+[data-testid="quality-gate-result-rule"]::before{content:"\\2713  passed: ";color:#15803d}
+[data-testid="quality-gate-result-message"]{background:#f0fdf4!important;border-color:#15803d!important}
+[data-testid="quality-gate-result-message"] [data-testid="test-result-error-header"] p{visibility:hidden}
+"""
+
+
+def finish(index: Path, top: str, verdict_tone: str, gate_passed: bool = False) -> None:
     """Allure's page with analytics removed (the awesome template's Google tag is hard-wired in Allure 3.x), the
-    styles and the script in its head, and ``top`` (the banner) above its app."""
+    styles and the script in its head, and ``top`` (the banner) above its app; a passed gate's entries shown
+    green."""
     page = _ANALYTICS.sub("", index.read_text(encoding="utf-8"))
     if "googletagmanager" in page:
         raise PageError(f"{index}: the analytics tag changed shape; update reporting/page.py _ANALYTICS")
@@ -173,6 +184,6 @@ def finish(index: Path, top: str, verdict_tone: str) -> None:
     verdict_chip = ('[data-testid="report-variables"] [data-testid="metadata-item"]:first-child '
                     f'[data-testid="metadata-item-value"] span{{background:{paper}!important;color:{ink}!important;'
                     "font-size:14px!important;font-weight:700!important}")
-    head = f"<style>{_STYLE}{verdict_chip}</style><script>{_SCRIPT}</script>"
+    head = f"<style>{_STYLE}{verdict_chip}{_GATE_PASSED if gate_passed else ''}</style><script>{_SCRIPT}</script>"
     page = page.replace("</head>", head + "</head>", 1).replace(_APP, f'<div id="coc-page">{top}{_APP}</div>', 1)
     index.write_text(page, encoding="utf-8")

@@ -34,8 +34,8 @@ class ResultsRun:
     environment: Mapping[str, str] = field(default_factory=dict)
     #: Case id -> the report's id of its result (the md5 of the result's uuid): a link ``#/<id>`` opens it.
     result_ids: Mapping[str, str] = field(default_factory=dict)
-    #: Allure history id -> case id (a report's history is keyed by history ids).
-    cases_by_history_id: Mapping[str, str] = field(default_factory=dict)
+    #: ``(fullName, name)`` -> case id: a report's history written before case ids names its results so.
+    cases_by_title: Mapping[tuple[str, str], str] = field(default_factory=dict)
     #: Results by status, and ``total``.
     statuses: Counter[str] = field(default_factory=Counter)
 
@@ -57,11 +57,11 @@ def read_environment(results: Path) -> dict[str, str]:
 
 
 def read_results(results: Path) -> ResultsRun:
-    """The run ids, case ids, history ids and statuses of every ``*-result.json`` in ``results``."""
+    """The run ids, case ids, titles and statuses of every ``*-result.json`` in ``results``."""
     runs: Counter[str] = Counter()
     statuses: Counter[str] = Counter()
     result_ids: dict[str, str] = {}
-    by_history: dict[str, str] = {}
+    by_title: dict[tuple[str, str], str] = {}
     for path in results.glob("*-result.json"):
         try:
             doc: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
@@ -73,10 +73,9 @@ def read_results(results: Path) -> ResultsRun:
         case = labels.get(CASE_LABEL)
         if case and doc.get("uuid"):
             result_ids[str(case)] = hashlib.md5(str(doc["uuid"]).encode()).hexdigest()
-            if doc.get("historyId"):
-                by_history[str(doc["historyId"])] = str(case)
+            by_title[(str(doc.get("fullName", "")), str(doc.get("name", "")))] = str(case)
     statuses["total"] = sum(statuses.values())
-    return ResultsRun(runs, read_environment(results), result_ids, by_history, statuses)
+    return ResultsRun(runs, read_environment(results), result_ids, by_title, statuses)
 
 
 def disagreements(summary: Mapping[str, Any], found: ResultsRun) -> list[str]:
@@ -84,9 +83,11 @@ def disagreements(summary: Mapping[str, Any], found: ResultsRun) -> list[str]:
 
     The run ids decide; the implementations are compared too, which is all
     there is to compare for results and summaries written before run ids.
+    A result that carries no run id (``coc-matrix --alluredir`` adds one) is
+    no other run.
     """
     problems = []
-    ids, unlabelled = found.run_ids, found.runs.get("", 0)
+    ids = found.run_ids  # results without one (coc-matrix --alluredir writes one) are no other run
     if len(ids) > 1:
         problems.append(f"the results folder holds results of {len(ids)} runs ({', '.join(sorted(ids))}): "
                         "empty it before each run (pytest --clean-alluredir)")
@@ -98,8 +99,6 @@ def disagreements(summary: Mapping[str, Any], found: ResultsRun) -> list[str]:
     elif not want and ids:
         problems.append(f"the summary carries no run id (written by an older suite); the results are of run "
                         f"{', '.join(sorted(ids))}")
-    elif ids and unlabelled:
-        problems.append(f"{unlabelled} result(s) carry no run id beside run {', '.join(sorted(ids))}")
     ours, theirs = str(summary.get("implementation") or ""), found.environment.get("implementation", "")
     if ours and theirs and ours != theirs:
         problems.append(f"the summary judged {ours}; the results judged {theirs}")

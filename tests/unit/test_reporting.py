@@ -91,7 +91,11 @@ def test_report_config_and_page(tmp_path: Path) -> None:
     page.finish(index, '<section id="coc-verdict">v</section>', "red")
     html = index.read_text()
     assert "googletagmanager" not in html and "URL.createObjectURL" in html.split("</head>")[0]
+    assert "passed: " not in html.split("</head>")[0]  # a failed gate's entries stay red
     assert '<body>\n<div id="coc-page"><section id="coc-verdict">v</section><div id="app"></div></div></body>' in html
+    index.write_text('<head></head><body><div id="app"></div></body>')
+    page.finish(index, "", "green", gate_passed=True)
+    assert 'quality-gate-result-rule"]::before{content:"\\2713  passed: "' in index.read_text()
     index.write_text("<head></head><body><main></main></body>")
     with pytest.raises(page.PageError, match="no <div id=\"app\">"):
         page.finish(index, "", "red")
@@ -228,11 +232,11 @@ def test_check_tags_one_per_level_and_step_titles() -> None:
     assert reporting.check_title(checks[1], "failed") == "[MUST] numerics: failed"
 
 
-def _result(folder: Path, name: str, status: str, run: str | None, case: str, history: str) -> None:
+def _result(folder: Path, name: str, status: str, run: str | None, case: str, title: str) -> None:
     labels = [{"name": "epic", "value": "CoC"}, {"name": "coc_case", "value": case}]
     labels += [{"name": "coc_run", "value": run}] if run else []
     (folder / f"{name}-result.json").write_text(json.dumps({"uuid": name, "status": status, "labels": labels,
-                                                            "historyId": history}))
+                                                            "fullName": "m#t", "name": title}))
 
 
 def test_a_summary_and_results_of_one_run_agree_and_of_two_runs_say_how_they_differ(tmp_path: Path) -> None:
@@ -240,12 +244,13 @@ def test_a_summary_and_results_of_one_run_agree_and_of_two_runs_say_how_they_dif
     results.mkdir()
     _result(results, "u1", "failed", "run-a", "t.py::a", "h1")
     _result(results, "u2", "skipped", "run-a", "t.py::b", "h2")
+    _result(results, "m", "passed", None, "matrix", "hm")  # coc-matrix --alluredir: no run id, no other run
     (results / "environment.properties").write_text("implementation=pkg:Faulty\nrun_id=run-a\n")
     found = same_run.read_results(results)
     assert found.run_ids == {"run-a"} and found.environment["implementation"] == "pkg:Faulty"
     assert found.result_ids["t.py::a"] == hashlib.md5(b"u1").hexdigest()
-    assert found.cases_by_history_id == {"h1": "t.py::a", "h2": "t.py::b"}
-    assert found.statuses == {"failed": 1, "skipped": 1, "total": 2}
+    assert found.cases_by_title == {("m#t", "h1"): "t.py::a", ("m#t", "h2"): "t.py::b", ("m#t", "hm"): "matrix"}
+    assert found.statuses == {"failed": 1, "skipped": 1, "passed": 1, "total": 3}
     assert same_run.disagreements({"run_id": "run-a", "implementation": "pkg:Faulty"}, found) == []
     other = same_run.disagreements({"run_id": "run-b", "implementation": "pkg:Reference"}, found)
     assert other == ["the summary is of run run-b; the results are of run run-a",
@@ -318,10 +323,14 @@ def test_the_baseline_view_walks_the_gates_sections_case_by_case_and_check_by_ch
     assert '<a href="#/abc">t.py::a</a>' in view and "NumericMismatch: y | z" in view and 'data-outcome="red"' in view
     assert baseline.summary_line(diff) == "RED: 1 new failures, 1 fixes, 1 no longer judged"
     history = tmp_path / "allure-history.jsonl"
+    labelled = {"status": "passed", "labels": [{"name": "coc_case", "value": "t.py::a"}]}
     history.write_text(json.dumps({"testResults": {"h-old": {"status": "broken", "fullName": "m#t"}}}) + "\n" +
-                       json.dumps({"testResults": {"h1": {"status": "passed"}, "h2": {"status": "broken"}}}) + "\n")
-    last = baseline.load(history, {"h1": "t.py::a"})
-    assert {cid: case["outcome"] for cid, case in last.cases.items()} == {"t.py::a": "passed", "h2": "error"}
+                       json.dumps({"testResults": {"h1": labelled, "h2": {"status": "broken", "fullName": "m#t",
+                                                                          "name": "B"},
+                                                   "h3": {"status": "skipped", "fullName": "m#u", "name": "C"}}}))
+    last = baseline.load(history, {("m#t", "B"): "t.py::b"})
+    assert {cid: case["outcome"] for cid, case in last.cases.items()} == {"t.py::a": "passed", "t.py::b": "error",
+                                                                         "m#u C": "skipped"}
     assert run_diff.check_changes(last.cases["t.py::a"], current.cases["t.py::a"]) == ()  # a history has no checks
     (tmp_path / "empty.jsonl").write_text("")
     with pytest.raises(run_diff.RunError, match="not an Allure history"):
