@@ -31,6 +31,9 @@ PERF_GATE = "perf_gate"
 GATE_ENFORCED, GATE_REPORTED, GATE_NOT_RUN = "enforced", "reported, not gated", "not run, not gated"
 #: What an exploration did: cases per dimension, cases per second, where the time went, minimal failing cases.
 EXPLORE = "coc_explore"
+#: Allure labels every result carries for the report build (hidden in the report): the session's run id, which
+#: the JSON summary carries too, and the case id, the summary's key of the case.
+RUN_LABEL, CASE_LABEL = "coc_run", "coc_case"
 
 
 def property_of(report: pytest.TestReport, name: str) -> Any:

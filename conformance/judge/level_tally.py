@@ -1,9 +1,14 @@
-"""Checks counted by requirement level and outcome: the one count the terminal, the gate's verdict and the report show.
+"""Checks counted by requirement level and outcome: the one count, and the one verdict, the terminal, the gate's
+verdict and the report show.
 
 A check counts under its outcome (``passed``, ``failed``, ``not judged``, or
 any other a newer record carries); a failed check of a level the gate leaves
 out counts as ``not gated``.  :func:`lines` writes the table the terminal
-prints and the report's overview repeats, word for word.
+prints and the report's overview repeats, word for word; each gated level's
+line ends with what the level comes to (:func:`level_verdict`), and
+:func:`headline` says it for the run.  A level is conformant only when at
+least one of its checks was judged and none failed: a gated level with no
+check judged is *not judged*, never conformant.
 """
 
 from __future__ import annotations
@@ -18,6 +23,10 @@ from conformance.judge.verdicts import FAILED, NOT_JUDGED, PASSED, outcome_of
 NOT_GATED = "not gated"
 #: The columns every level's line shows, in order (other outcomes follow them).
 COLUMNS = (PASSED, FAILED, NOT_GATED, NOT_JUDGED)
+#: What a gated level comes to.
+CONFORMANT, NOT_CONFORMANT = "conformant", "NOT CONFORMANT"
+#: The outcome of a run whose suite itself failed: nothing can be concluded from it.
+NOT_DECIDED = "NOT DECIDED"
 
 
 def column(check: Mapping[str, Any], gate: frozenset[Level]) -> str:
@@ -31,18 +40,55 @@ def tally(checks: Iterable[Mapping[str, Any]], gate: frozenset[Level]) -> Counte
     return Counter((str(check["level"]), column(check, gate)) for check in checks)
 
 
+def level_verdict(level: Level, counts: Counter[tuple[str, str]], gate: frozenset[Level]) -> str:
+    """``NOT CONFORMANT`` (a check of it failed), ``conformant`` (checks of it passed, none failed), ``not judged``
+    (no check of it passed or failed) or, for a level outside ``gate``, ``not gated``."""
+    if level not in gate:
+        return NOT_GATED
+    if counts[(level.value, FAILED)]:
+        return NOT_CONFORMANT
+    return CONFORMANT if counts[(level.value, PASSED)] else NOT_JUDGED
+
+
 def level_line(level: Level, counts: Counter[tuple[str, str]], gate: frozenset[Level]) -> str | None:
-    """One level's line of the table (None when it holds no check)."""
+    """One level's line of the table (None for a level outside the gate that holds no check)."""
     shown = {outcome: counts[(level.value, outcome)] for outcome in COLUMNS}
     others = {o: n for (lvl, o), n in sorted(counts.items()) if lvl == level.value and o not in COLUMNS and n}
-    if not any(shown.values()) and not others:
+    if level not in gate and not any(shown.values()) and not others:
         return None
     extra = "".join(f", {n:>4} {o}" for o, n in others.items())
+    judged = level_verdict(level, counts, gate)
     return (f"{level.value:<10} {shown[PASSED]:>5} checks passed, {shown[FAILED]:>4} failed, "
             f"{shown[NOT_GATED]:>4} failed but not gated, {shown[NOT_JUDGED]:>4} not judged{extra}   "
-            f"({'gates' if level in gate else 'not gated'})")
+            f"({NOT_GATED if judged == NOT_GATED else 'gates: ' + judged})")
 
 
 def lines(counts: Counter[tuple[str, str]], gate: frozenset[Level]) -> list[str]:
-    """The table, one line per level that holds a check."""
+    """The table: one line per gated level, and per other level that holds a check."""
     return [line for level in Level if (line := level_line(level, counts, gate)) is not None]
+
+
+def headline(counts: Counter[tuple[str, str]], gate: frozenset[Level], *, failed_cases: int = 0,
+             suite_errors: int = 0, missing: int = 0) -> str:
+    """The run's verdict in one line, from the same per-level verdicts as :func:`lines`.
+
+    ``failed_cases``: cases the run failed (a case can fail on a gated check it recorded, or on a hang);
+    ``suite_errors``: cases that hit a bug of the suite itself (then nothing is decided); ``missing``:
+    collected cases without a result (a lost case is never a pass).
+    """
+    gated = [level for level in Level if level in gate]
+    names = {verdict: ", ".join(level.value for level in gated if level_verdict(level, counts, gate) == verdict)
+             for verdict in (CONFORMANT, NOT_CONFORMANT, NOT_JUDGED)}
+    rest = "".join(f"; {verdict} at {names[verdict]}" for verdict in (CONFORMANT, NOT_JUDGED)
+                   if names[verdict])
+    if suite_errors:
+        return (f"{NOT_DECIDED} at {', '.join(level.value for level in gated)}: {suite_errors} case(s) hit an error "
+                f"of the suite itself")
+    if names[NOT_CONFORMANT] or failed_cases or missing:
+        failing = names[NOT_CONFORMANT] or ", ".join(level.value for level in gated)
+        lost = f", {missing} collected case(s) without a result" if missing else ""
+        return f"{NOT_CONFORMANT} at {failing}: {failed_cases} case(s) failed{lost}{rest}"
+    if not names[CONFORMANT]:
+        return f"{NOT_JUDGED.upper()}: no check of {', '.join(level.value for level in gated)} was judged"
+    return f"{CONFORMANT.upper()} at {names[CONFORMANT]}" + (f"; {NOT_JUDGED} at {names[NOT_JUDGED]}"
+                                                           if names[NOT_JUDGED] else "")

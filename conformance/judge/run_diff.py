@@ -126,9 +126,31 @@ class PerfChange:
         return "clear" if self.clear else "within the noise of the two runs"
 
 
+@dataclass(frozen=True)
+class Row:
+    """One case of a :class:`Section`: its id, its cells, and what changed per check."""
+
+    case: str
+    cells: tuple[str, ...] = ()
+    #: Each check whose outcome changed: ``numerics (MUST): passed -> failed`` (empty when the baseline has none).
+    changes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Section:
+    """One kind of change, its rows in order: what ``coc-gate``'s comment and the report's baseline view walk."""
+
+    title: str
+    #: The columns after the case; none: the section is a list of cases.
+    columns: tuple[str, ...]
+    rows: tuple[Row, ...]
+    #: Whether its rows turn the comparison red.
+    red: bool = False
+
+
 @dataclass
 class RunDiff:
-    """What changed from the baseline run to the current one."""
+    """What changed from the baseline run to the current one (:meth:`sections`: all of it, in order)."""
 
     baseline: Run
     current: Run
@@ -151,6 +173,38 @@ class RunDiff:
     def red(self) -> bool:
         return bool(self.new_failures or self.new_checks or self.hangs or self.unexpected_passes
                     or any(p.clear for p in self.perf_regressions))
+
+    def sections(self) -> list[Section]:
+        """Every change, red ones first, in the order a reviewer reads them; sections without rows left out."""
+        def changes(cid: str) -> tuple[str, ...]:
+            return check_changes(self.baseline.cases.get(cid), self.current.cases.get(cid, {}))
+
+        def cases(title: str, rows: list[Mapping[str, Any]], red: bool) -> Section:
+            return Section(title, ("level", "category", "message"), tuple(
+                Row(case["id"], (failed_levels(case), str((case.get("failure") or {}).get("category", "-")),
+                                 first_line(case)), changes(case["id"])) for case in rows), red)
+
+        def names(title: str, ids: list[str]) -> Section:
+            return Section(title, (), tuple(Row(cid, (), changes(cid)) for cid in ids))
+
+        perf = self.perf_regressions
+        found = [
+            cases("New failures", self.new_failures, True),
+            Section("New failing checks in cases that already failed", ("new failed checks",), tuple(
+                Row(case["id"], ("; ".join(f"{name} ({level})" for name, level in new),), changes(case["id"]))
+                for case, new in self.new_checks), True),
+            cases("Hangs and crashes", self.hangs, True),
+            cases("Unexpected passes (update the expectations file)", self.unexpected_passes, True),
+            Section("Perf regressions", ("variant", "baseline gain", "current gain", "change [90% CI]", "verdict"),
+                    tuple(Row(p.case, (p.variant, f"{p.baseline:+.1%}", f"{p.current:+.1%}",
+                                       f"{p.change:+.1%} [{p.interval[0]:+.1%}, {p.interval[1]:+.1%}]", p.verdict))
+                          for p in perf), any(p.clear for p in perf)),
+            names("Fixes", self.fixes),
+            names("Newly skipped", self.new_skips),
+            names("No longer judged (not a fix)", self.no_longer_judged),
+            names("Missing from the current run", self.missing),
+        ]
+        return [section for section in found if section.rows]
 
 
 def diff_runs(baseline: Run, current: Run, *, threshold: float = PERF_THRESHOLD, seed: int = 0) -> RunDiff:
@@ -180,6 +234,34 @@ def diff_runs(baseline: Run, current: Run, *, threshold: float = PERF_THRESHOLD,
             result.perf.extend(_perf_changes(cid, baseline.cases[cid]["perf"], case["perf"], threshold, seed))
     result.missing = sorted(set(baseline.cases) - set(current.cases))
     return result
+
+
+def first_line(case: Mapping[str, Any]) -> str:
+    """The first line of a case's failure message (200 characters at most)."""
+    message = str((case.get("failure") or {}).get("message", "")).strip()
+    return (message.splitlines()[0] if message else "")[:200]
+
+
+def failed_levels(case: Mapping[str, Any]) -> str:
+    """The levels of the checks ``case`` failed, ``-`` for none."""
+    return ", ".join(sorted({c["level"] for c in case.get("checks", ()) if outcome_of(c) == CHECK_FAILED})) or "-"
+
+
+def check_changes(before: Mapping[str, Any] | None, now: Mapping[str, Any]) -> tuple[str, ...]:
+    """Each check whose outcome differs between a case's baseline and current records, ``name (LEVEL): a -> b``;
+    of a case the baseline did not run, its failed checks.  Nothing when the baseline has no checks (Allure
+    results, a report's history)."""
+    if before is None:
+        return tuple(f"{c['name']} ({c['level']}): {CHECK_FAILED}" for c in now.get("checks", ())
+                     if outcome_of(c) == CHECK_FAILED)
+    if "checks" not in before:
+        return ()
+    old = {(c["name"], c["level"]): outcome_of(c) for c in before["checks"]}
+    new = {(c["name"], c["level"]): outcome_of(c) for c in now.get("checks", ())}
+    absent = "not recorded"
+    changed = sorted(key for key in old.keys() | new.keys() if old.get(key) != new.get(key))
+    return tuple(f"{name} ({level}): {old.get((name, level), absent)} -> {new.get((name, level), absent)}"
+                 for name, level in changed)
 
 
 def failed_checks(case: Mapping[str, Any], levels: frozenset[str]) -> set[tuple[str, str]]:

@@ -8,6 +8,7 @@ counted as passed, so a score says what was actually checked.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -36,6 +37,7 @@ class CheckResult:
     message: str = ""
     category: str = ""
     outcome: str = ""
+    seconds: float | None = None  #: the time judging took (the report's step time); None when not measured
 
     def __post_init__(self) -> None:
         if not self.outcome:
@@ -46,7 +48,10 @@ class CheckResult:
         return self.outcome == FAILED
 
     def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "level": self.level.value}
+        record = {**asdict(self), "level": self.level.value}
+        if self.seconds is None:
+            del record["seconds"]
+        return record
 
 
 def outcome_of(check: Mapping[str, Any]) -> str:
@@ -72,6 +77,7 @@ class Verdicts:
 
     @contextmanager
     def check(self, name: str, level: Level) -> Iterator[None]:
+        start = time.perf_counter()
         try:
             yield
         except CaseError:
@@ -80,12 +86,13 @@ class Verdicts:
             self.not_judged(name, level, str(why))
         except (CheckFailure, AssertionError) as failure:
             category = failure.category if isinstance(failure, CheckFailure) else "failure"
-            self.results.append(CheckResult(name, level, False, str(failure), category))
+            self.results.append(CheckResult(name, level, False, str(failure), category,
+                                            seconds=round(time.perf_counter() - start, 6)))
             if isinstance(failure, CheckFailure):
                 failure.level = level
             self.exceptions.append(failure)
         else:
-            self.results.append(CheckResult(name, level, True))
+            self.results.append(CheckResult(name, level, True, seconds=round(time.perf_counter() - start, 6)))
 
     def not_judged(self, name: str, level: Level, reason: str) -> None:
         """Record that check ``name`` had nothing to judge here, and why."""

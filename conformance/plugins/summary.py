@@ -1,11 +1,14 @@
 """The compact JSON summary of a run: every case's outcome, checks by level, timings, perf figures.
 
-Written with ``--coc-summary FILE`` (default: ``coc-summary.json`` next to the
-``--alluredir`` directory).  One line per case is appended to ``FILE`` + ``l``
+Written with ``--coc-summary FILE`` (default: ``coc-summary.json`` inside the
+``--alluredir`` directory, beside the results it summarises: two runs with
+their own results folders never share one).  One line per case is appended to ``FILE`` + ``l``
 (JSON lines) as each report arrives, so the results of finished cases survive
 a crash of a worker or of the session; the final JSON adds the totals, the
 skips by reason, and the count of cases collected against cases reported (and
-against Allure result files), so a lost result is visible.
+against Allure result files), so a lost result is visible.  ``run_id`` is the
+session's (:func:`conformance.roster.run_id`), which every Allure result of
+the run carries too: the report refuses a verdict from another run.
 
 Read by ``coc-gate``, ``coc-matrix`` and
 ``coc-expectations``; the format is :data:`SCHEMA`.  A case's ``outcome`` is
@@ -31,9 +34,11 @@ from conformance.caseids import area, case_id
 from conformance.judge.verdicts import NOT_JUDGED, outcome_of
 from conformance.options import impl_spec
 from conformance.report_properties import property_of
-from conformance.roster import is_xdist_worker, roster
+from conformance.roster import is_xdist_worker, roster, run_id
 
 SCHEMA = 1
+#: The summary's name inside the run's ``--alluredir`` when ``--coc-summary`` names none.
+DEFAULT_NAME = "coc-summary.json"
 
 
 def summary_path(config: pytest.Config) -> Path | None:
@@ -41,7 +46,7 @@ def summary_path(config: pytest.Config) -> Path | None:
     if given:
         return Path(given)
     allure_dir = config.getoption("allure_report_dir", None)
-    return Path(allure_dir).resolve().parent / "coc-summary.json" if allure_dir else None
+    return Path(allure_dir).resolve() / DEFAULT_NAME if allure_dir else None
 
 
 @pytest.hookimpl(wrapper=True)
@@ -140,6 +145,7 @@ class SummaryWriter:
                           if allure_dir and Path(allure_dir).is_dir() else None)
         doc = {
             "schema": SCHEMA,
+            "run_id": run_id(self.config),
             "implementation": impl_spec(self.config),
             "launcher": self.config.getoption(options.LAUNCHER),
             "gate": options.gate_spec(self.config),

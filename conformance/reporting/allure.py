@@ -20,6 +20,7 @@ import allure
 
 from conformance.judge.levels import Level
 from conformance.judge.verdicts import FAILED, NOT_JUDGED, PASSED, outcome_of
+from conformance.report_properties import CASE_LABEL, RUN_LABEL
 
 if TYPE_CHECKING:
     import pytest
@@ -79,8 +80,9 @@ def readable(value: Any) -> str:
         text = str(value)
     elif type(value).__module__ == "torch" and type(value).__name__ == "dtype":
         text = str(value).removeprefix("torch.")
-    elif isinstance(getattr(value, "id", None), str) or isinstance(getattr(value, "name", None), str):
-        text = value.id if isinstance(getattr(value, "id", None), str) else value.name
+    elif isinstance(getattr(value, "name", None), str) or isinstance(getattr(value, "id", None), str):
+        # its name, else its id: a perf case's id leaves out its profile and TP, which its name holds
+        text = value.name if isinstance(getattr(value, "name", None), str) else value.id
     elif isinstance(value, tuple) and value and all(isinstance(v, int) for v in value):
         text = "x".join(map(str, value))  # a shape
     elif isinstance(value, Mapping):
@@ -129,11 +131,13 @@ def describe_case(*, feature: str, story: str, title: str | None = None, severit
     add_parameters(params)
 
 
-def begin_case(params: Mapping[str, Any]) -> None:
-    """Before the case's fixtures: epic and parameters (before allure-pytest adds raw ones)."""
+def begin_case(params: Mapping[str, Any], *, run: str, case: str) -> None:
+    """Before the case's fixtures: epic, run and case ids, and parameters (before allure-pytest adds raw ones)."""
     _described.clear()
     if _active:
         allure.dynamic.epic(EPIC)
+        allure.dynamic.label(RUN_LABEL, run)
+        allure.dynamic.label(CASE_LABEL, case)
         add_parameters(params)
 
 
@@ -310,21 +314,35 @@ def check_outcome(check: Mapping[str, Any], case_outcome: str) -> str:
     return outcome
 
 
-def label_levels(checks: Sequence[Mapping[str, Any]], case_outcome: str = "passed") -> None:
-    """Tags, ``requirement`` and severity from the case's checks: what failed, at which level.
+#: How much a check's outcome says against the implementation: a level's tag names its worst one.
+_SEVERITY_OF_OUTCOME = {FAILED: 0, "failed, not gated": 1, "known": 2, NOT_JUDGED: 3, PASSED: 5}
 
-    Tags name a level with what came of it (``MUST failed``, ``SHOULD known``,
-    ``STRUCTURE not judged``); a level whose checks all passed is tagged
-    ``MUST passed``.  ``requirement`` and the severity follow the most important
-    failed level (MUST: critical, STRUCTURE: normal, SHOULD: minor), else the
-    most important level the case holds; a case whose checks were all not
-    judged has requirement ``not judged``.
+
+def level_tags(checks: Sequence[Mapping[str, Any]], case_outcome: str = "passed") -> list[str]:
+    """One tag per level the case holds, naming the worst that came of its checks: ``MUST failed`` (never
+    beside ``MUST passed``), ``SHOULD known``, ``STRUCTURE not judged``, ``MUST passed`` (every check passed)."""
+    worst: dict[str, str] = {}
+    for check in checks:
+        level, outcome = str(check["level"]), check_outcome(check, case_outcome)
+        if level not in worst or _SEVERITY_OF_OUTCOME.get(outcome, 4) < _SEVERITY_OF_OUTCOME.get(worst[level], 4):
+            worst[level] = outcome
+    order = list(LEVEL_SEVERITY)
+    return [f"{level} {worst[level]}" for level in sorted(worst, key=lambda lvl: (
+        order.index(lvl) if lvl in order else len(order), lvl))]
+
+
+def label_levels(checks: Sequence[Mapping[str, Any]], case_outcome: str = "passed") -> None:
+    """Tags (:func:`level_tags`), ``requirement`` and severity from the case's checks: what failed, at which level.
+
+    ``requirement`` and the severity follow the most important failed level
+    (MUST: critical, STRUCTURE: normal, SHOULD: minor), else the most
+    important level the case holds; a case whose checks were all not judged
+    has requirement ``not judged``.
     """
     if not _active or not checks:
         return
-    shown = sorted({(str(c["level"]), check_outcome(c, case_outcome)) for c in checks})
-    for level, outcome in shown:
-        allure.dynamic.tag(f"{level} {outcome}")
+    for tag in level_tags(checks, case_outcome):
+        allure.dynamic.tag(tag)
     failed = _worst(str(c["level"]) for c in checks if outcome_of(c) == FAILED)
     judged = _worst(str(c["level"]) for c in checks if outcome_of(c) != NOT_JUDGED)
     allure.dynamic.label("requirement", failed or judged or NOT_JUDGED)
@@ -340,32 +358,45 @@ def _open_result(config: pytest.Config) -> Any:
     return listener.allure_logger.get_test(None) if listener is not None else None
 
 
-def _step(result: Any, name: str, status: str, message: str = "") -> None:
+def _step(result: Any, name: str, status: str, message: str = "", seconds: float | None = None) -> None:
+    """A step ending now; ``seconds`` long when known (Allure shows a step without a time as "unknown")."""
     from allure_commons.model2 import StatusDetails, TestStepResult
     from allure_commons.utils import now
 
-    moment = now()
-    result.steps.append(TestStepResult(name=name, status=status, start=moment, stop=moment,
+    stop = now()
+    start = None if seconds is None else stop - round(seconds * 1000)
+    result.steps.append(TestStepResult(name=name, status=status, start=start, stop=None if start is None else stop,
                                        statusDetails=StatusDetails(message=message) if message else None))
 
 
-def show_checks(config: pytest.Config, checks: Sequence[Mapping[str, Any]], case_outcome: str) -> None:
-    """One step per check, ``[MUST] numerics: failed``, with its message; only passed checks are "passed"."""
+def check_title(check: Mapping[str, Any], case_outcome: str) -> str:
+    """``[MUST] numerics: failed``: a check's step title, and the first line of a failed case's message."""
+    return f"[{check['level']}] {check['name']}: {check_outcome(check, case_outcome)}"
+
+
+def show_checks(config: pytest.Config, checks: Sequence[Mapping[str, Any]], case_outcome: str,
+                call_seconds: float | None = None) -> None:
+    """One step per check, ``[MUST] numerics: failed``, with its message and the time it took; only passed
+    checks are "passed".  A check recorded from the test body itself (no time of its own) took the call's
+    time when it is the case's only check."""
     result = _open_result(config) if _active else None
     if result is None:
         return
     for check in checks:
         outcome = check_outcome(check, case_outcome)
-        _step(result, f"[{check['level']}] {check['name']}: {outcome}", _STEP_STATUS.get(outcome, "skipped"),
-              str(check.get("message") or ""))
+        seconds = check.get("seconds")
+        if seconds is None and len(checks) == 1:
+            seconds = call_seconds
+        _step(result, check_title(check, case_outcome), _STEP_STATUS.get(outcome, "skipped"),
+              str(check.get("message") or ""), seconds)
 
 
-def show_reason(config: pytest.Config, what: str, reason: str) -> None:
+def show_reason(config: pytest.Config, what: str, reason: str, seconds: float | None = None) -> None:
     """Why a case was skipped, known, not gated or not judged: a step above its checks (Allure shows no
-    message at the top of a skipped case)."""
+    message at the top of a skipped case), as long as the phase that decided it (``seconds``)."""
     result = _open_result(config) if _active else None
     if result is not None:
-        _step(result, f"{what}: {reason}", "skipped")
+        _step(result, f"{what}: {reason}", "skipped", seconds=seconds)
         result.steps.insert(0, result.steps.pop())
 
 
@@ -395,21 +426,25 @@ def link_expectations(entries: Sequence[Mapping[str, Any]]) -> None:
             allure.dynamic.issue(str(entry["link"]), name=str(entry["link"]))
 
 
-def show_failure(config: pytest.Config, command: str, frames: str | None) -> None:
-    """The command that reproduces a failed case after its message; the traceback cut to the check's frames."""
+def show_failure(config: pytest.Config, command: str, frames: str | None,
+                 checks: Sequence[Mapping[str, Any]] = (), case_outcome: str = "failed") -> None:
+    """The failed checks with their levels first (the header of the case), then the message, the command that
+    reproduces the case, and the traceback cut to the check's frames; shown once more in the failed check's step
+    (the same details: Allure then shows them nowhere else)."""
     result = _open_result(config) if _active else None
     details = getattr(result, "statusDetails", None)
     if result is None or details is None:
         return
-    details.message = f"{details.message or ''}\n\nreproduce: {command}".lstrip()
+    failed = "; ".join(check_title(c, case_outcome) for c in checks if outcome_of(c) == FAILED)
+    details.message = "\n".join(filter(None, [failed, f"{details.message or ''}\n\nreproduce: {command}".lstrip()]))
     if frames is not None:
         details.trace = frames
-    failed = next((step for step in result.steps if step.status == "failed"), None)
-    if failed is not None:  # the failure shown once, in the step of the check that raised it
-        failed.statusDetails = details
+    step = next((step for step in result.steps if step.status == "failed"), None)
+    if step is not None:
+        step.statusDetails = details
 
 
-def report_lost_case(results_dir: str, nodeid: str, why: str) -> None:
+def report_lost_case(results_dir: str, nodeid: str, why: str, *, run: str) -> None:
     """A broken result for a collected case that has none (its worker died, or never ran it).
 
     Written by the controller, so the report lists every lost case under
@@ -419,6 +454,7 @@ def report_lost_case(results_dir: str, nodeid: str, why: str) -> None:
     from allure_commons.model2 import Label, Status, StatusDetails, TestResult
     from allure_commons.utils import md5, now, uuid4
 
+    from conformance.caseids import case_id
     from conformance.harness.case_errors import WorkerLost
 
     module, _, test = nodeid.partition("::")
@@ -429,7 +465,8 @@ def report_lost_case(results_dir: str, nodeid: str, why: str) -> None:
         status=Status.BROKEN, start=moment, stop=moment,
         statusDetails=StatusDetails(message=f"{WorkerLost.__module__}.{WorkerLost.__name__}: {why}"),
         labels=[Label("epic", EPIC), Label("feature", module.rsplit("/", 1)[-1].removesuffix(".py")),
-                Label("severity", "critical"), Label("framework", "pytest")],
+                Label("severity", "critical"), Label("framework", "pytest"), Label(RUN_LABEL, run),
+                Label(CASE_LABEL, case_id(nodeid))],
     ))
 
 

@@ -2,6 +2,7 @@
 
     python -m conformance.reporting.build [--results reports/allure-results]
         [--out reports/allure-report] [--history reports/allure-history.jsonl | --no-history]
+        [--summary FILE] [--baseline PATH] [--attach NAME=FILE ...]
 
 The Allure command line is pinned in ``conformance/reporting/npm/package.json`` (with
 its lock file) and installed there by ``npm ci`` on first use.  It is 3.14: the
@@ -13,25 +14,32 @@ history file, which feeds the report's trend.  Analytics are off: the
 environment switch where Allure honours one, and the awesome template's
 Google tag (hard-wired in Allure 3.x) is removed from the page.
 
-The run is also held to Allure 3's quality gate, configured to match
-``coc-gate``: no failed or broken case (known failures are
-reported by the suite as expected failures, which Allure counts as skipped),
-and -- when the suite's ``coc-summary.json`` sits next to the results -- no
-fewer results than cases collected (a crashed worker's lost cases show).  A
-gate that fails still leaves the report built, and the command exits 1.
+One run, one verdict: the verdict comes from the run's JSON summary
+(``--summary``, default ``coc-summary.json`` inside the results folder, where
+the suite writes it, else beside it), and only when the summary and the
+results are one run (:mod:`conformance.reporting.same_run`: the run id both
+carry, and the implementation); otherwise the report shows NO VERDICT and
+why, in red, and the command exits 2.  The verdict is counted by
+:mod:`conformance.judge.level_tally`, the terminal's own function: a level
+with no check judged is *not judged*, never conformant.  It is the first
+thing the page shows (:mod:`conformance.reporting.page`: a banner above
+Allure's app, coloured by outcome, each level with its counts), then the
+report's variables repeat it, the same table is a global attachment, and a
+verdict other than conformant is a global error, as is every failure of the
+build itself.
 
-The verdict comes first: from the suite's JSON summary (``--summary``,
-default next to the results) the report's variables -- the first thing the
-overview shows -- say whether the implementation is conformant at the levels
-that gate, the per-level table the terminal printed (counted by
-:mod:`conformance.judge.level_tally`, the terminal's own function), the
-gate's result, and the implementation, device and profile; the same table is
-a global attachment, and a failed verdict a global error.  Allure 3.14 fills
-its Quality Gates tab only for runs made through ``allure run``, so the gate's
-result is written where the report shows it.  Fixture rows are left out
-(allure-pytest's containers), and descriptions are given a height, which
-their frame cannot measure when the report is opened from disk.
-Prints the report path, size, build time and the gate; the last line is one JSON object.
+The run is held to Allure 3's quality gate (:mod:`conformance.reporting.quality_gate`,
+configured to match ``coc-gate``): its result, and why, is on the banner and
+in the Quality Gates tab.  A gate that fails still leaves the report built,
+and the command exits 1.  ``--baseline`` (a run's summary, a folder holding
+one, Allure results, or an earlier report's ``allure-history.jsonl``) puts
+the comparison ``coc-gate`` makes at the top of the page, before anything
+else: per case and per check, what changed (:mod:`conformance.reporting.baseline`).
+
+Fixture rows are left out (allure-pytest's containers); the "success rate"
+chart (it paints skipped and not-judged cases red) and the Charts page's
+copy of the overview's status ring are left out of the charts.
+Prints the report path, size, build time, the verdict and the gate; the last line is one JSON object.
 """
 
 from __future__ import annotations
@@ -40,7 +48,6 @@ import argparse
 import hashlib
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -51,25 +58,37 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from conformance.reporting import page, quality_gate, same_run
+
 TOOL_DIR = Path(__file__).with_name("npm")
 DEFAULT_NAME = "CoC conformance"
 DEFAULT_HISTORY_LIMIT = 30
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
-_ANALYTICS = re.compile(
-    r"\s*<script async src=\"https://www\.googletagmanager\.com/[^\"]*\"></script>"
-    r"\s*<script>[^<]*gtag\([^<]*</script>")
+#: The suite's summary of a run, inside its results folder (written there by default) or beside it.
+SUMMARY_NAME = "coc-summary.json"
+#: Allure 3.14's default charts, less the success-rate map (it paints a skipped or not-judged case red) and
+#: the status ring (the overview shows it; on the Charts page it logs a negative SVG width before it is laid out).
+CHARTS: list[dict[str, object]] = [
+    {"type": "statusDynamics", "title": "Status dynamics"},
+    {"type": "trSeverities", "title": "Test results by severities",
+     "levels": ["blocker", "critical", "normal", "minor", "trivial"],
+     "statuses": ["passed", "failed", "broken", "skipped", "unknown"], "includeUnset": True},
+    {"type": "statusTransitions", "title": "Status transitions"},
+    {"type": "testBaseGrowthDynamics", "title": "Test base growth dynamics"},
+    {"type": "coverageDiff", "title": "Coverage diff map"},
+    {"type": "problemsDistribution", "by": "environment", "title": "Problems distribution by environment"},
+    *(dict[str, object](type="stabilityDistribution", title=f"Stability distribution by {by}s",
+                        skipStatuses=["skipped", "unknown"], threshold=90, groupBy=by)
+      for by in ("feature", "epic", "story")),
+    {"type": "durations", "title": "Durations histogram", "groupBy": "none"},
+    {"type": "durationDynamics", "title": "Durations dynamics"},
+    {"type": "statusAgePyramid", "title": "Status age pyramid"},
+]
+#: The verdict when the summary is another run's.
+NO_VERDICT = "NO VERDICT"
 
 
 class ReportBuildError(RuntimeError):
     """npm or Allure is missing or failed; the message says which and why."""
-
-
-#: Descriptions get a height in place of the one their frame measures (0 when the report is opened
-#: from disk); the verdict's variables are shown whole, one a line (Allure cuts each to a chip's width).
-_STYLE = ('<style>[data-testid="test-result-description-frame"]{min-height:12em;resize:vertical}'
-          '[data-testid="report-variables"] [data-testid="metadata-list"]{grid-template-columns:100%!important}'
-          '[data-testid="report-variables"] [data-testid="metadata-item-value"] *'
-          "{white-space:normal!important;overflow:visible!important;max-width:none!important}</style>")
 
 
 @dataclass(frozen=True)
@@ -81,43 +100,48 @@ class BuiltReport:
     history: str | None
     quality_gate: dict[str, object]
     verdict: dict[str, str] = field(default_factory=dict)
+    #: What went wrong in the build itself (each is a global error of the report).
+    problems: list[str] = field(default_factory=list)
+    #: The comparison with ``--baseline``: ``{"source", "red", "sections": {title: cases}}``.
+    baseline: dict[str, object] | None = None
 
 
-def _summary_of(results: Path, summary: Path | None) -> dict[str, Any] | None:
-    path = summary if summary is not None else results.parent / "coc-summary.json"
-    if not path.is_file():
-        return None
-    doc: dict[str, Any] = json.loads(path.read_text())
-    return doc
+def find_summary(results: Path, summary: Path | None) -> Path | None:
+    """``summary`` if given, else the run's summary inside ``results``, else beside it (older suites wrote it
+    there); None when there is none."""
+    if summary is not None:
+        return summary
+    return next((path for path in (results / SUMMARY_NAME, results.parent / SUMMARY_NAME) if path.is_file()), None)
+
+
+def _tally(summary: Mapping[str, Any]) -> tuple[Any, Any]:
+    from conformance.judge import level_tally
+    from conformance.judge.levels import Level
+
+    gate = Level.parse_many(str(summary.get("gate") or "all"))
+    checks = (check for case in summary.get("cases", []) for check in case.get("checks", ()))
+    return level_tally.tally(checks, gate), gate
 
 
 def verdict(summary: Mapping[str, Any], environment: Mapping[str, str]) -> dict[str, str]:
     """What a reviewer decides from, in the order the overview shows it.
 
-    ``verdict``: conformant or not at the levels the run's gate holds; one
-    entry per level, the terminal's line for it; ``cases``: every outcome the
-    summary counts (any outcome other than passed is shown by its name, never
-    as passed); then the implementation, device and profile.
+    ``verdict``: :func:`conformance.judge.level_tally.headline` (conformant,
+    not conformant, not judged or not decided, per level); one entry per
+    level, the terminal's line for it; ``cases``: every outcome the summary
+    counts (any outcome other than passed is shown by its name, never as
+    passed); then the implementation, device and profile.
     """
     from conformance.judge import level_tally
     from conformance.judge.levels import Level
     from conformance.report_properties import GATE_ENFORCED, GATE_NOT_RUN
 
-    gate = Level.parse_many(str(summary.get("gate") or "all"))
+    counts, gate = _tally(summary)
     cases = summary.get("cases", [])
-    counts = level_tally.tally((check for case in cases for check in case.get("checks", ())), gate)
     outcomes: Mapping[str, int] = summary.get("outcomes", {})
-    failed, errors = outcomes.get("failed", 0), outcomes.get("error", 0)
-    missing = len(summary.get("missing", []))
-    levels = ", ".join(level.value for level in Level if level in gate)
-    if errors:
-        headline = f"NOT DECIDED at {levels}: {errors} case(s) hit an error of the suite itself"
-    elif failed or missing:
-        lost = f", {missing} collected case(s) without a result" if missing else ""
-        headline = f"NOT CONFORMANT at {levels}: {failed} case(s) failed a gated check{lost}"
-    else:
-        headline = f"CONFORMANT at {levels}"
-    shown = {"verdict": headline}
+    shown = {"verdict": level_tally.headline(counts, gate, failed_cases=outcomes.get("failed", 0),
+                                             suite_errors=outcomes.get("error", 0),
+                                             missing=len(summary.get("missing", [])))}
     for level in Level:
         line = level_tally.level_line(level, counts, gate)
         if line is not None:
@@ -137,10 +161,8 @@ def verdict(summary: Mapping[str, Any], environment: Mapping[str, str]) -> dict[
 def verdict_markdown(shown: Mapping[str, str], gate_result: str, summary: Mapping[str, Any]) -> str:
     """The verdict as a global attachment: headline, the terminal's table verbatim, the gate, what ran."""
     from conformance.judge import level_tally
-    from conformance.judge.levels import Level
 
-    gate = Level.parse_many(str(summary.get("gate") or "all"))
-    counts = level_tally.tally((c for case in summary.get("cases", []) for c in case.get("checks", ())), gate)
+    counts, gate = _tally(summary)
     failed = [f"- `{case['nodeid']}`: " + "; ".join(f"[{c['level']}] {c['name']}" for c in case.get("checks", ())
                                                    if level_tally.column(c, gate) == "failed")
               for case in summary.get("cases", []) if case.get("outcome") in ("failed", "error")]
@@ -148,27 +170,43 @@ def verdict_markdown(shown: Mapping[str, str], gate_result: str, summary: Mappin
         f"# {shown['verdict']}", "", "Requirement levels (checks), as the terminal printed them:", "", "```",
         *level_tally.lines(counts, gate), "```", "", f"Gate: {gate_result}", "",
         *(f"- {key}: {value}" for key, value in shown.items() if key in ("cases", "implementation", "device",
-                                                                         "profile")),
+                                                                         "profile", "run")),
         *(["", "Failed cases and their failed gated checks:", "", *failed[:200]] if failed else []), ""])
 
 
-def read_environment(results: Path) -> dict[str, str]:
-    """``environment.properties`` as written by the suite (keys and values unescaped)."""
-    path = results / "environment.properties"
-    if not path.is_file():
-        return {}
-    pairs = (re.split(r"(?<!\\)=", line, maxsplit=1) for line in path.read_text(encoding="utf-8").splitlines())
-    return {key.replace("\\", ""): value.replace("\\n", "\n") for key, value in
-            (pair for pair in pairs if len(pair) == 2)}
+def level_rows(summary: Mapping[str, Any]) -> list[tuple[str, list[tuple[str, int]], str]]:
+    """Each level the terminal's table shows: its counts by column and its verdict (the banner's table)."""
+    from conformance.judge import level_tally
+    from conformance.judge.levels import Level
+
+    counts, gate = _tally(summary)
+    rows = []
+    for level in Level:
+        if level_tally.level_line(level, counts, gate) is None:
+            continue
+        columns = [*level_tally.COLUMNS, *sorted({o for (lvl, o) in counts if lvl == level.value} -
+                                                 set(level_tally.COLUMNS))]
+        rows.append((level.value, [(column, counts[(level.value, column)]) for column in columns],
+                     level_tally.level_verdict(level, counts, gate)))
+    return rows
+
+
+def not_judged_cases(summary: Mapping[str, Any]) -> list[str]:
+    """Cases that judged nothing: every check not judged, or skipped as not judged (a perf gate not run here)."""
+    from conformance.judge.verdicts import NOT_JUDGED
+
+    return [str(case["id"]) for case in summary.get("cases", []) if case.get("outcome") == NOT_JUDGED
+            or str(case.get("skip_reason", "")).startswith(NOT_JUDGED)]
 
 
 def stage_results(results: Path, staged: Path, attachments: Mapping[str, str],
                   errors: list[dict[str, str]]) -> None:
-    """The results as the report reads them: without fixture containers, with the run's global
-    attachments (name -> markdown) and errors."""
+    """The results as the report reads them: without fixture containers and the suite's summary, with the run's
+    global attachments (name -> markdown) and errors."""
     staged.mkdir(parents=True, exist_ok=True)
     for path in results.iterdir():
-        if path.is_file() and not path.name.endswith("-container.json"):
+        if path.is_file() and not path.name.endswith("-container.json") and \
+                not path.name.startswith(SUMMARY_NAME):
             try:  # Allure's reader skips symbolic links
                 os.link(path, staged / path.name)
             except OSError:
@@ -207,20 +245,12 @@ def ensure_cli(tool_dir: Path = TOOL_DIR) -> Path:
     return executable
 
 
-def quality_gate_rules(results: Path) -> list[dict[str, object]]:
-    """No failure; and at least as many results as the suite collected, when its summary is there."""
-    rule: dict[str, object] = {"id": "coc-conformance", "maxFailures": 0}
-    summary = results.parent / "coc-summary.json"
-    if summary.exists():
-        collected = json.loads(summary.read_text()).get("collected")
-        if collected:
-            rule["minTestsCount"] = int(collected)
-    return [rule]
-
-
 def allure_config(results: Path, out: Path, history: Path | None, name: str,
                   history_limit: int, variables: Mapping[str, str] | None = None) -> dict[str, object]:
-    """Allure 3 configuration: single-file awesome report, history, the run's categories."""
+    """Allure 3 configuration: single-file awesome report, history, the run's categories, the charts that say
+    what they show, the build's own labels hidden."""
+    from conformance.report_properties import CASE_LABEL, RUN_LABEL
+
     categories_file = results / "categories.json"
     if categories_file.exists():
         categories = json.loads(categories_file.read_text())
@@ -232,8 +262,9 @@ def allure_config(results: Path, out: Path, history: Path | None, name: str,
         "name": name,
         "output": str(out),
         "categories": categories,
+        "hideLabels": [RUN_LABEL, CASE_LABEL],
         "plugins": {"awesome": {"options": {
-            "singleFile": True, "reportName": name, "groupBy": ["epic", "feature", "story"],
+            "singleFile": True, "reportName": name, "groupBy": ["epic", "feature", "story"], "charts": CHARTS,
         }}},
     }
     if history is not None:
@@ -252,34 +283,56 @@ def _prepare_output(out: Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
 
 
-def strip_analytics(index: Path) -> None:
-    html = index.read_text(encoding="utf-8")
-    stripped = _ANALYTICS.sub("", html)
-    if "googletagmanager" in stripped:
-        raise ReportBuildError(f"{index}: the analytics tag changed shape; update report_build._ANALYTICS")
-    stripped = stripped.replace("</head>", _STYLE + "</head>", 1)
-    if stripped != html:
-        index.write_text(stripped, encoding="utf-8")
+@dataclass
+class _Judged:
+    """The verdict the build reached: what the variables, the banner and the global errors say."""
+
+    shown: dict[str, str]
+    summary: Mapping[str, Any] | None  # the run's own summary; None when there is none or it is another run's
+    summary_path: Path | None
+    #: Why there is no verdict, one reason each (global errors of the report).
+    reasons: list[str] = field(default_factory=list)
 
 
-def _quality_gate(executable: Path, results: Path, name: str, env: Mapping[str, str], tmp: Path) -> dict[str, Any]:
-    """Allure's quality gate on the results; it reads its own configuration (rules only): given the
-    report's, it would append the run to the history a second time."""
-    gate_file = tmp / "qualitygate.json"
-    rules = quality_gate_rules(results)
-    gate_file.write_text(json.dumps({"name": name, "qualityGate": {"rules": rules}}))
-    gate = subprocess.run([str(executable), "quality-gate", str(results), "--config", str(gate_file)],
-                          capture_output=True, text=True, env=dict(env), cwd=tmp)
-    said = _ANSI.sub("", gate.stdout + gate.stderr).strip()
-    return {"passed": gate.returncode == 0, "rules": rules, "output": said[-2000:]}
+def _judge(results: Path, summary: Path | None, found: same_run.ResultsRun) -> _Judged:
+    path = find_summary(results, summary)
+    if path is None:
+        return _Judged({"verdict": f"no verdict: no JSON summary of this run (looked for {results / SUMMARY_NAME} "
+                                   "and beside it; --summary names one)"}, None, None)
+    try:
+        doc: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        return _Judged({"verdict": f"{NO_VERDICT}: the summary {path} cannot be read ({exc})"}, None, path)
+    differ = same_run.disagreements(doc, found)
+    if differ:
+        return _Judged({"verdict": f"{NO_VERDICT}: the summary {path} is another run's"}, None, path, differ)
+    shown = verdict(doc, found.environment)
+    if doc.get("run_id"):
+        shown["run"] = str(doc["run_id"])
+    return _Judged(shown, doc, path)
+
+
+def _baseline(given: Path, judged: _Judged, found: same_run.ResultsRun) -> tuple[Any, list[str]]:
+    """The comparison with ``given`` (None, and why, when there is none)."""
+    from conformance.judge.run_diff import RunError, diff_runs, load_run
+    from conformance.reporting import baseline
+
+    if judged.summary_path is None or judged.summary is None:
+        return None, [f"no baseline view: the comparison with {given} needs this run's summary"]
+    try:
+        return diff_runs(baseline.load(given, found.cases_by_title), load_run(judged.summary_path)), []
+    except RunError as exc:
+        return None, [f"no baseline view: {exc}"]
 
 
 def build(results: Path, out: Path, history: Path | None = None, *, name: str = DEFAULT_NAME,
           history_limit: int = DEFAULT_HISTORY_LIMIT, tool_dir: Path = TOOL_DIR,
-          summary: Path | None = None, extra: Mapping[str, str] | None = None) -> BuiltReport:
+          summary: Path | None = None, extra: Mapping[str, str] | None = None,
+          baseline: Path | None = None) -> BuiltReport:
     """Generate ``out/index.html`` from ``results``; appends this run to ``history``.
 
-    ``extra``: more global attachments, name -> markdown (``--attach``: coc-gate's or coc-matrix's output).
+    ``extra``: more global attachments, name -> markdown (``--attach``: coc-gate's or coc-matrix's output);
+    ``baseline``: a run to compare this one with, shown first.
     """
     results, out = results.resolve(), out.resolve()
     if not any(results.glob("*-result.json")):
@@ -291,39 +344,62 @@ def build(results: Path, out: Path, history: Path | None = None, *, name: str = 
     _prepare_output(out)
     start = time.perf_counter()
     env = {**os.environ, "ALLURE_NO_ANALYTICS": "true"}
+    found = same_run.read_results(results)
+    judged = _judge(results, summary, found)
+    diff, problems = _baseline(baseline, judged, found) if baseline is not None else (None, [])
+    problems = judged.reasons + problems
     with tempfile.TemporaryDirectory(prefix="coc-allurerc-") as tmp:
-        gate = _quality_gate(executable, results, name, env, Path(tmp))
-        said = str(gate["output"]).splitlines() or ["see the build log"]
-        gate_result = "passed" if gate["passed"] else f"FAILED ({said[-1][:200]})"
-        run = _summary_of(results, summary)
-        shown = verdict(run, read_environment(results)) if run is not None else {}
+        collected = (judged.summary or {}).get("collected")
+        gate = quality_gate.judge(executable, results, name, quality_gate.rules(collected), env, Path(tmp))
+        shown = judged.shown
+        at = [key for key in shown if key not in ("implementation", "device", "profile", "cases", "run")]
+        shown = {**{k: shown[k] for k in at}, "gate": gate.summary, **{k: v for k, v in shown.items() if k not in at}}
+        compared = ""
+        if diff is not None:
+            from conformance.reporting import baseline as baseline_view
+
+            shown["baseline"] = f"{diff.baseline.source}: {baseline_view.summary_line(diff)}"
+            compared = baseline_view.view(diff, found.result_ids)
         attachments: dict[str, str] = {}
         errors: list[dict[str, str]] = []
-        if shown:
-            at = [key for key in shown if key not in ("implementation", "device", "profile", "cases")]
-            shown = {**{k: shown[k] for k in at}, "gate": gate_result,
-                     **{k: v for k, v in shown.items() if k not in at}}
-            attachments["verdict"] = verdict_markdown(shown, gate_result, run or {})
-            if not shown["verdict"].startswith("CONFORMANT"):
-                errors.append({"message": shown["verdict"], "trace": attachments["verdict"]})
+        if judged.summary is not None:
+            attachments["verdict"] = verdict_markdown(shown, gate.summary, judged.summary)
+        if not shown["verdict"].startswith("CONFORMANT"):
+            errors.append({"message": shown["verdict"], "trace": attachments.get("verdict", "")})
+        errors.extend({"message": f"report build: {problem}"} for problem in problems)
         attachments.update(extra or {})
         staged = Path(tmp) / "results"
         stage_results(results, staged, attachments, errors)
+        dump = Path(tmp) / "quality-gate.zip"
+        quality_gate.write_dump(dump, quality_gate.report_entries(gate, found.statuses))
         config_file = Path(tmp) / "allurerc.json"
         config_file.write_text(json.dumps(allure_config(results, out, history, name, history_limit, shown)))
         done = subprocess.run(
-            [str(executable), "generate", str(staged), "--config", str(config_file), "--output", str(out)],
+            [str(executable), "generate", str(staged), "--dump", str(dump), "--config", str(config_file),
+             "--output", str(out)],
             capture_output=True, text=True, env=env, cwd=tmp,
         )
         index = out / "index.html"
         if done.returncode != 0 or not index.exists():
             raise ReportBuildError(f"allure generate failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
-        strip_analytics(index)
+        top = page.banner(page.Banner(
+            shown["verdict"], level_rows(judged.summary) if judged.summary is not None else (),
+            [(key, shown[key]) for key in ("gate", "implementation", "device", "run", "profile", "cases")
+             if key in shown], gate.passed,
+            [(cid, found.result_ids.get(cid)) for cid in not_judged_cases(judged.summary or {})],
+            compared, problems))
+        try:
+            page.finish(index, top, page.tone(shown["verdict"]), gate.passed)
+        except page.PageError as exc:
+            raise ReportBuildError(str(exc)) from None
         seconds = time.perf_counter() - start
     stats_file = out / "summary.json"
     stats = json.loads(stats_file.read_text()).get("stats", {}) if stats_file.exists() else {}
+    changes = None if diff is None else {
+        "source": diff.baseline.source, "red": diff.red,
+        "sections": {section.title: [row.case for row in section.rows] for section in diff.sections()}}
     return BuiltReport(str(index), index.stat().st_size, round(seconds, 2), stats,
-                       str(history) if history else None, gate, shown)
+                       str(history) if history else None, gate.as_dict(), shown, problems, changes)
 
 
 def argument_parser() -> argparse.ArgumentParser:
@@ -337,7 +413,12 @@ def argument_parser() -> argparse.ArgumentParser:
     parser.add_argument("--history-limit", type=int, default=DEFAULT_HISTORY_LIMIT)
     parser.add_argument("--name", default=DEFAULT_NAME)
     parser.add_argument("--summary", type=Path, default=None,
-                        help="the suite's JSON summary, for the verdict (default: coc-summary.json next to --results)")
+                        help=f"the run's JSON summary, for the verdict (default: {SUMMARY_NAME} inside --results, "
+                             "else beside it); a summary of another run gives no verdict (exit 2)")
+    parser.add_argument("--baseline", type=Path, default=None, metavar="PATH",
+                        help="an earlier run to compare this one with, shown first: its coc-summary.json (or a "
+                             "folder holding one, or its Allure results) or an earlier report's history (.jsonl: "
+                             "its last run)")
     parser.add_argument("--attach", action="append", default=[], metavar="NAME=FILE",
                         help="a markdown file shown among the report's global attachments (coc-gate's or "
                              "coc-matrix's --out); repeatable")
@@ -354,18 +435,21 @@ def main(argv: list[str] | None = None) -> int:
                 raise ReportBuildError(f"--attach {given!r}: expected NAME=FILE naming an existing file")
             extra[label] = Path(file).read_text(encoding="utf-8")
         built = build(args.results, args.out, None if args.no_history else args.history, name=args.name,
-                      history_limit=args.history_limit, summary=args.summary, extra=extra)
+                      history_limit=args.history_limit, summary=args.summary, extra=extra, baseline=args.baseline)
     except ReportBuildError as exc:
         print(f"report_build: {exc}", file=sys.stderr)
         return 1
     print(f"report: {built.report}")
     print(f"size: {built.size_bytes / 1e6:.2f} MB, build: {built.build_seconds:.1f} s, tests: {built.tests}")
-    if built.verdict:
-        print(f"verdict: {built.verdict['verdict']}")
+    print(f"verdict: {built.verdict['verdict']}")
+    for problem in built.problems:
+        print(f"report build: {problem}", file=sys.stderr)
     gate = built.quality_gate
     print(f"quality gate: {'passed' if gate['passed'] else 'FAILED'} {gate['rules']}"
           + ("" if gate["passed"] else f"\n{gate['output']}"))
     print(json.dumps(asdict(built)))
+    if built.verdict["verdict"].startswith(NO_VERDICT):
+        return 2
     return 0 if gate["passed"] else 1
 
 

@@ -32,12 +32,13 @@ from typing import Any
 import pytest
 
 from conformance import options, report_properties
+from conformance.caseids import case_id
 from conformance.harness.case_errors import CaseError
 from conformance.judge import evidence
 from conformance.reporting import allure as reporting
 from conformance.reporting import meta as report_meta
 from conformance.reporting.allure import readable
-from conformance.roster import is_xdist_worker, roster
+from conformance.roster import is_xdist_worker, roster, run_id
 
 _OUTPUT_KEY = "coc_allure"
 
@@ -89,7 +90,8 @@ def reproduce_command(config: pytest.Config, nodeid: str) -> str:
 
 
 #: Frames of the suite's machinery, cut from the traceback a failed case shows.
-_INTERNAL = ("/_pytest/", "/pluggy/", "/conformance/plugins/", "/conformance/reporting/", "/conformance/plugin.py")
+_INTERNAL = ("/_pytest/", "/pluggy/", "/conformance/plugins/", "/conformance/reporting/", "/conformance/plugin.py",
+             "/conformance/judge/verdicts.py", "/contextlib.py")
 
 
 def check_frames(exc: BaseException) -> str:
@@ -118,7 +120,8 @@ class AllureHooks:
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
         params = _params(item)
         self.world_sizes.update(params[p] for p in options.TP_PARAMS if isinstance(params.get(p), int))
-        reporting.begin_case({**params, "implementation": options.impl_spec(item.config)})
+        reporting.begin_case({**params, "implementation": options.impl_spec(item.config)},
+                             run=run_id(item.config), case=case_id(item.nodeid))
         evidence.begin()
 
     def pytest_runtest_teardown(self, item: pytest.Item) -> None:
@@ -149,16 +152,18 @@ class AllureHooks:
         checks = report_properties.property_of(report, report_properties.CHECKS) or []
         if report.when == "call":
             reporting.label_levels(checks, outcome)
-            reporting.show_checks(config, checks, outcome)
+            reporting.show_checks(config, checks, outcome, report.duration)
             reporting.not_judged(config, checks)
             reporting.link_expectations(report_properties.property_of(report, report_properties.EXPECTATION) or [])
         if wasxfail is not None:
-            reporting.show_reason(config, "failed but not gated" if not_gated else "known failure", wasxfail)
+            reporting.show_reason(config, "failed but not gated" if not_gated else "known failure", wasxfail,
+                                  report.duration)
         elif report.skipped and isinstance(report.longrepr, tuple):
-            reporting.show_reason(config, "skipped", str(report.longrepr[2]).removeprefix("Skipped: "))
+            reporting.show_reason(config, "skipped", str(report.longrepr[2]).removeprefix("Skipped: "),
+                                  report.duration)
         if report.failed or wasxfail is not None:
             reporting.show_failure(config, reproduce_command(config, report.nodeid),
-                                   self.frames.pop(report.nodeid, None))
+                                   self.frames.pop(report.nodeid, None), checks, outcome)
 
     def _observe_device(self) -> None:
         """The device family and backend, where this process already has torch loaded."""
@@ -191,11 +196,12 @@ class AllureHooks:
         lost = roster(self.config)
         for nodeid in lost.crashed:
             reporting.report_lost_case(results, nodeid, "the pytest worker running this case died "
-                                                        "(see the run's output for its last words)")
+                                                        "(see the run's output for its last words)",
+                                       run=run_id(self.config))
         for nodeid in lost.collected if lost.crashed else ():
             if nodeid not in self.reported and nodeid not in lost.crashed:
                 reporting.report_lost_case(results, nodeid, "never run: the run lost its workers before "
-                                                            "reaching this case")
+                                                            "reaching this case", run=run_id(self.config))
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node: Any, error: Any) -> None:
@@ -220,6 +226,7 @@ class AllureHooks:
         config = self.config
         environment = {  # what the run judged, and where, first: the overview shows 8 entries
             "implementation": options.impl_spec(config),
+            "run_id": run_id(config),
             "device": ", ".join(sorted(self.devices)) or "not used",
             "backend": ", ".join(sorted(self.backends)) or "not used",
             "launcher": config.getoption(options.LAUNCHER),

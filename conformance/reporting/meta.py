@@ -3,7 +3,7 @@
 Categories are derived from the failure classes in :mod:`conformance.judge.failures`
 and the hang classes of :mod:`conformance.harness.case_errors`, so a new check
 category is one class away.  They match the start of a failure's message
-(``module.Class: ...``), or the first remote error of a
+(``module.Class: ...``, after the line naming the failed checks), or the first remote error of a
 :class:`~conformance.harness.case_errors.RankRaised` when the check failed on a rank.  The
 same rules work in Allure 2 (whole-message match) and Allure 3 (search).
 """
@@ -23,14 +23,16 @@ from conformance.harness import case_errors
 from conformance.judge import failures
 
 HANG = "Hang / timeout"
+#: The line of failed checks a failed case's message starts with (``[MUST] numerics: failed``), before the error.
+_CHECKS_LINE = r"(?:\[[A-Z]+\] [^\n]*\n)?"
 #: Extra message patterns per category: pytest.raises that saw nothing raised.
-_EXTRA: dict[type, tuple[str, ...]] = {failures.WrongError: (r"^Failed: DID NOT RAISE\b[\s\S]*",)}
+_EXTRA: dict[type, tuple[str, ...]] = {failures.WrongError: (rf"^{_CHECKS_LINE}Failed: DID NOT RAISE\b[\s\S]*",)}
 
 
 def _patterns(classes: Sequence[type]) -> list[str]:
     names = "|".join(cls.__name__ for cls in classes)
-    return [rf"^(?:[\w.]+\.)?(?:{names})\b[\s\S]*",
-            rf"^(?:[\w.]+\.)?RankRaised: [^\n]*? raised; rank \d+: (?:[\w.]+\.)?(?:{names})\b[\s\S]*"]
+    return [rf"^{_CHECKS_LINE}(?:[\w.]+\.)?(?:{names})\b[\s\S]*",
+            rf"^{_CHECKS_LINE}(?:[\w.]+\.)?RankRaised: [^\n]*? raised; rank \d+: (?:[\w.]+\.)?(?:{names})\b[\s\S]*"]
 
 
 def categories() -> list[dict[str, object]]:
