@@ -123,7 +123,7 @@ class Judged:
 
 
 def unoffered(errors: Sequence[CapturedError | None], modes: Iterable[str]) -> Judged | None:
-    """The one rule of ``NotImplementedError`` (the fixed suite's ``skip_if_not_implemented``): when every entry
+    """The one rule of ``NotImplementedError`` (the fixed suite's ``require_offered``): when every entry
     of ``errors`` raised it, the case is not judged and its ``modes`` are not offered (None otherwise)."""
     why = not_implemented(errors)
     return Judged(skipped=why, not_offered=frozenset(modes)) if why else None

@@ -27,6 +27,7 @@ from conformance.judge.assembly import assemble, by_replica, copies
 from conformance.judge.failures import ContractViolation, NumericMismatch, WrongError
 from conformance.judge.group_notes import group_note
 from conformance.judge.levels import Level
+from conformance.judge.verdicts import NotJudged
 
 
 def golden_problem(case_id: str) -> LayerProblem:
@@ -113,7 +114,7 @@ def check_no_errors(outcomes: Sequence[LayerOutcome], what: str) -> None:
     raised = [e for e in errors if e is not None]
     if not raised:
         return
-    checks.skip_if_not_implemented(errors)
+    checks.require_offered(errors)
     ranks = [r for r, e in enumerate(errors) if e is not None]
     first: CapturedError = raised[0]
     raise WrongError(f"{what}: rank(s) {ranks} raised {first.describe()} where the patched layers must run"
@@ -193,8 +194,10 @@ def check_identical_copies(problem: LayerProblem, outcomes: Sequence[LayerOutcom
                            chunks: int = 1, fusion: bool = False) -> None:
     """SHOULD: every replicated output and gradient is bitwise the same on every rank of a replica.
 
-    ``chunks`` and ``fusion`` are the run's: a mismatch's message judges each copy by the error bound.
+    ``chunks`` and ``fusion`` are the run's: a mismatch's message judges each copy by the error bound.  Not
+    judged when no tensor was held by two ranks (nothing to compare).
     """
+    compared = 0
     splits = layout(problem.layer, problem.sequence_parallel)
     micro_count = 1 if problem.case_id is not None else len(problem.tokens)
     bound = _CopyBound(problem, roundings(len(outcomes[0].members) or 1, chunks, problem.layer, micro_count), fusion)
@@ -204,14 +207,17 @@ def check_identical_copies(problem: LayerProblem, outcomes: Sequence[LayerOutcom
             serial = ranks[0].serial[step] if ranks[0].serial else None
             for micro in range(len(runs[0].outputs)):
                 for name in ("y", "dx"):
-                    assembly.check_identical_copies(
+                    compared += assembly.check_identical_copies(
                         [r.outputs[micro][name] for r in runs], splits[name], f"{name} ({where}, micro-batch {micro})",
                         bound.ratio(step, replica, name, micro, serial.outputs[micro][name] if serial else None))
             for name in runs[0].grads:
                 pieces = [r.grads.get(name) for r in runs]
                 if all(p is not None for p in pieces):
-                    assembly.check_identical_copies(pieces, splits[name], f"{name} ({where})", bound.ratio(
+                    compared += assembly.check_identical_copies(pieces, splits[name], f"{name} ({where})", bound.ratio(
                         step, replica, name, None, serial.grads.get(name) if serial else None))
+    if not compared:
+        raise NotJudged(f"no output or gradient of the {problem.layer} layer was held whole by two ranks "
+                        f"(TP {len(outcomes[0].members) or 1}): no copies to compare")
 
 
 @dataclass(frozen=True)

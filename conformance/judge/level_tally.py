@@ -1,8 +1,8 @@
 """Checks counted by requirement level and outcome: the one count the terminal, the gate's verdict and the report show.
 
-A check counts under its outcome (``passed``, ``failed``, ``not judged``, or
-any other a newer record carries); a failed check of a level the gate leaves
-out counts as ``not gated``.  :func:`lines` writes the table the terminal
+A check counts under its outcome (``passed``, ``failed``, ``not judged``,
+``not offered``, or any other a newer record carries); a failed check of a
+level the gate leaves out counts as ``not gated``.  :func:`lines` writes the table the terminal
 prints and the report's overview repeats, word for word.
 """
 
@@ -13,11 +13,11 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from conformance.judge.levels import Level
-from conformance.judge.verdicts import FAILED, NOT_JUDGED, PASSED, outcome_of
+from conformance.judge.verdicts import FAILED, NOT_JUDGED, NOT_OFFERED, PASSED, outcome_of
 
 NOT_GATED = "not gated"
 #: The columns every level's line shows, in order (other outcomes follow them).
-COLUMNS = (PASSED, FAILED, NOT_GATED, NOT_JUDGED)
+COLUMNS = (PASSED, FAILED, NOT_GATED, NOT_JUDGED, NOT_OFFERED)
 
 
 def column(check: Mapping[str, Any], gate: frozenset[Level]) -> str:
@@ -39,7 +39,8 @@ def level_line(level: Level, counts: Counter[tuple[str, str]], gate: frozenset[L
         return None
     extra = "".join(f", {n:>4} {o}" for o, n in others.items())
     return (f"{level.value:<10} {shown[PASSED]:>5} checks passed, {shown[FAILED]:>4} failed, "
-            f"{shown[NOT_GATED]:>4} failed but not gated, {shown[NOT_JUDGED]:>4} not judged{extra}   "
+            f"{shown[NOT_GATED]:>4} failed but not gated, {shown[NOT_JUDGED]:>4} not judged, "
+            f"{shown[NOT_OFFERED]:>4} not offered{extra}   "
             f"({'gates' if level in gate else 'not gated'})")
 
 

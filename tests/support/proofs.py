@@ -226,10 +226,24 @@ def _check_names(fn: ast.AST) -> list[str]:
             for name in _templates(call.args[0])]
 
 
+def _called(fn: ast.AST) -> list[str]:
+    """The names of the functions ``fn`` calls by a plain name."""
+    return [call.func.id for call in ast.walk(fn) if isinstance(call, ast.Call) and isinstance(call.func, ast.Name)]
+
+
 def _shared_judging() -> dict[str, list[str]]:
-    """Judging sequences of ``conformance/judge/*_verdicts.py`` a suite test calls by name -> their checks' names."""
-    return {fn.name: _check_names(fn) for path in sorted((SUITE.parent / "judge").glob("*_verdicts.py"))
-            for fn in ast.parse(path.read_text()).body if isinstance(fn, ast.FunctionDef)}
+    """Judging sequences of ``conformance/judge/*_verdicts.py`` a suite test calls by name -> their checks' names,
+    those of the sequences they call in turn included."""
+    functions = {fn.name: fn for path in sorted((SUITE.parent / "judge").glob("*_verdicts.py"))
+                 for fn in ast.parse(path.read_text()).body if isinstance(fn, ast.FunctionDef)}
+
+    def names(name: str, seen: frozenset[str] = frozenset()) -> list[str]:
+        fn = functions[name]
+        inner = [n for callee in _called(fn) if callee in functions and callee not in seen | {name}
+                 for n in names(callee, seen | {name})]
+        return _check_names(fn) + inner
+
+    return {name: list(dict.fromkeys(names(name))) for name in functions}
 
 
 def suite_checks(suite: Path = SUITE) -> Iterator[tuple[str, str]]:
@@ -241,8 +255,7 @@ def suite_checks(suite: Path = SUITE) -> Iterator[tuple[str, str]]:
             if not isinstance(fn, ast.FunctionDef):
                 continue
             names = _check_names(fn)
-            names += [name for call in ast.walk(fn) if isinstance(call, ast.Call) and isinstance(call.func, ast.Name)
-                      for name in shared.get(call.func.id, ())]
+            names += [name for callee in _called(fn) for name in shared.get(callee, ())]
             if fn.name.startswith("test_") and "verdicts" not in {a.arg for a in fn.args.args}:
                 names.append(fn.name)
             for name in names:

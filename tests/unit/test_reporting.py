@@ -105,9 +105,9 @@ def test_verdict_first_with_the_terminals_table() -> None:
     terminal = {line.split()[0]: line.split(None, 1)[1].strip() for line in level_tally.lines(counts, gate)}
     assert {level: shown[level] for level in terminal} == terminal
     assert " ".join(shown["MUST"].split()) == \
-        "1 checks passed, 0 failed, 0 failed but not gated, 1 not judged (gates)"
+        "1 checks passed, 0 failed, 0 failed but not gated, 1 not judged, 0 not offered (gates)"
     assert " ".join(shown["STRUCTURE"].split()) == \
-        "0 checks passed, 0 failed, 1 failed but not gated, 0 not judged (not gated)"
+        "0 checks passed, 0 failed, 1 failed but not gated, 0 not judged, 0 not offered (not gated)"
     assert "1 someday" in shown["SHOULD"]  # an outcome the table does not know is shown by its name
     assert shown["implementation"] == "pkg:Impl" and shown["profile"] == "no perf case ran"
     assert "1 not judged" in shown["cases"]
