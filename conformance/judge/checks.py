@@ -18,7 +18,7 @@ from conformance.contract.equality import bitwise_equal, describe_difference, wr
 from conformance.contract.layouts import Split
 from conformance.harness.case import CapturedError
 from conformance.judge import evidence, numerics
-from conformance.judge.failures import DeterminismViolation, NumericMismatch, WrongError
+from conformance.judge.failures import DeterminismViolation, NumericMismatch, WrongError, suite_requires
 from conformance.judge.levels import Level
 from conformance.judge.verdicts import NotOffered
 
@@ -97,6 +97,7 @@ def check_refused_on_every_rank(errors: Sequence[CapturedError | None], *, what:
 
     Any exception class passes: the class is judged by :func:`check_declared_error`.
     """
+    suite_requires(bool(errors), f"{what}: no rank's outcome to judge a refusal on")
     missing = [rank for rank, e in enumerate(errors) if e is None]
     if missing:
         raised = {rank: e.describe() for rank, e in enumerate(errors) if e is not None}

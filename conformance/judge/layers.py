@@ -24,7 +24,7 @@ from conformance.contract.results import LayerOutcome
 from conformance.harness.case import CapturedError
 from conformance.judge import assembly, checks, numerics
 from conformance.judge.assembly import assemble, by_replica, copies
-from conformance.judge.failures import ContractViolation, NumericMismatch, WrongError
+from conformance.judge.failures import ContractViolation, NumericMismatch, WrongError, suite_requires
 from conformance.judge.group_notes import group_note
 from conformance.judge.levels import Level
 from conformance.judge.verdicts import NotJudged
@@ -153,6 +153,7 @@ def _check_training(problem: LayerProblem, outcomes: Sequence[LayerOutcome], *, 
     exact_wgrad_inputs = problem.layer != "mlp" and autocast is None
     for replica, ranks in by_replica(outcomes).items():
         steps = len(ranks[0].coc[run])
+        suite_requires(steps > 0, f"replica {replica}: the patched layers' run {run} recorded no training step")
         for step in range(steps):
             expected = truth(problem, step, replica, fusion)
             where = f"step {step}, replica {replica}" if (steps > 1 or len(by_replica(outcomes)) > 1) else ""
@@ -258,6 +259,7 @@ def check_values(outcomes: Sequence[LayerOutcome]) -> None:
 
 def check_main_grad(outcomes: Sequence[LayerOutcome]) -> None:
     """Under fusion the weight's ``.grad`` holds no second copy of the gradient (no double counting)."""
+    _needs_weight_grads(outcomes)
     for rank, outcome in enumerate(outcomes):
         for step, run in enumerate(outcome.coc[0]):
             doubled = {name: state for name, state in run.weight_grad.items() if state == "values"}
@@ -268,8 +270,15 @@ def check_main_grad(outcomes: Sequence[LayerOutcome]) -> None:
                     "DDP would add it twice")
 
 
+def _needs_weight_grads(outcomes: Sequence[LayerOutcome]) -> None:
+    """Not judged when no rank recorded where a weight gradient went: nothing to compare."""
+    if not any(run.weight_grad for outcome in outcomes for run in outcome.coc[0]):
+        raise NotJudged("no rank recorded where a weight gradient went (main_grad, .grad): nothing to judge")
+
+
 def check_fusion_honoured(outcomes: Sequence[LayerOutcome]) -> None:
     """SHOULD: under fusion the weight gradient is accumulated into ``main_grad``, not returned as a full ``.grad``."""
+    _needs_weight_grads(outcomes)
     for rank, outcome in enumerate(outcomes):
         for step, run in enumerate(outcome.coc[0]):
             unfused = sorted(name for name, state in run.weight_grad.items() if state == "grad only")
