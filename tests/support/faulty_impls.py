@@ -1251,6 +1251,43 @@ class UnfusedWeightGrad(_WeightGradFault):
         return original(weight, grad_output, total_input, False)
 
 
+# --- a verdict once seen is never lost (issue 43): failures before refusals, one op of a sequence absent -----------
+
+
+class OneRowWrongOddRowsNotImplemented(ReferenceCoC):
+    """matmul_all_reduce: one row comes back doubled, and every other odd token count raises NotImplementedError:
+    a failure, then refusals of the same case's later sub-cases (the failure must stand)."""
+
+    name = "fault-one-row-wrong-odd-rows-not-implemented"
+
+    def matmul_all_reduce(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
+        if x.shape[0] == 1:
+            return super().matmul_all_reduce(x, w, bias, **kw) * 2
+        if x.shape[0] % 2:
+            raise NotImplementedError("odd token counts are not implemented")
+        return super().matmul_all_reduce(x, w, bias, **kw)
+
+
+class _NoGather(_EveryOp):
+    """Offers no all-gather op: both raise ``NotImplementedError`` on every rank."""
+
+    def through(self, op: str, x: Any, w: Any, bias: Any, kw: dict[str, Any]) -> Any:
+        if op.startswith("all_gather"):
+            raise NotImplementedError("no all-gather ops in this build")
+        return super().through(op, x, w, bias, kw)
+
+
+class NoGatherZeroScatter(_NoGather):
+    """Offers no all-gather op, and its reduce-scatter returns zeros: in a sequence after a gather the zeros must
+    still be judged (the gather is not offered; the scatter's numbers are wrong)."""
+
+    name = "fault-no-gather-zero-scatter"
+
+    def through(self, op: str, x: Any, w: Any, bias: Any, kw: dict[str, Any]) -> Any:
+        result = super().through(op, x, w, bias, kw)
+        return result.zero_() if op == "matmul_reduce_scatter" else result
+
+
 # --- correct variants: what the checks must pass (or skip) ----------------------------------------
 
 
@@ -1282,6 +1319,23 @@ class OwnSubgroups(ReferenceCoC):
             self._groups[ranks] = dist.new_group(list(ranks), use_local_synchronization=True)
         return super().matmul_all_reduce(x, w, bias, **{**kw, "group": self._groups[ranks]})
 
+
+class OddRowsNotImplemented(ReferenceCoC):
+    """Correct, but matmul_all_reduce raises NotImplementedError for odd token counts (cases of them are not
+    offered)."""
+
+    name = "variant-odd-rows-not-implemented"
+
+    def matmul_all_reduce(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
+        if x.shape[0] % 2:
+            raise NotImplementedError("odd token counts are not implemented")
+        return super().matmul_all_reduce(x, w, bias, **kw)
+
+
+class OffersNoGather(_NoGather):
+    """Correct, offering no all-gather op (``NotImplementedError``): a sequence with a gather judges its other op."""
+
+    name = "variant-offers-no-gather"
 
 # --- explorer-only faults: corners the fixed suite does not reach (issue 23; found by --coc-explore) ------------
 

@@ -1,7 +1,8 @@
 """The proof table: every named check of the suite, and the fault of ``tests/support/faulty_impls.py`` that proves it.
 
 A check is proven when a fault makes it come out as a row of :data:`FAULT_TABLE`
-says (``tests/suite_runs/test_suite_bites.py`` runs each row).  Every named
+says (``tests/suite_runs/test_suite_bites.py`` runs each row), and a case
+that failed it comes out failed (a failure is never lost to what follows it).  Every named
 check of the suite -- each ``verdicts.check`` name, and each test that judges
 without one -- has a row, or an entry in :data:`UNPROVEN` saying why not
 (``tests/unit/test_proofs.py`` holds the suite to that).
@@ -119,6 +120,13 @@ FAULT_TABLE = [
           NUMERIC),
     Proof("test_ops", "RaisesOnOneRankAfterReducing", "op_matches_golden and matmul_all_reduce and tp2 and not wT",
           "the op ran on every rank", MUST, ERROR),
+    # a verdict once seen is never lost: a failure before refusals stands; one op of a sequence absent, the other
+    # is judged; a check that compared nothing is not judged, never passed
+    Proof("test_ops", "OneRowWrongOddRowsNotImplemented", "uneven_token_counts and matmul_all_reduce and tp2",
+          r".*: numerics", MUST, NUMERIC),
+    Proof("test_ops", "NoGatherZeroScatter", "corner_op_sequence and all_gather_matmul-then", NUMERICS, MUST, NUMERIC),
+    Proof("test_ops", "ReturnsOnAnotherDevice", "op_matches_golden and matmul_all_reduce and tp2 and not wT",
+          "replicated results bitwise identical", SHOULD, outcome="not judged"),
     Proof("test_ops", "DropsScatterRemainder", "uneven_token_counts and matmul_reduce_scatter and tp2",
           r"m=\d+ \(not a multiple of tp\): refused", MUST, ERROR),
     Proof("test_ops", "TruncatesLongScale", "w8a16_bad_arguments and scale-shape", "refused, naming the argument",
