@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from conformance.gating import expectations, gate
+from conformance.gating import expectations, gate, matrix
 from conformance.judge import run_diff
 from conformance.report_properties import GATE_NOT_RUN, GATE_REPORTED
 from tests.support import ROOT
@@ -68,3 +68,36 @@ def test_an_unenforced_perf_gate_is_not_run_unless_its_figures_are_asked_for(
     assert default["perf_gate"] == GATE_NOT_RUN and "timings" not in default, default
     assert figures["outcome"] == "not judged" and figures["perf_gate"] == GATE_REPORTED, figures
     assert figures["perf"] and figures["timings"]["exclusive"], figures
+
+
+UNEVEN = ("-k", "uneven_token_counts and matmul_all_reduce and tp2")
+
+
+def test_a_failure_that_became_not_offered_turns_the_gate_red_unless_expected(
+        run_suite: Callable[..., SuiteRun], tmp_path: Path) -> None:
+    """Baseline: odd token counts give wrong rows (numerics fails); current: they raise NotImplementedError (not
+    offered).  The gate lists the lost checks and is red -- never "No change" -- until the current run's
+    expectations file says the case may go unjudged; the matrix counts the case as not offered."""
+    runs = {}
+    for name, impl, extra in (
+            ("base", "tests.support.faulty_impls:OpUnevenGarbageRows", ()),
+            ("now", "tests.support.faulty_impls:OddRowsNotImplemented", ()),
+            ("expected", "tests.support.faulty_impls:OddRowsNotImplemented",
+             ("--coc-expectations", str(tmp_path / "known.toml")))):
+        (tmp_path / "known.toml").write_text('[[expect]]\npattern = "test_ops.py::test_uneven_token_counts[*]"\n'
+                                             'outcome = "unjudged"\nreason = "odd token counts not implemented"\n')
+        (tmp_path / name).mkdir()
+        run_suite("test_ops", impl, *UNEVEN, "--coc-summary", str(tmp_path / name / "coc-summary.json"), *extra)
+        runs[name] = run_diff.load_run(tmp_path / name)
+    [case] = runs["now"].cases.values()
+    assert case["outcome"] == "skipped" and {c["outcome"] for c in case["checks"]} == {"not offered"}, case
+    result = run_diff.diff_runs(runs["base"], runs["now"])
+    text = gate.markdown(result)
+    assert result.red and "gate: RED" in text and "No change" not in text, text
+    lost = {(x.check, x.before, x.after) for x in result.lost}
+    assert ("m=1: numerics", "failed", "not offered") in lost and all(x.expected is None for x in result.lost), lost
+    expected = run_diff.diff_runs(runs["base"], runs["expected"])
+    assert not expected.red and expected.lost and all(x.expected is not None for x in expected.lost)
+    assert "odd token counts not implemented" in gate.markdown(expected)
+    table = matrix.markdown({"now": list(runs["now"].cases.values())})
+    assert "| now | judged nothing | 0 / 0 / 0 / 0 / 5 |" in table, table  # one per token count
