@@ -7,6 +7,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from conformance.gating import expectations, gate, matrix
 from conformance.judge import run_diff
@@ -34,23 +35,31 @@ def test_gate_over_real_runs(run_suite: Callable[..., SuiteRun], tmp_path: Path)
 def test_expectations_round_trip(run_suite: Callable[..., SuiteRun], tmp_path: Path) -> None:
     """Write expectations from a failing run: green with them; red on a new fault; red on an unexpected pass."""
     select = ("-k", "op_matches_golden and tp2 and not wT and float32 and (all_reduce or all_gather) and not v2")
-    summary = tmp_path / "first.json"
     wrong_shape = "tests.support.faulty_impls:ReturnsWrongShape"
-    first = run_suite("test_ops", wrong_shape, *select, "--coc-summary", str(summary))
-    assert first.failed
+
+    def outcomes(name: str, impl: str, *extra: str) -> tuple[SuiteRun, dict[str, dict[str, Any]]]:
+        summary = tmp_path / f"{name}.json"
+        run = run_suite("test_ops", impl, *select, "--coc-summary", str(summary), *extra)
+        return run, {c["id"]: c for c in json.loads(summary.read_text())["cases"]}
+
+    _, first = outcomes("first", wrong_shape)
+    failed = {cid for cid, c in first.items() if c["outcome"] == "failed"}
+    assert failed and any("matmul_all_reduce" in cid for cid in failed), first
     known = tmp_path / "known.toml"
-    done = subprocess.run([sys.executable, "-m", "conformance.gating.expectations", "--summary", str(summary), "--out",
-                           str(known)], cwd=ROOT, capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-m", "conformance.gating.expectations", "--summary",
+                           str(tmp_path / "first.json"), "--out", str(known)], cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     entries = expectations.Expectations.load(known).entries
-    assert len({e.pattern for e in entries}) == len(first.failed) and all(e.check and e.level for e in entries)
-    again = run_suite("test_ops", wrong_shape, *select, "--coc-expectations", str(known))
-    assert again.ret == 0 and again.outcomes.get("xfailed") == len(first.failed), again.output[-2000:]
-    fixed = run_suite("test_ops", "coc_impl.reference:ReferenceCoC", *select, "--coc-expectations", str(known))
-    assert fixed.ret == 1 and "unexpected pass" in fixed.output
-    worse = run_suite("test_ops", "tests.support.faulty_impls:ReturnsWrongShapeTwice", *select, "--coc-expectations",
-                      str(known))
-    assert worse.ret == 1 and worse.failed and all("all_gather_matmul" in f for f in worse.failed), worse.output[-2000:]
+    assert {e.pattern for e in entries} == failed and all(e.check and e.level for e in entries)
+    again, cases = outcomes("again", wrong_shape, "--coc-expectations", str(known))
+    assert again.ret == 0 and {cid for cid, c in cases.items() if c["outcome"] == "known"} == failed, cases
+    fixed, cases = outcomes("fixed", "coc_impl.reference:ReferenceCoC", "--coc-expectations", str(known))
+    unexpected = {cid for cid, c in cases.items() if (c.get("failure") or {}).get("category") == "unexpected pass"}
+    assert fixed.ret == 1 and unexpected == failed, cases
+    worse, cases = outcomes("worse", "tests.support.faulty_impls:ReturnsWrongShapeTwice", "--coc-expectations",
+                            str(known))
+    new = {cid for cid, c in cases.items() if c["outcome"] == "failed"}
+    assert worse.ret == 1 and new and all("all_gather_matmul" in cid for cid in new), cases
 
 
 def test_an_unenforced_perf_gate_is_not_run_unless_its_figures_are_asked_for(

@@ -130,9 +130,11 @@ def test_gate_and_expectations_can_be_pinned_in_the_ini(pytester: pytest.Pyteste
     pytester.makefile(".toml", known='[[expect]]\npattern = "test_x.py::test_known"\noutcome = "skip"\n'
                                      'reason = "r"\n')
     pytester.makepyfile(test_x="def test_known():\n    pass\n")
-    result = pytester.runpytest("-p", "conformance.plugin", "-rs")
+    result = pytester.runpytest("-p", "conformance.plugin", "--coc-summary", str(pytester.path / "s.json"))
     result.assert_outcomes(skipped=1)
-    assert "known skip" in result.stdout.str()
+    doc = json.loads((pytester.path / "s.json").read_text())
+    [case] = doc["cases"]
+    assert doc["gate"] == "must" and case["skip_reason"] == "known skip: r", doc
 
 
 def test_a_case_that_judged_nothing_is_not_judged_in_the_summary_never_passed(pytester: pytest.Pytester,

@@ -259,7 +259,9 @@ def test_a_failure_is_sticky_whatever_is_raised_after_it(pytester: pytest.Pytest
             cases[name]
         assert {outcome for _, outcome in shown(name)} == {"not offered"}, cases[name]
     assert result.ret == 1
-    assert "6 not offered" in result.stdout.str()  # the level tally counts every one (MUST)
+    levels = json.loads((pytester.path / "summary.json").read_text())["levels"]
+    assert levels["MUST:not offered"] == 6 and levels["SHOULD:failed"] == 1, levels  # every one counted
+    assert "6 not offered" in result.stdout.str()  # and the terminal's table shows the same count
 
 
 def test_the_gate_reads_an_unexpected_pass_from_a_real_summary(pytester: pytest.Pytester) -> None:
