@@ -26,7 +26,7 @@ def judge_training(verdicts: Verdicts, job: LayerJob, outcomes: Sequence[LayerOu
                              autocast=job.autocast)
     with verdicts.check("results are values", Level.MUST):
         judge.check_values(outcomes)
-    if job.tp > 1:  # at TP 1 nothing is replicated: the check cannot apply
+    if judge.replicated(job.problem, job.tp):  # else (SP, TP 1) nothing is replicated: the check cannot apply
         with verdicts.check("replicated results bitwise identical", Level.SHOULD):
             judge.check_identical_copies(job.problem, outcomes, chunks=chunks, fusion=job.main_grad)
     if job.main_grad:

@@ -191,6 +191,14 @@ def _compare(name: str, pieces: list[Any], serial_pieces: list[Any] | None, trut
                            split=split, tp=tp)
 
 
+def replicated(problem: LayerProblem, tp: int) -> bool:
+    """Whether the layer has a result the ranks of a TP group of ``tp`` hold whole: an output (``y``) or a gradient
+    (``dx``, ``dw*``, ``db*``) not split over them (with SP none is)."""
+    splits = layout(problem.layer, problem.sequence_parallel)
+    return tp > 1 and any(split is Split.FULL for name, split in splits.items()
+                          if name == "y" or (name.startswith("d") and name != "dy"))
+
+
 def check_identical_copies(problem: LayerProblem, outcomes: Sequence[LayerOutcome], run: int = 0, *,
                            chunks: int = 1, fusion: bool = False) -> None:
     """SHOULD: every replicated output and gradient is bitwise the same on every rank of a replica.
