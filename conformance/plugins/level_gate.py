@@ -34,6 +34,7 @@ recorded nothing was not judged, and a case whose every check was not judged
 is reported as such (outcome ``not judged`` in the JSON summary), never as a
 pass.
 """
+
 from __future__ import annotations
 
 from collections import Counter
@@ -47,7 +48,15 @@ from conformance.harness.case_errors import CaseError
 from conformance.judge import level_tally
 from conformance.judge.failures import CheckFailure, SuiteError
 from conformance.judge.levels import Level
-from conformance.judge.verdicts import NOT_JUDGED, NOT_OFFERED, CheckResult, NotJudged, NotOffered, Verdicts
+from conformance.judge.verdicts import (
+    FAILED,
+    NOT_JUDGED,
+    NOT_OFFERED,
+    CheckResult,
+    NotJudged,
+    NotOffered,
+    Verdicts,
+)
 
 verdicts_key = pytest.StashKey[Verdicts]()
 gate_key = pytest.StashKey[frozenset[Level]]()
@@ -117,7 +126,7 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
         yield
     except BaseException as exc:
         if isinstance(exc, (pytest.skip.Exception, pytest.xfail.Exception)):
-            _beside_a_failure(item, name, exc)
+            _record_the_skip(item, name, exc)
             conclude(item, refusal=exc)
         if not isinstance(exc, Exception):
             raise
@@ -138,25 +147,28 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
     conclude(item)
 
 
-def _beside_a_failure(item: pytest.Item, name: str, refusal: BaseException) -> None:
+def _record_the_skip(item: pytest.Item, name: str, skip: BaseException) -> None:
     """A skip raised after checks were recorded: recorded beside them (why the rest was not judged)."""
     recorded = item.stash.get(verdicts_key, None)
     if recorded is not None and recorded.results:
-        recorded.not_judged(name, default_level(item), f"skipped: {_first_line(refusal)}")
+        recorded.not_judged(name, default_level(item), f"skipped: {_first_line(skip)}")
 
 
 def conclude(item: pytest.Item, refusal: BaseException | None = None) -> None:
-    """The case's outcome from its record, by :func:`~conformance.judge.verdicts.case_outcome`: its failed checks
-    raised (those of gating levels first; none gating: the report makes it an expected failure), else the
-    ``refusal`` (a skip) re-raised, else a case whose every record is not offered skipped as not offered."""
+    """The case's outcome from its record, by :func:`~conformance.judge.verdicts.case_outcome`: failed, its failed
+    checks raised (those of gating levels first; none gating: the report makes it an expected failure); else the
+    ``refusal`` (a skip) raised again; else, when every record is not offered, skipped as not offered."""
     recorded = item.stash.get(verdicts_key, None)
-    failed = recorded.failed() if recorded is not None else []
-    if recorded is not None and failed:
-        gating = recorded.failed(item.config.stash[gate_key])
+    if recorded is None:
+        if refusal is not None:
+            raise refusal
+        return
+    if recorded.outcome == FAILED:
+        failed, gating = recorded.failed(), recorded.failed(item.config.stash[gate_key])
         raise _combined(gating + [f for f in failed if f not in gating], len(failed))
     if refusal is not None:
         raise refusal
-    if recorded is not None and recorded.outcome == NOT_OFFERED:
+    if recorded.outcome == NOT_OFFERED:
         skip_not_offered(item, "; ".join(dict.fromkeys(r.message for r in recorded.results)))
 
 
