@@ -338,13 +338,14 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     marks = list(item.iter_markers("coc_requires"))
     if marks:
         from conformance.harness.impl_loader import load_implementation, missing_capability
+        from conformance.plugins.level_gate import skip_not_offered
 
         impl = load_implementation(impl_spec(item.config))
         for mark in marks:
             for capability in mark.args:
                 reason = missing_capability(impl, capability)
                 if reason:
-                    pytest.skip(reason)
+                    skip_not_offered(item, reason)
     from conformance.caseids import needs, on_ranks
 
     if not on_ranks(item):

@@ -24,7 +24,7 @@ from typing import Any
 from conformance.explore.kind import Ranks, Scope
 from conformance.explore.registry import kind_of, load_finding
 from conformance.explore.spec import SPEC_SCHEMA, Spec, SpecError, spec_key
-from conformance.judge.verdicts import Verdicts
+from conformance.judge.verdicts import NotOffered, Verdicts
 
 #: The corpus the package ships (package data).
 SHIPPED = Path(__file__).resolve().parent.parent / "corpus"
@@ -76,20 +76,24 @@ def read_corpus(directories: Iterable[Path]) -> list[Entry]:
 def replay(ranks: Ranks, spec: Spec, scope: Scope, verdicts: Verdicts) -> str:
     """Judge ``spec`` as the explorer judges it, into ``verdicts``; why it was not judged ("" when it was).
 
-    A kind the implementation does not offer is "not offered"; a case out of
+    A kind, or a mode of it, the implementation does not offer raises
+    :class:`~conformance.judge.verdicts.NotOffered` (after recording what the
+    rest of the case judged: a failure recorded stays one); a case out of
     this run's reach (more ranks than the node hosts, a TP size ``--coc-tp``
     leaves out) is not run either.
     """
     kind = kind_of(spec)
     why = kind.offered(scope)
     if why:
-        return f"not offered: {why}"
+        raise NotOffered(f"not offered: {why}")
     why = scope.outside(spec)
     if why:
         return f"out of reach: {why}"
     judged = kind.judge(ranks, spec, scope, verdicts)
     subject = kind.subject(spec)  # named as the explorer names them: what each check is about
     verdicts.results[:] = [replace(r, name=f"{subject}: {r.name}") if subject else r for r in verdicts.results]
+    if judged.not_offered:
+        raise NotOffered(f"not offered: {', '.join(sorted(judged.not_offered))} ({judged.skipped})")
     return judged.skipped
 
 

@@ -123,7 +123,7 @@ class Judged:
 
 
 def unoffered(errors: Sequence[CapturedError | None], modes: Iterable[str]) -> Judged | None:
-    """The one rule of ``NotImplementedError`` (the fixed suite's ``skip_if_not_implemented``): when every entry
+    """The one rule of ``NotImplementedError`` (the fixed suite's ``require_offered``): when every entry
     of ``errors`` raised it, the case is not judged and its ``modes`` are not offered (None otherwise)."""
     why = not_implemented(errors)
     return Judged(skipped=why, not_offered=frozenset(modes)) if why else None
@@ -153,16 +153,14 @@ def run_to_the_end(ranks: Ranks, spec: Spec, verdicts: Verdicts, task: Any, **pa
 
 
 def outcomes_to_judge(ranks: Ranks, spec: Spec, verdicts: Verdicts, task: Any, *, modes: frozenset[str] = frozenset(),
-                      not_offered: Callable[[list[Any]], Judged | None] | None = None,
                       **params: Any) -> list[Any] | Judged:
     """``task`` run on ``spec.world`` ranks (:func:`run_to_the_end`): every rank's result to judge, or the verdict
     already reached -- a case that did not finish, or one the implementation does not offer (:func:`unoffered`:
-    every rank's ``error`` a ``NotImplementedError``, its ``modes`` not offered; or as ``not_offered`` says)."""
+    every rank's ``error`` a ``NotImplementedError``, its ``modes`` not offered)."""
     outcomes = run_to_the_end(ranks, spec, verdicts, task, **params)
     if isinstance(outcomes, Judged):
         return outcomes
-    refused = not_offered(outcomes) if not_offered else unoffered([o.error for o in outcomes], modes)
-    return refused or outcomes
+    return unoffered([o.error for o in outcomes], modes) or outcomes
 
 
 def read_spec(spec_type: Callable[..., Spec], data: Mapping[str, Any],

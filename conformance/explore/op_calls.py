@@ -24,12 +24,11 @@ from conformance.cases.op_cases import op_sequence_task
 from conformance.contract.jobs import OPERAND_STRIDES, OpRun
 from conformance.contract.problems import Problem, exact_limit_ok
 from conformance.explore import space
-from conformance.explore.kind import Judged, Kind, Ranks, Scope, outcomes_to_judge, read_spec, unoffered
+from conformance.explore.kind import Judged, Kind, Ranks, Scope, read_spec, run_to_the_end
 from conformance.explore.space import Dimension, Space, nothing_simpler, size, smaller_ints, towards, weighted
 from conformance.explore.spec import OnReplicas, SpecError, require_runnable
-from conformance.judge import ops as judge
 from conformance.judge.determinism import nothing_to_compare
-from conformance.judge.op_verdicts import judge_deterministic, judge_op_runs, judge_refusal, rows_per_rank
+from conformance.judge.op_verdicts import judge_deterministic, judge_op_runs, rows_per_rank, sort_refusals
 from conformance.judge.verdicts import Verdicts
 from conformance.protocol import DETERMINISTIC_OPS, FUSED_OPS
 from golden.catalogue import DTYPES
@@ -340,32 +339,31 @@ def buckets() -> dict[str, tuple[str, ...]]:
 def judge_spec(ranks: Ranks, spec: OpSpec, scope: Scope, verdicts: Verdicts) -> Judged:
     """Run ``spec`` on ``ranks`` and record the suite's checks of op runs into ``verdicts``.
 
-    A run whose every call raised ``NotImplementedError`` is a mode not
-    offered (``unoffered``); a call that raised where the one refusal rule
-    allows it (``judge_refusal``: strided operands, an odd number of rows per
-    rank) is judged as a refusal; any other call that raised fails "the op
-    ran on every rank".  A deterministic case must also be bitwise
-    reproducible, and split-invariant where the implementation declares it.
+    By the one refusal rule of op cases (``sort_refusals``, the fixed
+    suite's): a run whose every call raised ``NotImplementedError`` is a mode
+    not offered; a call that raised where ``refusal_rule`` allows it (strided
+    operands, an odd number of rows per rank) is judged as a refusal; any
+    other call that raised fails "the op ran on every rank"; the other runs
+    of a sequence are judged whatever one run did.  A deterministic case must
+    also be bitwise reproducible, and split-invariant where the
+    implementation declares it.
     """
     if spec.tiling != "own" and not set(spec.ops) <= scope.blocks:
         return Judged(skipped=f"{spec.ops} take no explicit tiling (blocks=)")
     runs = spec.jobs()
-
-    def not_offered(outcomes: list[Any]) -> Judged | None:
-        return next(filter(None, (unoffered(judge.call_errors([o[i] for o in outcomes]), spec.modes((run.op,)))
-                                  for i, run in enumerate(runs))), None)
-
-    outcomes = outcomes_to_judge(ranks, spec, verdicts, op_sequence_task, not_offered=not_offered, runs=runs)
+    outcomes = run_to_the_end(ranks, spec, verdicts, op_sequence_task, runs=runs)
     if isinstance(outcomes, Judged):
         return outcomes
     judged = [(run, [o[i] for o in outcomes]) for i, run in enumerate(runs)]
-    for run, run_outcomes in judged:
-        if judge_refusal(verdicts, run, run_outcomes, scope.declarations):
-            return Judged.of(verdicts)
-    judge_op_runs(verdicts, judged, scope.declarations.in_place_ops, exact=spec.exact)
-    if spec.deterministic:
-        judge_deterministic(verdicts, judged, scope.declarations.split_invariant_ops)
-    return Judged.of(verdicts)
+    sorted_runs = sort_refusals(verdicts, judged, scope.declarations)
+    judge_op_runs(verdicts, sorted_runs.to_judge, scope.declarations.in_place_ops, exact=spec.exact)
+    if spec.deterministic and sorted_runs.to_judge:
+        judge_deterministic(verdicts, sorted_runs.to_judge, scope.declarations.split_invariant_ops)
+    result = Judged.of(verdicts)
+    if sorted_runs.not_offered:  # the other runs are judged all the same: their failures stand
+        return replace(result, skipped=sorted_runs.not_offered[0][1], not_offered=frozenset().union(
+            *(spec.modes((run.op,)) for run, _ in sorted_runs.not_offered)))
+    return result
 
 
 def from_dict(data: dict[str, Any]) -> OpSpec:

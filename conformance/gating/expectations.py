@@ -10,7 +10,7 @@ Chromium's TestExpectations::
     pattern = "test_layers.py::test_uneven_token_counts[*row*]"   # fnmatch on the case id
     check   = "m=7 *: numerics"                                     # optional: fnmatch on the check name
     level   = "MUST"                                                # optional: the check's level
-    outcome = "fail"                                                # fail | hang | skip
+    outcome = "fail"                                                # fail | hang | skip | unjudged
     reason  = "remainder rows are left unwritten when m % p != 0"
     link    = "https://example.org/issue/1"                         # optional
 
@@ -23,19 +23,25 @@ and nothing else: another check failing in the same case is a new failure.
 Prefer them (``coc-expectations`` writes them).  An entry with neither covers
 the whole case, whatever fails in it (and ``skip`` is only for whole cases).
 Of the whole-case entries the first matching one wins.
+
+``unjudged`` says nothing of how a case runs: it tells ``coc-gate`` (and the
+report's baseline view) that the cases or checks it names may lose their
+judgment -- come out skipped, not offered, not judged, or go missing after
+being judged in the baseline -- without that being a change
+(``docs/DESIGN.md#gating-in-ci``).  A whole-case ``skip`` says the same of
+its cases.  Every other loss of judgment turns the gate red.
 """
 
 from __future__ import annotations
 
-import fnmatch
 import json
 import sys
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from conformance.caseids import matches
+from conformance.judge.expected import FAIL, FAILING, HANG, OUTCOMES, SKIP, UNJUDGED, Expectation
 from conformance.judge.levels import Level
 from conformance.judge.verdicts import FAILED, PASSED, outcome_of
 
@@ -44,39 +50,8 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-OUTCOMES = ("fail", "hang", "skip")
-
-
 class ExpectationsError(ValueError):
     """The expectations file cannot be read or is malformed (the message names the entry)."""
-
-
-@dataclass(frozen=True)
-class Expectation:
-    pattern: str
-    outcome: str
-    reason: str
-    link: str = ""
-    check: str = ""  #: fnmatch pattern on a check's name ("": any check)
-    level: str = ""  #: a check's level ("": any level)
-    #: Where the entry is written, ``file:line`` (entries loaded from a file); not part of what it says.
-    source: str = field(default="", compare=False)
-
-    def describe(self) -> str:
-        return self.reason + (f" ({self.link})" if self.link else "")
-
-    @property
-    def whole_case(self) -> bool:
-        """Whether the entry covers every check of its cases (it names no check and no level)."""
-        return not (self.check or self.level)
-
-    def covers(self, check: Mapping[str, Any]) -> bool:
-        """Whether the entry names ``check`` (a check as the report carries it: name, level ...)."""
-        return (not self.check or fnmatch.fnmatchcase(str(check["name"]), self.check)) and \
-            (not self.level or str(check["level"]) == self.level)
-
-    def as_dict(self) -> dict[str, str]:
-        return {key: value for key, value in asdict(self).items() if value}
 
 
 @dataclass(frozen=True)
@@ -94,15 +69,15 @@ def judge_checks(entries: Sequence[Expectation], checks: Sequence[Mapping[str, A
     for check in checks:
         if outcome_of(check) != FAILED:
             continue
-        entry = next((e for e in entries if e.covers(check)), None)
-        if entry is None or (entry.outcome == "hang") != hung:
+        entry = next((e for e in entries if e.outcome in FAILING and e.covers(check)), None)
+        if entry is None or (entry.outcome == HANG) != hung:
             new.append(check)
         else:
             known.append((check, entry))
     met = {id(entry) for _, entry in known}
     unexpected = []
     for entry in entries:
-        if id(entry) in met:
+        if id(entry) in met or entry.outcome not in FAILING:
             continue
         passed = [c for c in checks if entry.covers(c) and outcome_of(c) == PASSED]
         if passed:
@@ -157,18 +132,18 @@ class Expectations:
                                         f"got {raw['level']!r}")
             entry = Expectation(raw["pattern"], raw["outcome"], raw["reason"], raw.get("link", ""),
                                 raw.get("check", ""), level)
-            if entry.outcome == "skip" and not entry.whole_case:
+            if entry.outcome == SKIP and not entry.whole_case:
                 raise ExpectationsError(f"{at}: 'skip' is for whole cases; a check cannot be skipped alone")
             entries.append(entry)
         return cls(tuple(entries), dict(doc.get("meta", {})))
 
     def match(self, case: str) -> Expectation | None:
-        """The first whole-case entry whose pattern matches the case id."""
+        """The first whole-case entry whose pattern matches the case id (of how it runs: not ``unjudged``)."""
         return next((entry for entry in self.matching(case) if entry.whole_case), None)
 
     def matching(self, case: str) -> list[Expectation]:
-        """Every entry whose pattern matches the case id, in file order."""
-        return [entry for entry in self.entries if matches(case, entry.pattern)]
+        """Every entry saying how the case runs (fail, hang, skip) whose pattern matches its id, in file order."""
+        return [entry for entry in self.entries if entry.outcome != UNJUDGED and entry.matches(case)]
 
     def dumps(self) -> str:
         lines = ["# Known outcomes of an implementation under the coc-conformance suite.",
@@ -202,7 +177,10 @@ def from_summary(cases: Iterable[Mapping[str, Any]], previous: Expectations | No
     covered: set[tuple[str, str]] = set()  # (case id, check name; "" for a whole case)
     results = {c["id"]: c for c in cases}
     for entry in previous.entries:
-        hits = [cid for cid in results if matches(cid, entry.pattern)]
+        if entry.outcome == UNJUDGED:  # what a run may lose: nothing a run shows makes it stale
+            kept.append(entry)
+            continue
+        hits = [cid for cid in results if entry.matches(cid)]
         still = _still_failing(entry, [results[cid] for cid in hits])
         if still or not hits:
             kept.append(entry)
@@ -211,9 +189,9 @@ def from_summary(cases: Iterable[Mapping[str, Any]], previous: Expectations | No
         if (cid, "") in covered or case["outcome"] not in ("failed", "error"):
             continue
         failure = case.get("failure") or {}
-        outcome = "hang" if failure.get("category") == "hang" else "fail"
+        outcome = HANG if failure.get("category") == "hang" else FAIL
         failed = [c for c in case.get("checks", ()) if outcome_of(c) == FAILED]
-        if not failed or outcome == "hang":
+        if not failed or outcome == HANG:
             kept.append(Expectation(cid, outcome, _first_line(failure.get("message"), "failed")))
             continue
         for check in failed:
@@ -227,7 +205,7 @@ def _still_failing(entry: Expectation, hits: Sequence[Mapping[str, Any]]) -> set
     """(case id, check name) of what ``entry`` still covers in the run's matching cases."""
     still: set[tuple[str, str]] = set()
     for case in hits:
-        if entry.outcome == "skip":
+        if entry.outcome == SKIP:
             if case["outcome"] == "skipped":
                 still.add((case["id"], ""))
             continue

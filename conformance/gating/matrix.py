@@ -1,4 +1,4 @@
-"""``coc-matrix``: implementation x area x requirement level, as pass / known / fail / not judged counts.
+"""``coc-matrix``: implementation x area x requirement level, as pass / known / fail / not judged / not offered counts.
 
 Reads runs already made (``--summary NAME=coc-summary.json``) or runs the suite
 for each implementation (``--run NAME=module:attr``, ``--pytest-arg`` for extra
@@ -7,9 +7,14 @@ Allure results directory so the report shows it.
 
 Counts *checks* (a test holds one or more, each at a level): a failed check of
 a case reported as known (expectations) or not gated counts as known; a check
-with nothing to judge here counts as not judged, never as passed.  A case
+with nothing to judge here counts as not judged, and one the implementation
+does not offer (a case skipped because it lacks the op or raises
+``NotImplementedError``) as not offered -- never as passed.  A case
 that failed without recording a check (a hang, a crash, an error before any
 check) counts as one failed MUST check; an error of the suite's own code counts for no implementation.
+Each implementation's row starts with its verdict: an implementation whose
+run judged nothing (no check passed, failed or known) is said so, never
+shown as conformant.
 """
 
 from __future__ import annotations
@@ -28,44 +33,59 @@ from typing import Any
 
 from conformance import options
 from conformance.judge.levels import Level
-from conformance.judge.verdicts import NOT_JUDGED, PASSED, outcome_of
+from conformance.judge.verdicts import FAILED, NOT_JUDGED, NOT_OFFERED, PASSED, outcome_of
 
 AREAS = ("config", "ops", "layers", "training", "perf")
-OUTCOMES = ("pass", "known", "fail", "not judged")
+PASS, KNOWN, FAIL = "pass", "known", "fail"
+OUTCOMES = (PASS, KNOWN, FAIL, NOT_JUDGED, NOT_OFFERED)
 
 
 def tally(cases: Sequence[Mapping[str, Any]]) -> Counter[tuple[str, str, str]]:
-    """``(area, level, pass|known|fail|not judged)`` -> number of checks."""
+    """``(area, level, pass|known|fail|not judged|not offered)`` -> number of checks."""
     counts: Counter[tuple[str, str, str]] = Counter()
     for case in cases:
         known = case["outcome"] in ("known", "not-gated")
         checks = case.get("checks") or []
         suite_bug = (case.get("failure") or {}).get("category") == "suite error"  # the suite's, not the impl's
         if not checks and case["outcome"] in ("failed", "error") and not suite_bug:
-            counts[(case["area"], Level.MUST.value, "fail")] += 1
+            counts[(case["area"], Level.MUST.value, FAIL)] += 1
         for check in checks:
             outcome = outcome_of(check)
-            status = ("pass" if outcome == PASSED else NOT_JUDGED if outcome == NOT_JUDGED
-                      else "known" if known else "fail")
+            status = (PASS if outcome == PASSED else KNOWN if outcome == FAILED and known else FAIL
+                      if outcome == FAILED else outcome)
             counts[(case["area"], check["level"], status)] += 1
     return counts
 
 
+def verdict(counts: Counter[tuple[str, str, str]]) -> str:
+    """An implementation's verdict from its counts: it fails, it judged nothing, it has known failures, it passes."""
+    judged: Counter[str] = Counter()
+    for (_, _, outcome), n in counts.items():
+        judged[outcome] += n
+    if judged[FAIL]:
+        return f"fails {judged[FAIL]} check(s)"
+    if not (judged[PASS] or judged[KNOWN]):
+        return "judged nothing"
+    return f"{judged[KNOWN]} known failure(s)" if judged[KNOWN] else "passes what it was judged on"
+
+
 def markdown(runs: Mapping[str, Sequence[Mapping[str, Any]]]) -> str:
-    """One row per implementation, one column per area and level: ``pass / known / fail / not judged``."""
+    """One row per implementation: its verdict, then one column per area and level:
+    ``pass / known / fail / not judged / not offered``."""
     counts = {name: tally(cases) for name, cases in runs.items()}
     areas = [a for a in AREAS if any(k[0] == a for c in counts.values() for k in c)]
     areas += sorted({k[0] for c in counts.values() for k in c} - set(areas))
     columns = [(a, level.value) for a in areas for level in Level
                if any((a, level.value, o) in c for c in counts.values() for o in OUTCOMES)]
-    lines = ["| implementation | " + " | ".join(f"{a} {lvl}" for a, lvl in columns) + " |",
-             "|---|" + "---|" * len(columns)]
+    lines = ["| implementation | verdict | " + " | ".join(f"{a} {lvl}" for a, lvl in columns) + " |",
+             "|---|---|" + "---|" * len(columns)]
     for name, c in counts.items():
-        cells = [" / ".join(str(c[(a, lvl, o)]) for o in OUTCOMES) for a, lvl in columns]
+        cells = [verdict(c)] + [" / ".join(str(c[(a, lvl, o)]) for o in OUTCOMES) for a, lvl in columns]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lines.append("")
     lines.append("Each cell: checks passed / known (expected failures, or levels not gated) / failed / "
-                 "not judged (nothing to judge here: a phase declared none, a perf gate not enforced here).")
+                 "not judged (nothing to judge here: a phase declared none, a perf gate not enforced here) / "
+                 "not offered (the implementation lacks the op, or raises NotImplementedError for the mode).")
     return "\n".join(lines) + "\n"
 
 
@@ -86,7 +106,8 @@ def write_allure(matrix: str, results_dir: Path) -> Path:
     return path
 
 
-DESCRIPTION = "Implementations x area x requirement level: checks passed / known / failed, as a markdown table."
+DESCRIPTION = ("Implementations x area x requirement level: checks passed / known / failed / not judged / not "
+               "offered, as a markdown table.")
 
 
 def _pair(text: str) -> tuple[str, str]:

@@ -71,20 +71,23 @@ WorstRatio = Callable[[torch.Tensor], float]
 
 
 def check_identical_copies(pieces: Sequence[torch.Tensor], split: Split, name: str = "tensor",
-                           worst_ratio: WorstRatio | None = None) -> None:
+                           worst_ratio: WorstRatio | None = None) -> int:
     """SHOULD: the ranks' copies of a replicated tensor are bitwise identical (the same NaN counts as equal).
 
     With ``worst_ratio`` the message says of both copies whether each lies
-    within the error bound (computed only on a mismatch).
+    within the error bound (computed only on a mismatch).  Returns how many
+    copies it compared with rank 0's (0 when the tensor is not replicated, or
+    held by one rank: nothing to compare).
     """
     if split is not Split.FULL:
-        return
+        return 0
     for rank, piece in enumerate(pieces[1:], start=1):
         if not bitwise_equal(piece, pieces[0]):
             verdicts = _bound_verdicts(pieces, rank, worst_ratio)
             raise ReplicaMismatch(f"{name}: rank {rank}'s copy differs bitwise from rank 0's "
                                   f"({describe_difference(pieces[0], piece)}); {verdicts}; replicas that differ "
                                   "drift apart over training", level=Level.SHOULD)
+    return len(pieces) - 1
 
 
 def _bound_verdicts(pieces: Sequence[torch.Tensor], rank: int, worst_ratio: WorstRatio | None) -> str:

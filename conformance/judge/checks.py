@@ -18,8 +18,9 @@ from conformance.contract.equality import bitwise_equal, describe_difference, wr
 from conformance.contract.layouts import Split
 from conformance.harness.case import CapturedError
 from conformance.judge import evidence, numerics
-from conformance.judge.failures import DeterminismViolation, NumericMismatch, WrongError
+from conformance.judge.failures import DeterminismViolation, NumericMismatch, WrongError, suite_requires
 from conformance.judge.levels import Level
+from conformance.judge.verdicts import NotOffered
 
 
 def check_close(name: str, out: Any, truth: Any, serial: Any, envelope: tuple[np.ndarray, int],
@@ -68,18 +69,18 @@ def check_bitwise_equal(name: str, runs: Sequence[Any], what: str = "run") -> No
                                        f"({describe_difference(first, other)})")
 
 
-def skip_if_not_implemented(errors: Sequence[CapturedError | None]) -> None:
-    """Skip the case when *every* rank, replica and call raised ``NotImplementedError`` (the mode is absent).
+def require_offered(errors: Sequence[CapturedError | None]) -> None:
+    """Raise :class:`~conformance.judge.verdicts.NotOffered` when *every* rank, replica and call raised
+    ``NotImplementedError`` (the mode is absent: the case, or the sub-case, is not offered).
 
     ``errors`` holds one entry per rank and call, None where it returned.  When
-    some raise it and others return, nothing is skipped: the mode is there on
-    some ranks only, which the checks that follow judge.
+    some raise it and others return, the mode is there on some ranks only,
+    which the checks that follow judge.  A case that recorded a failed check
+    before stays failed (``conformance.judge.verdicts.case_outcome``).
     """
     reason = not_implemented(errors)
     if reason:
-        import pytest
-
-        pytest.skip(reason)
+        raise NotOffered(reason)
 
 
 def not_implemented(errors: Sequence[CapturedError | None]) -> str:
@@ -96,6 +97,7 @@ def check_refused_on_every_rank(errors: Sequence[CapturedError | None], *, what:
 
     Any exception class passes: the class is judged by :func:`check_declared_error`.
     """
+    suite_requires(bool(errors), f"{what}: no rank's outcome to judge a refusal on")
     missing = [rank for rank, e in enumerate(errors) if e is None]
     if missing:
         raised = {rank: e.describe() for rank, e in enumerate(errors) if e is not None}

@@ -24,9 +24,10 @@ from conformance.contract.results import LayerOutcome
 from conformance.harness.case import CapturedError
 from conformance.judge import assembly, checks, numerics
 from conformance.judge.assembly import assemble, by_replica, copies
-from conformance.judge.failures import ContractViolation, NumericMismatch, WrongError
+from conformance.judge.failures import ContractViolation, NumericMismatch, WrongError, suite_requires
 from conformance.judge.group_notes import group_note
 from conformance.judge.levels import Level
+from conformance.judge.verdicts import NotJudged
 
 
 def golden_problem(case_id: str) -> LayerProblem:
@@ -113,7 +114,7 @@ def check_no_errors(outcomes: Sequence[LayerOutcome], what: str) -> None:
     raised = [e for e in errors if e is not None]
     if not raised:
         return
-    checks.skip_if_not_implemented(errors)
+    checks.require_offered(errors)
     ranks = [r for r, e in enumerate(errors) if e is not None]
     first: CapturedError = raised[0]
     raise WrongError(f"{what}: rank(s) {ranks} raised {first.describe()} where the patched layers must run"
@@ -152,6 +153,7 @@ def _check_training(problem: LayerProblem, outcomes: Sequence[LayerOutcome], *, 
     exact_wgrad_inputs = problem.layer != "mlp" and autocast is None
     for replica, ranks in by_replica(outcomes).items():
         steps = len(ranks[0].coc[run])
+        suite_requires(steps > 0, f"replica {replica}: the patched layers' run {run} recorded no training step")
         for step in range(steps):
             expected = truth(problem, step, replica, fusion)
             where = f"step {step}, replica {replica}" if (steps > 1 or len(by_replica(outcomes)) > 1) else ""
@@ -189,12 +191,22 @@ def _compare(name: str, pieces: list[Any], serial_pieces: list[Any] | None, trut
                            split=split, tp=tp)
 
 
+def replicated(problem: LayerProblem, tp: int) -> bool:
+    """Whether the layer has a result the ranks of a TP group of ``tp`` hold whole: an output (``y``) or a gradient
+    (``dx``, ``dw*``, ``db*``) not split over them (with SP none is)."""
+    splits = layout(problem.layer, problem.sequence_parallel)
+    return tp > 1 and any(split is Split.FULL for name, split in splits.items()
+                          if name == "y" or (name.startswith("d") and name != "dy"))
+
+
 def check_identical_copies(problem: LayerProblem, outcomes: Sequence[LayerOutcome], run: int = 0, *,
                            chunks: int = 1, fusion: bool = False) -> None:
     """SHOULD: every replicated output and gradient is bitwise the same on every rank of a replica.
 
-    ``chunks`` and ``fusion`` are the run's: a mismatch's message judges each copy by the error bound.
+    ``chunks`` and ``fusion`` are the run's: a mismatch's message judges each copy by the error bound.  Not
+    judged when no tensor was held by two ranks (nothing to compare).
     """
+    compared = 0
     splits = layout(problem.layer, problem.sequence_parallel)
     micro_count = 1 if problem.case_id is not None else len(problem.tokens)
     bound = _CopyBound(problem, roundings(len(outcomes[0].members) or 1, chunks, problem.layer, micro_count), fusion)
@@ -204,14 +216,17 @@ def check_identical_copies(problem: LayerProblem, outcomes: Sequence[LayerOutcom
             serial = ranks[0].serial[step] if ranks[0].serial else None
             for micro in range(len(runs[0].outputs)):
                 for name in ("y", "dx"):
-                    assembly.check_identical_copies(
+                    compared += assembly.check_identical_copies(
                         [r.outputs[micro][name] for r in runs], splits[name], f"{name} ({where}, micro-batch {micro})",
                         bound.ratio(step, replica, name, micro, serial.outputs[micro][name] if serial else None))
             for name in runs[0].grads:
                 pieces = [r.grads.get(name) for r in runs]
                 if all(p is not None for p in pieces):
-                    assembly.check_identical_copies(pieces, splits[name], f"{name} ({where})", bound.ratio(
+                    compared += assembly.check_identical_copies(pieces, splits[name], f"{name} ({where})", bound.ratio(
                         step, replica, name, None, serial.grads.get(name) if serial else None))
+    if not compared:
+        raise NotJudged(f"no output or gradient of the {problem.layer} layer was held whole by two ranks "
+                        f"(TP {len(outcomes[0].members) or 1}): no copies to compare")
 
 
 @dataclass(frozen=True)
@@ -252,6 +267,7 @@ def check_values(outcomes: Sequence[LayerOutcome]) -> None:
 
 def check_main_grad(outcomes: Sequence[LayerOutcome]) -> None:
     """Under fusion the weight's ``.grad`` holds no second copy of the gradient (no double counting)."""
+    _needs_weight_grads(outcomes)
     for rank, outcome in enumerate(outcomes):
         for step, run in enumerate(outcome.coc[0]):
             doubled = {name: state for name, state in run.weight_grad.items() if state == "values"}
@@ -262,8 +278,15 @@ def check_main_grad(outcomes: Sequence[LayerOutcome]) -> None:
                     "DDP would add it twice")
 
 
+def _needs_weight_grads(outcomes: Sequence[LayerOutcome]) -> None:
+    """Not judged when no rank recorded where a weight gradient went: nothing to compare."""
+    if not any(run.weight_grad for outcome in outcomes for run in outcome.coc[0]):
+        raise NotJudged("no rank recorded where a weight gradient went (main_grad, .grad): nothing to judge")
+
+
 def check_fusion_honoured(outcomes: Sequence[LayerOutcome]) -> None:
     """SHOULD: under fusion the weight gradient is accumulated into ``main_grad``, not returned as a full ``.grad``."""
+    _needs_weight_grads(outcomes)
     for rank, outcome in enumerate(outcomes):
         for step, run in enumerate(outcome.coc[0]):
             unfused = sorted(name for name, state in run.weight_grad.items() if state == "grad only")

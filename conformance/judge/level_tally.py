@@ -1,8 +1,8 @@
 """Checks counted by requirement level and outcome: the one count, and the one verdict, the terminal, the gate's
 verdict and the report show.
 
-A check counts under its outcome (``passed``, ``failed``, ``not judged``, or
-any other a newer record carries); a failed check of a level the gate leaves
+A check counts under its outcome (``passed``, ``failed``, ``not judged``,
+``not offered``, or any other a newer record carries); a failed check of a level the gate leaves
 out counts as ``not gated``.  :func:`lines` writes the table the terminal
 prints and the report's overview repeats, word for word; each gated level's
 line ends with what the level comes to (:func:`level_verdict`), and
@@ -18,11 +18,11 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from conformance.judge.levels import Level
-from conformance.judge.verdicts import FAILED, NOT_JUDGED, PASSED, outcome_of
+from conformance.judge.verdicts import FAILED, NOT_JUDGED, NOT_OFFERED, PASSED, outcome_of
 
 NOT_GATED = "not gated"
 #: The columns every level's line shows, in order (other outcomes follow them).
-COLUMNS = (PASSED, FAILED, NOT_GATED, NOT_JUDGED)
+COLUMNS = (PASSED, FAILED, NOT_GATED, NOT_JUDGED, NOT_OFFERED)
 #: What a gated level comes to.
 CONFORMANT, NOT_CONFORMANT = "conformant", "NOT CONFORMANT"
 #: The outcome of a run whose suite itself failed: nothing can be concluded from it.
@@ -59,7 +59,8 @@ def level_line(level: Level, counts: Counter[tuple[str, str]], gate: frozenset[L
     extra = "".join(f", {n:>4} {o}" for o, n in others.items())
     judged = level_verdict(level, counts, gate)
     return (f"{level.value:<10} {shown[PASSED]:>5} checks passed, {shown[FAILED]:>4} failed, "
-            f"{shown[NOT_GATED]:>4} failed but not gated, {shown[NOT_JUDGED]:>4} not judged{extra}   "
+            f"{shown[NOT_GATED]:>4} failed but not gated, {shown[NOT_JUDGED]:>4} not judged, "
+            f"{shown[NOT_OFFERED]:>4} not offered{extra}   "
             f"({NOT_GATED if judged == NOT_GATED else 'gates: ' + judged})")
 
 

@@ -27,7 +27,11 @@ STRIDE_NAMES = [r"contiguous", r"strides?", r"layout", r"view", r"offset", r"\bw
 def judge_op_runs(verdicts: Verdicts, judged: Sequence[tuple[OpRun, Sequence[OpRunOutcome]]],
                   in_place_ops: frozenset[str] = frozenset(), *, exact: bool = False) -> None:
     """Record every check of each ``(run, its outcomes on every rank)`` into ``verdicts`` (failures recorded, none
-    raised); a call sequence's runs are judged together, one verdict per check."""
+    raised); a call sequence's runs are judged together, one verdict per check.  No run, no check: nothing to
+    judge is never a pass.  "replicated results bitwise identical" is recorded only where a result is replicated
+    (held whole by more than one rank: not a reduce-scatter's, not at TP 1)."""
+    if not judged:
+        return
     with verdicts.check("the op ran on every rank", Level.MUST):
         for run, outcomes in judged:
             judge.check_ran(run, outcomes)
@@ -39,10 +43,15 @@ def judge_op_runs(verdicts: Verdicts, judged: Sequence[tuple[OpRun, Sequence[OpR
         for run, outcomes in judged:
             _needs_every_result(outcomes)
             judge.check_numerics(run, outcomes, exact=exact)
+    if not any(judge.replicated(run) for run, _ in judged):
+        return
     with verdicts.check("replicated results bitwise identical", Level.SHOULD):
+        compared = 0
         for run, outcomes in judged:
             _needs_every_result(outcomes)
-            judge.check_identical_copies(run, outcomes)
+            compared += judge.check_identical_copies(run, outcomes)
+        if not compared:
+            raise NotJudged("no replicated result was held as a tensor by two ranks: no copies to compare")
 
 
 def _needs_every_result(outcomes: Sequence[OpRunOutcome]) -> None:
@@ -128,6 +137,39 @@ def judge_refusal(verdicts: Verdicts, run: OpRun, outcomes: Sequence[OpRunOutcom
         first = next(e for e in errors if e is not None)
         checks.check_declared_error(first, declared.error_type(rule.kind), kind=rule.kind, what=what)
     return True
+
+
+@dataclass(frozen=True)
+class Sorted:
+    """The runs of an op case as the one refusal rule sorts them (:func:`sort_refusals`)."""
+
+    to_judge: list[tuple[OpRun, Sequence[OpRunOutcome]]]  #: the runs the op checks judge
+    not_offered: list[tuple[OpRun, str]]  #: the runs the implementation does not offer, and why
+
+
+def sort_refusals(verdicts: Verdicts, judged: Sequence[tuple[OpRun, Sequence[OpRunOutcome]]],
+                  declared: Declarations, *, label: str = "") -> Sorted:
+    """The one rule of what an op case judges when calls raised, the fixed suite's, the explorer's and the corpus's,
+    for one op or a sequence of several.
+
+    A run (a stretch of calls of one op) whose every call raised
+    ``NotImplementedError`` on every rank is *not offered* (recorded so, with
+    why: never a failure, never a pass); a run that raised where
+    :func:`refusal_rule` allows a refusal is judged as a refusal
+    (:func:`judge_refusal`); every other run is left to the op checks, where
+    a call that raised fails "the op ran on every rank".  The other runs of a
+    sequence are judged whatever one run did.
+    """
+    to_judge, not_offered = [], []
+    for run, outcomes in judged:
+        why = checks.not_implemented(judge.call_errors(outcomes))
+        if why:
+            not_offered.append((run, why))
+            verdicts.not_offered(f"{label}: the op is offered" if label else "the op is offered", Level.MUST,
+                                 f"{run.op}: {why}")
+        elif not judge_refusal(verdicts, run, outcomes, declared, label=label):
+            to_judge.append((run, outcomes))
+    return Sorted(to_judge, not_offered)
 
 
 def judge_deterministic(verdicts: Verdicts, judged: Sequence[tuple[OpRun, Sequence[OpRunOutcome]]],

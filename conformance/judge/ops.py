@@ -21,7 +21,7 @@ import torch
 
 from conformance.contract.equality import bitwise_equal, describe_difference
 from conformance.contract.jobs import OpRun
-from conformance.contract.layouts import GATHERS, OPERAND_SPLITS
+from conformance.contract.layouts import GATHERS, OPERAND_SPLITS, Split
 from conformance.contract.problems import Problem, global_operands
 from conformance.contract.results import OpRunOutcome
 from conformance.harness.case import CapturedError
@@ -169,17 +169,29 @@ def check_numerics(run: OpRun, outcomes: Sequence[OpRunOutcome], *, exact: bool 
                                      OPERAND_SPLITS[run.op]["x"], run.tp)
 
 
-def check_identical_copies(run: OpRun, outcomes: Sequence[OpRunOutcome]) -> None:
-    """SHOULD: where every rank of a replica holds the whole result, the copies are bitwise identical."""
+def replicated(run: OpRun) -> bool:
+    """Whether ``run``'s results are replicated: held whole by every rank of a TP group of more than one."""
+    return OPERAND_SPLITS[run.op]["y"] is Split.FULL and run.tp > 1
+
+
+def check_identical_copies(run: OpRun, outcomes: Sequence[OpRunOutcome]) -> int:
+    """SHOULD: where every rank of a replica holds the whole result, the copies are bitwise identical.
+
+    Returns how many copies it compared with another (0: nothing was replicated, or no copy was a tensor on the
+    CPU -- the result contract judges those).
+    """
     split = OPERAND_SPLITS[run.op]["y"]
     groups = by_replica(outcomes)
+    compared = 0
     for replica, ranks in groups.items():
         for i in range(len(run.problems)):
             for j in range(len(ranks[0].calls[i].results)):
                 pieces = [_first(o.calls[i].results[j], run.op) for o in ranks]
                 if all(isinstance(p, torch.Tensor) and p.device.type == "cpu" for p in pieces):  # else the contract
-                    assembly.check_identical_copies(pieces, split, _label(run, i, replica, len(groups), j),
-                                                    _worst_ratio(run, ranks, i, replica))
+                    compared += assembly.check_identical_copies(pieces, split, _label(run, i, replica, len(groups),
+                                                                                      j),
+                                                                _worst_ratio(run, ranks, i, replica))
+    return compared
 
 
 def _worst_ratio(run: OpRun, ranks: list[OpRunOutcome], i: int, replica: int) -> assembly.WorstRatio:

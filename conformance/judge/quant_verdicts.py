@@ -50,7 +50,7 @@ def check_w8a16(outcomes: Sequence[OpCallResults], run: QuantRun, quant: QuantIn
     from golden import serial
 
     errors = [o.error for o in outcomes]
-    checks.skip_if_not_implemented(errors)
+    checks.require_offered(errors)
     raised = [(r, e) for r, e in enumerate(errors) if e is not None]
     if raised:
         raise WrongError(f"rank(s) {[r for r, _ in raised]} raised {raised[0][1].describe()}")

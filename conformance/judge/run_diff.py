@@ -1,13 +1,29 @@
 """Two runs of the suite compared case by case and check by check: what changed from a baseline.
 
 The one comparison every consumer makes: ``coc-gate`` (a CI gate and a PR
-comment) and the report's baseline view read the same :class:`RunDiff`.
-Reads either run's compact JSON summary (``coc-summary.json``, written by the
-suite) or, failing that, an Allure results directory.  Red when the current
-run has a new failure (a case that passed or did not exist in the baseline,
-or a failed case with a failed check -- name and level, at a level the run
-gates -- that the baseline's same case did not fail), a hang, an unexpected
-pass, or a perf regression whose interval is clear of the threshold.
+comment) and the report's baseline view read the same :class:`RunDiff`, and
+render the same ordered :attr:`RunDiff.sections`, each row saying whether it
+turns the comparison red.  Reads either run's compact JSON summary
+(``coc-summary.json``, written by the suite) or, failing that, an Allure
+results directory.
+
+Red when the current run has
+
+* a new failure: a case that passed or did not exist in the baseline, or a
+  failed case with a failed check -- name and level, at a level the run
+  gates -- that the baseline's same case did not fail;
+* a hang, or an unexpected pass;
+* a *loss of judgment*: a case, or a check, that the baseline judged
+  (passed or failed) and the current run did not -- skipped, not offered,
+  not judged, stopped by an error of the suite's own, or missing.  A failure
+  that became a skip is no fix, and neither is a pass that did.  A loss the
+  current run's expectations file names (an ``unjudged`` entry, or a
+  whole-case ``skip``) is listed as expected, without turning it red.  The
+  checks of an exploration are a sample of what it drew: one it did not
+  draw this time is not lost (its case still is, when it goes unjudged);
+* a perf regression whose interval is clear of the threshold.
+
+Fixes and perf drops within the noise are listed without turning it red.
 
 Perf regressions compare the per-round *paired* gains of each CoC variant
 (``(serial - coc) / serial``, measured back to back) of the two runs: a
@@ -29,16 +45,19 @@ import numpy as np
 
 from conformance.caseids import case_id
 from conformance.harness.case_errors import HANGS, WorkerLost
+from conformance.judge.expected import SKIP, UNJUDGED, Expectation
 from conformance.judge.levels import Level
 from conformance.judge.perf import CI_LEVEL
 from conformance.judge.verdicts import FAILED as CHECK_FAILED
-from conformance.judge.verdicts import NOT_JUDGED, outcome_of
+from conformance.judge.verdicts import JUDGED, NOT_JUDGED, NOT_OFFERED, outcome_of
 
 #: Drop of the median paired gain (fraction of the serial time) that counts as a perf regression.
 PERF_THRESHOLD = 0.03
 FAILED = ("failed", "error")
 #: Failure categories the gate reads from either input (the suite writes them; Allure's messages name them).
-HANG, UNEXPECTED_PASS = "hang", "unexpected pass"
+HANG, UNEXPECTED_PASS, SUITE_ERROR = "hang", "unexpected pass", "suite error"
+#: What a case that is not in a run counts as.
+MISSING = "missing"
 
 
 class RunError(ValueError):
@@ -53,6 +72,8 @@ class Run:
     implementation: str
     cases: Mapping[str, Mapping[str, Any]]
     gate: frozenset[str] = frozenset(level.value for level in Level)  #: the levels whose failures failed a case
+    #: The expectations file the run was judged against (its entries that say which losses are expected).
+    expectations: tuple[Expectation, ...] = ()
 
 
 def load_run(path: Path) -> Run:
@@ -71,9 +92,10 @@ def load_run(path: Path) -> Run:
                     "(the worker running it died, or the run ended before it ran)"}})
             try:
                 gated = frozenset(level.value for level in Level.parse_many(str(doc.get("gate") or "all")))
-            except ValueError as exc:
-                raise RunError(f"{candidate}: gate: {exc}") from None
-            return Run(str(candidate), doc.get("implementation", "?"), cases, gated)
+                expected = tuple(Expectation(**entry) for entry in doc.get("expectations", ()))
+            except (TypeError, ValueError) as exc:
+                raise RunError(f"{candidate}: gate or expectations: {exc}") from None
+            return Run(str(candidate), doc.get("implementation", "?"), cases, gated, expected)
     if path.is_dir() and any(path.glob("*-result.json")):
         return _allure_run(path)
     raise RunError(f"{path}: neither a coc-summary.json nor an Allure results directory")
@@ -99,6 +121,8 @@ def _allure_run(path: Path) -> Run:
         else:
             category = "error"
         record = {"id": case, "outcome": outcome, "failure": {"message": message, "category": category}}
+        if outcome == "skipped":
+            record["skip_reason"] = message
         cases[case] = record
     return Run(str(path), "?", cases)
 
@@ -127,25 +151,40 @@ class PerfChange:
 
 
 @dataclass(frozen=True)
-class Row:
-    """One case of a :class:`Section`: its id, its cells, and what changed per check."""
+class Loss:
+    """A judgment the baseline made that the current run did not: a whole case, or one check of it."""
 
     case: str
-    cells: tuple[str, ...] = ()
+    check: str  #: the check's name ("" when the case had no check: it failed before recording one)
+    level: str
+    before: str  #: the baseline's outcome of the check (or of the case)
+    after: str  #: the current one: skipped, not offered, not judged, error (the suite's), missing
+    why: str  #: why the current run did not judge it (its skip reason, its message)
+    expected: Expectation | None = None  #: the current run's expectations entry saying it may happen
+
+
+@dataclass(frozen=True)
+class Row:
+    """One row of a section: the case it is about, one cell per column of the section, and whether it is red."""
+
+    case: str
+    cells: tuple[str, ...]
+    red: bool
     #: Each check whose outcome changed: ``numerics (MUST): passed -> failed`` (empty when the baseline has none).
     changes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
 class Section:
-    """One kind of change, its rows in order: what ``coc-gate``'s comment and the report's baseline view walk."""
+    """One section of a comparison, as every renderer shows it: a title, its columns after the case, its rows."""
 
     title: str
-    #: The columns after the case; none: the section is a list of cases.
     columns: tuple[str, ...]
     rows: tuple[Row, ...]
-    #: Whether its rows turn the comparison red.
-    red: bool = False
+
+    @property
+    def red(self) -> bool:
+        return any(row.red for row in self.rows)
 
 
 @dataclass
@@ -157,12 +196,11 @@ class RunDiff:
     new_failures: list[Mapping[str, Any]] = field(default_factory=list)
     #: Cases that failed in both runs, each with the failed checks (name, level) the baseline's did not fail.
     new_checks: list[tuple[Mapping[str, Any], list[tuple[str, str]]]] = field(default_factory=list)
-    no_longer_judged: list[str] = field(default_factory=list)
     hangs: list[Mapping[str, Any]] = field(default_factory=list)
     unexpected_passes: list[Mapping[str, Any]] = field(default_factory=list)
+    #: Judgments the baseline made and the current run did not (expected ones too: see :attr:`Loss.expected`).
+    lost: list[Loss] = field(default_factory=list)
     fixes: list[str] = field(default_factory=list)
-    new_skips: list[str] = field(default_factory=list)
-    missing: list[str] = field(default_factory=list)
     perf: list[PerfChange] = field(default_factory=list)
 
     @property
@@ -170,41 +208,44 @@ class RunDiff:
         return [p for p in self.perf if p.regression]
 
     @property
-    def red(self) -> bool:
-        return bool(self.new_failures or self.new_checks or self.hangs or self.unexpected_passes
-                    or any(p.clear for p in self.perf_regressions))
-
     def sections(self) -> list[Section]:
-        """Every change, red ones first, in the order a reviewer reads them; sections without rows left out."""
+        """Every change, in the order every renderer shows it (empty sections left out)."""
         def changes(cid: str) -> tuple[str, ...]:
             return check_changes(self.baseline.cases.get(cid), self.current.cases.get(cid, {}))
 
-        def cases(title: str, rows: list[Mapping[str, Any]], red: bool) -> Section:
+        def failures(title: str, cases: Sequence[Mapping[str, Any]]) -> Section:
             return Section(title, ("level", "category", "message"), tuple(
-                Row(case["id"], (failed_levels(case), str((case.get("failure") or {}).get("category", "-")),
-                                 first_line(case)), changes(case["id"])) for case in rows), red)
+                Row(str(c["id"]), (failed_levels(c), str((c.get("failure") or {}).get("category", "-")),
+                                   first_line(c)), True, changes(str(c["id"]))) for c in cases))
 
-        def names(title: str, ids: list[str]) -> Section:
-            return Section(title, (), tuple(Row(cid, (), changes(cid)) for cid in ids))
+        def losses(title: str, rows: Sequence[Loss], red: bool) -> Section:
+            return Section(title, ("check", "level", "baseline", "now", "why"), tuple(
+                Row(loss.case, (loss.check or "(the whole case)", loss.level or "-", loss.before, loss.after,
+                                loss.why if loss.expected is None else f"expected: {loss.expected.describe()}"),
+                    red) for loss in rows))
 
-        perf = self.perf_regressions
-        found = [
-            cases("New failures", self.new_failures, True),
+        sections = [
+            failures("New failures", self.new_failures),
             Section("New failing checks in cases that already failed", ("new failed checks",), tuple(
-                Row(case["id"], ("; ".join(f"{name} ({level})" for name, level in new),), changes(case["id"]))
-                for case, new in self.new_checks), True),
-            cases("Hangs and crashes", self.hangs, True),
-            cases("Unexpected passes (update the expectations file)", self.unexpected_passes, True),
+                Row(str(case["id"]), ("; ".join(f"{name} ({level})" for name, level in new),), True,
+                    changes(str(case["id"]))) for case, new in self.new_checks)),
+            failures("Hangs and crashes", self.hangs),
+            failures("Unexpected passes (update the expectations file)", self.unexpected_passes),
+            losses("Lost judgment (judged in the baseline, not now)", [x for x in self.lost if x.expected is None],
+                   True),
             Section("Perf regressions", ("variant", "baseline gain", "current gain", "change [90% CI]", "verdict"),
                     tuple(Row(p.case, (p.variant, f"{p.baseline:+.1%}", f"{p.current:+.1%}",
-                                       f"{p.change:+.1%} [{p.interval[0]:+.1%}, {p.interval[1]:+.1%}]", p.verdict))
-                          for p in perf), any(p.clear for p in perf)),
-            names("Fixes", self.fixes),
-            names("Newly skipped", self.new_skips),
-            names("No longer judged (not a fix)", self.no_longer_judged),
-            names("Missing from the current run", self.missing),
+                                       f"{p.change:+.1%} [{p.interval[0]:+.1%}, {p.interval[1]:+.1%}]", p.verdict),
+                              p.clear) for p in self.perf_regressions)),
+            losses("Lost judgment the expectations file expects", [x for x in self.lost if x.expected is not None],
+                   False),
+            Section("Fixes", (), tuple(Row(cid, (), False, changes(cid)) for cid in self.fixes)),
         ]
-        return [section for section in found if section.rows]
+        return [section for section in sections if section.rows]
+
+    @property
+    def red(self) -> bool:
+        return any(section.red for section in self.sections)
 
 
 def diff_runs(baseline: Run, current: Run, *, threshold: float = PERF_THRESHOLD, seed: int = 0) -> RunDiff:
@@ -213,7 +254,7 @@ def diff_runs(baseline: Run, current: Run, *, threshold: float = PERF_THRESHOLD,
         before = baseline.cases.get(cid, {}).get("outcome")
         outcome = case["outcome"]
         category = (case.get("failure") or {}).get("category")
-        if outcome in FAILED:
+        if outcome in FAILED and not (category == SUITE_ERROR and judged(baseline.cases.get(cid, {}))):
             if category == UNEXPECTED_PASS:
                 result.unexpected_passes.append(case)
             elif category == HANG:
@@ -226,25 +267,11 @@ def diff_runs(baseline: Run, current: Run, *, threshold: float = PERF_THRESHOLD,
                     result.new_checks.append((case, new))
         elif outcome == "passed" and before in FAILED:
             result.fixes.append(cid)
-        elif outcome == NOT_JUDGED and before in (*FAILED, "passed"):
-            result.no_longer_judged.append(cid)
-        elif outcome == "skipped" and before == "passed":
-            result.new_skips.append(cid)
-        if "perf" in case and "perf" in baseline.cases.get(cid, {}):
+        if cid in baseline.cases and "perf" in case and "perf" in baseline.cases[cid]:
             result.perf.extend(_perf_changes(cid, baseline.cases[cid]["perf"], case["perf"], threshold, seed))
-    result.missing = sorted(set(baseline.cases) - set(current.cases))
+    for cid, case in sorted(baseline.cases.items()):
+        result.lost.extend(lost_judgment(case, current.cases.get(cid), current.expectations))
     return result
-
-
-def first_line(case: Mapping[str, Any]) -> str:
-    """The first line of a case's failure message (200 characters at most)."""
-    message = str((case.get("failure") or {}).get("message", "")).strip()
-    return (message.splitlines()[0] if message else "")[:200]
-
-
-def failed_levels(case: Mapping[str, Any]) -> str:
-    """The levels of the checks ``case`` failed, ``-`` for none."""
-    return ", ".join(sorted({c["level"] for c in case.get("checks", ()) if outcome_of(c) == CHECK_FAILED})) or "-"
 
 
 def check_changes(before: Mapping[str, Any] | None, now: Mapping[str, Any]) -> tuple[str, ...]:
@@ -264,10 +291,82 @@ def check_changes(before: Mapping[str, Any] | None, now: Mapping[str, Any]) -> t
                  for name, level in changed)
 
 
+def judged(case: Mapping[str, Any]) -> bool:
+    """Whether a run judged ``case``: it passed or failed (known and not gated are failures), or hung -- not
+    skipped, not judged, nor stopped by an error of the suite's own."""
+    category = (case.get("failure") or {}).get("category")
+    return case.get("outcome") in ("passed", "failed", "known", "not-gated") or \
+        (case.get("outcome") == "error" and category != SUITE_ERROR)
+
+
+def lost_judgment(before: Mapping[str, Any], now: Mapping[str, Any] | None,
+                  expectations: Sequence[Expectation] = ()) -> list[Loss]:
+    """What the baseline's ``before`` judged that the current run's record of the same case (``now``; None: not in
+    the run) does not: every judged check when the whole case lost its judgment, else each judged check now
+    unjudged or gone (but for a hang, where the checks after it never ran, and an exploration's sample)."""
+    if not judged(before):
+        return []
+    checks = [c for c in before.get("checks", ()) if outcome_of(c) in JUDGED]
+    if now is None or not judged(now):
+        after, why = _unjudged(now)
+        whole = checks or [{"name": "", "level": "", "outcome": before["outcome"]}]  # it failed before any check
+        return [_loss(before, c, outcome_of(c), after, why, now, expectations) for c in whole]
+    if (now.get("failure") or {}).get("category") == HANG:
+        return []
+    current = {c["name"]: c for c in now.get("checks", ())}
+    sampled = "explore" in now  # an exploration records the checks of what it drew
+    losses = []
+    for check in checks:
+        there = current.get(check["name"])
+        if there is None and not sampled:
+            losses.append(_loss(before, check, outcome_of(check), MISSING, "the case no longer records this check",
+                                now, expectations))
+        elif there is not None and outcome_of(there) not in JUDGED:
+            losses.append(_loss(before, check, outcome_of(check), outcome_of(there), str(there.get("message", "")),
+                                now, expectations))
+    return losses
+
+
+def _unjudged(now: Mapping[str, Any] | None) -> tuple[str, str]:
+    """What an unjudged case came out as (``not offered`` when every check it carries says so), and why."""
+    if now is None:
+        return MISSING, "not in the current run"
+    outcomes = {outcome_of(c) for c in now.get("checks", ())}
+    after = NOT_OFFERED if outcomes == {NOT_OFFERED} else str(now["outcome"])
+    why = now.get("skip_reason") or (now.get("failure") or {}).get("message") or \
+        next((str(c.get("message", "")) for c in now.get("checks", ()) if outcome_of(c) in (NOT_JUDGED, NOT_OFFERED)),
+             "")
+    return after, _first(str(why))
+
+
+def _loss(before: Mapping[str, Any], check: Mapping[str, Any], was: str, after: str, why: str,
+          now: Mapping[str, Any] | None, expectations: Sequence[Expectation]) -> Loss:
+    cid = str(before["id"])
+    expected = next((e for e in expectations if e.matches(cid) and (
+        (e.outcome == UNJUDGED and (e.whole_case or (check["name"] and e.covers(check))))
+        or (e.outcome == SKIP and e.whole_case and now is not None and now["outcome"] == "skipped"))), None)
+    return Loss(cid, str(check["name"]), str(check["level"]), was, after, _first(why), expected)
+
+
 def failed_checks(case: Mapping[str, Any], levels: frozenset[str]) -> set[tuple[str, str]]:
     """The (name, level) of every check ``case`` failed at one of ``levels``."""
     return {(c["name"], c["level"]) for c in case.get("checks", ()) if outcome_of(c) == CHECK_FAILED
             and c["level"] in levels}
+
+
+def failed_levels(case: Mapping[str, Any]) -> str:
+    """The levels of the checks ``case`` failed ("-" when it recorded none)."""
+    return ", ".join(sorted({c["level"] for c in case.get("checks", ()) if outcome_of(c) == CHECK_FAILED})) or "-"
+
+
+def first_line(case: Mapping[str, Any]) -> str:
+    """The first line of the failure message of ``case`` (at most 200 characters)."""
+    return _first(str((case.get("failure") or {}).get("message", "")))
+
+
+def _first(text: str) -> str:
+    lines = text.strip().splitlines()
+    return (lines[0] if lines else "")[:200]
 
 
 def _perf_changes(cid: str, before: Mapping[str, Any], now: Mapping[str, Any], threshold: float,

@@ -1,9 +1,17 @@
 """The named checks of one test, each recorded with its requirement level and its outcome.
 
-A check passes, fails, or is *not judged*: nothing was there to judge (a phase
+A check passes, fails, is *not judged* -- nothing was there to judge (a phase
 declared ``none``, a perf gate not enforced on this machine, a check about
-chunking for an implementation that does not chunk).  Not judged is never
-counted as passed, so a score says what was actually checked.
+chunking for an implementation that does not chunk, nothing replicated to
+compare) -- or is *not offered*: the implementation does not offer what the
+case (or one sub-case of it) needs, saying so with ``NotImplementedError`` on
+every rank or lacking the op.  Neither is ever counted as passed, so a score
+says what was actually checked.
+
+A case's outcome follows from its record by one rule (:func:`case_outcome`):
+a failed check fails it, whatever came after (a skip, a refusal, nothing
+judged); else it is not offered when every record is, not judged when none
+passed, and passed otherwise.
 """
 
 from __future__ import annotations
@@ -18,13 +26,19 @@ from conformance.harness.case_errors import CaseError
 from conformance.judge.failures import CheckFailure
 from conformance.judge.levels import Level
 
-PASSED, FAILED, NOT_JUDGED = "passed", "failed", "not judged"
+PASSED, FAILED, NOT_JUDGED, NOT_OFFERED = "passed", "failed", "not judged", "not offered"
 #: Every outcome a check can have, in the order reports list them.
-OUTCOMES = (PASSED, FAILED, NOT_JUDGED)
+OUTCOMES = (PASSED, FAILED, NOT_JUDGED, NOT_OFFERED)
+#: The outcomes of a check that judged the implementation (the others judged nothing).
+JUDGED = (PASSED, FAILED)
 
 
 class NotJudged(Exception):
     """Raised inside a check when there is nothing to judge; the message says why."""
+
+
+class NotOffered(Exception):
+    """Raised when the implementation does not offer what a case (or a sub-case) needs; the message says why."""
 
 
 @dataclass(frozen=True)
@@ -59,6 +73,20 @@ def outcome_of(check: Mapping[str, Any]) -> str:
     return str(check.get("outcome") or (PASSED if check.get("passed") else FAILED))
 
 
+def case_outcome(outcomes: Iterable[str]) -> str:
+    """The outcome of a case from its checks' outcomes: failed once any check failed (sticky: nothing after a
+    failure undoes it), else not offered when every check was not offered, else not judged when none passed,
+    else passed.  No check at all is passed: a case without a record judged by its own assertions."""
+    seen = set(outcomes)
+    if FAILED in seen:
+        return FAILED
+    if seen and seen <= {NOT_OFFERED}:
+        return NOT_OFFERED
+    if seen and PASSED not in seen:
+        return NOT_JUDGED
+    return PASSED
+
+
 class Verdicts:
     """The checks of one test, each at its level.
 
@@ -84,6 +112,8 @@ class Verdicts:
             raise
         except NotJudged as why:
             self.not_judged(name, level, str(why))
+        except NotOffered as why:
+            self.not_offered(name, level, str(why))
         except (CheckFailure, AssertionError) as failure:
             category = failure.category if isinstance(failure, CheckFailure) else "failure"
             self.results.append(CheckResult(name, level, False, str(failure), category,
@@ -94,9 +124,28 @@ class Verdicts:
         else:
             self.results.append(CheckResult(name, level, True, seconds=round(time.perf_counter() - start, 6)))
 
+    @contextmanager
+    def sub_case(self, label: str, level: Level = Level.MUST) -> Iterator[None]:
+        """One sub-case of a test that loops over several: one the implementation does not offer
+        (:class:`NotOffered` raised inside) is recorded as such under ``label`` and the loop goes on, so a later
+        sub-case is still judged and an earlier failure still fails the case (:func:`case_outcome`)."""
+        try:
+            yield
+        except NotOffered as why:
+            self.not_offered(label, level, str(why))
+
     def not_judged(self, name: str, level: Level, reason: str) -> None:
         """Record that check ``name`` had nothing to judge here, and why."""
         self.results.append(CheckResult(name, level, False, reason, outcome=NOT_JUDGED))
+
+    def not_offered(self, name: str, level: Level, reason: str) -> None:
+        """Record that the implementation does not offer what ``name`` needs, and why."""
+        self.results.append(CheckResult(name, level, False, reason, outcome=NOT_OFFERED))
+
+    @property
+    def outcome(self) -> str:
+        """The outcome of the case so far (:func:`case_outcome` of every check recorded)."""
+        return case_outcome(r.outcome for r in self.results)
 
     def failed(self, levels: Iterable[Level] | None = None) -> list[BaseException]:
         """The failures whose level is in ``levels`` (all when None)."""

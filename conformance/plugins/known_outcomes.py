@@ -11,6 +11,8 @@ outcome (``fail``, ``hang`` or ``skip``) with a reason and a link:
   failed check no entry names fails the case as before, so a known failure
   of one check never hides another; an entry whose checks passed is an
   *unexpected pass* and fails the case until the file is updated.
+* ``unjudged`` changes nothing in the run: the JSON summary carries every
+  entry, and ``coc-gate`` takes a loss of judgment an entry names as expected.
 
 Each matched report carries ``coc_expectation`` in its user properties (the
 JSON summary shows it); an unexpected pass carries its failure as data
@@ -25,8 +27,9 @@ import pytest
 
 from conformance import options, report_properties
 from conformance.caseids import case_id
-from conformance.gating.expectations import Expectation, Expectations, ExpectationsError, judge_checks
+from conformance.gating.expectations import Expectations, ExpectationsError, judge_checks
 from conformance.harness.case_errors import HANGS
+from conformance.judge.expected import Expectation
 from conformance.judge.run_diff import UNEXPECTED_PASS
 
 expectations_key = pytest.StashKey[Expectations]()

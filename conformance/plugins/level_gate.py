@@ -11,24 +11,35 @@ MUST) or per check through the ``verdicts`` fixture.  After the test body:
   (``coc_checks``), which the JSON summary, the Allure hooks and the terminal
   summary read (under xdist, on the controller).
 
+Failures are sticky (``docs/DESIGN.md#requirement-levels``): the case's
+outcome follows from everything it recorded by one rule,
+:func:`~conformance.judge.verdicts.case_outcome`, here and nowhere else.  A
+skip, a :class:`~conformance.judge.verdicts.NotOffered`, a
+:class:`~conformance.judge.verdicts.NotJudged` raised after a check failed is
+recorded beside that failure (``not offered`` / ``not judged``, with its
+reason), never instead of it; hangs, storm breaks and timeouts are failures
+themselves.  A case whose every record is ``not offered`` is skipped as not
+offered (:func:`skip_not_offered`), and so is one skipped at setup because the
+implementation lacks an op: either way the report carries a ``not offered``
+check, so every count (terminal, summary, matrix, gate) shows it.
+
 Hangs, crashes and unexpected rank errors are always MUST: no implementation
 may hang or die, whatever it declares.  Any other exception from a test body
 (not a check failure, not an assertion) is the suite's own bug: it is raised
 as :class:`~conformance.judge.failures.SuiteError` and reported as an *error*
-of the run, never as a failed check of the implementation.  A test body
-raising :class:`~conformance.judge.verdicts.NotJudged` records its check as
-not judged.  A test that passes with no check recorded is one check passed
-only when it judges by its own assertions (no ``verdicts``); one that judges
-through ``verdicts`` and recorded nothing was not judged, and a case whose
-every check was not judged is reported as such (outcome ``not judged`` in
-the JSON summary), never as a pass.
+of the run, never as a failed check of the implementation.  A test that
+passes with no check recorded is one check passed only when it judges by its
+own assertions (no ``verdicts``); one that judges through ``verdicts`` and
+recorded nothing was not judged, and a case whose every check was not judged
+is reported as such (outcome ``not judged`` in the JSON summary), never as a
+pass.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Generator
-from typing import Any, cast
+from typing import Any, NoReturn, cast
 
 import pytest
 
@@ -37,7 +48,15 @@ from conformance.harness.case_errors import CaseError
 from conformance.judge import level_tally
 from conformance.judge.failures import CheckFailure, SuiteError
 from conformance.judge.levels import Level
-from conformance.judge.verdicts import NOT_JUDGED, CheckResult, NotJudged, Verdicts
+from conformance.judge.verdicts import (
+    FAILED,
+    NOT_JUDGED,
+    NOT_OFFERED,
+    CheckResult,
+    NotJudged,
+    NotOffered,
+    Verdicts,
+)
 
 verdicts_key = pytest.StashKey[Verdicts]()
 gate_key = pytest.StashKey[frozenset[Level]]()
@@ -89,29 +108,68 @@ def verdicts(request: pytest.FixtureRequest) -> Verdicts:
     return found
 
 
+#: Why a case is skipped as not offered (set by :func:`skip_not_offered`).
+not_offered_key = pytest.StashKey[str]()
+
+
+def skip_not_offered(item: pytest.Item, reason: str) -> NoReturn:
+    """Skip ``item`` because the implementation does not offer what it needs (it lacks the op, or every rank
+    raised ``NotImplementedError``): its report carries a ``not offered`` check (at setup too)."""
+    item.stash[not_offered_key] = reason
+    pytest.skip(reason)
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
     name = getattr(item, "originalname", item.name)
     try:
         yield
     except BaseException as exc:
-        if isinstance(exc, (pytest.skip.Exception, pytest.xfail.Exception)) or not isinstance(exc, Exception):
+        if isinstance(exc, (pytest.skip.Exception, pytest.xfail.Exception)):
+            _record_the_skip(item, name, exc)
+            conclude(item, refusal=exc)
+        if not isinstance(exc, Exception):
             raise
-        if not isinstance(exc, NotJudged):
-            if not is_verdict(exc):
-                raise (exc if isinstance(exc, SuiteError) else SuiteError.wrapping(item.nodeid, exc)) from exc
+        if isinstance(exc, NotOffered):
+            found = item.stash.setdefault(verdicts_key, Verdicts())
+            if not any(r.outcome == NOT_OFFERED for r in found.results):  # else it recorded what it lacks already
+                found.not_offered(name, default_level(item), str(exc))
+        elif isinstance(exc, NotJudged):
+            item.stash.setdefault(verdicts_key, Verdicts()).not_judged(name, default_level(item), str(exc))
+        elif not is_verdict(exc):
+            raise (exc if isinstance(exc, SuiteError) else SuiteError.wrapping(item.nodeid, exc)) from exc
+        else:
             found = item.stash.setdefault(verdicts_key, Verdicts())
             category = exc.category if isinstance(exc, CheckFailure) else type(exc).__name__
             found.results.append(CheckResult(name, failure_level(item, exc), False, _first_line(exc), category))
             found.exceptions.append(exc)
             raise
-        item.stash.setdefault(verdicts_key, Verdicts()).not_judged(name, default_level(item), str(exc))
+    conclude(item)
+
+
+def _record_the_skip(item: pytest.Item, name: str, skip: BaseException) -> None:
+    """A skip raised after checks were recorded: recorded beside them (why the rest was not judged)."""
+    recorded = item.stash.get(verdicts_key, None)
+    if recorded is not None and recorded.results:
+        recorded.not_judged(name, default_level(item), f"skipped: {_first_line(skip)}")
+
+
+def conclude(item: pytest.Item, refusal: BaseException | None = None) -> None:
+    """The case's outcome from its record, by :func:`~conformance.judge.verdicts.case_outcome`: failed, its failed
+    checks raised (those of gating levels first; none gating: the report makes it an expected failure); else the
+    ``refusal`` (a skip) raised again; else, when every record is not offered, skipped as not offered."""
     recorded = item.stash.get(verdicts_key, None)
     if recorded is None:
+        if refusal is not None:
+            raise refusal
         return
-    gating = recorded.failed(item.config.stash[gate_key])
-    if gating:
-        raise _combined(gating, len(recorded.failed()))
+    if recorded.outcome == FAILED:
+        failed, gating = recorded.failed(), recorded.failed(item.config.stash[gate_key])
+        raise _combined(gating + [f for f in failed if f not in gating], len(failed))
+    if refusal is not None:
+        raise refusal
+    if recorded.outcome == NOT_OFFERED:
+        skip_not_offered(item, "; ".join(dict.fromkeys(r.message for r in recorded.results)))
 
 
 def _combined(failures: list[BaseException], total: int) -> BaseException:
@@ -138,6 +196,11 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     report = yield
     if call.excinfo is not None and isinstance(call.excinfo.value, SuiteError):
         report.user_properties.append((report_properties.SUITE_ERROR, str(call.excinfo.value)))
+        return report
+    if call.when == "setup" and report.skipped and not_offered_key in item.stash:
+        name = getattr(item, "originalname", item.name)
+        check = CheckResult(name, default_level(item), False, item.stash[not_offered_key], outcome=NOT_OFFERED)
+        report.user_properties.append((report_properties.CHECKS, [check.as_dict()]))
         return report
     if call.when != "call" or not is_check(item):
         return report
@@ -185,8 +248,8 @@ class LevelTally:
         self.ungated: list[str] = []
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        if report.when != "call":
-            return
+        if report.when != "call" and not (report.when == "setup" and report.skipped):
+            return  # a case skipped at setup (not offered) has no call report
         checks = checks_of(report)
         self.tally.update(level_tally.tally(checks, self.gate))
         for check in checks:

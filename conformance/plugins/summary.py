@@ -13,7 +13,11 @@ the run carries too: the report refuses a verdict from another run.
 Read by ``coc-gate``, ``coc-matrix`` and
 ``coc-expectations``; the format is :data:`SCHEMA`.  A case's ``outcome`` is
 ``passed``, ``failed``, ``error``, ``skipped``, ``known``, ``not-gated`` or
-``not judged`` (it passed, and every check it recorded was not judged).
+``not judged`` (it passed, and no check it recorded passed); a case skipped
+because the implementation does not offer what it needs carries a check
+``not offered``.  ``expectations`` holds every entry of the expectations file
+the run was judged against (``coc-gate`` reads which losses of judgment are
+expected from it).
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ import pytest
 
 from conformance import options, report_properties
 from conformance.caseids import area, case_id
-from conformance.judge.verdicts import NOT_JUDGED, outcome_of
+from conformance.judge.verdicts import NOT_JUDGED, case_outcome, outcome_of
 from conformance.options import impl_spec
 from conformance.report_properties import property_of
 from conformance.roster import is_xdist_worker, roster, run_id
@@ -67,9 +71,10 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 
 def not_judged(report: pytest.TestReport) -> bool:
-    """Whether a case that passed judged nothing: it recorded checks, and every one was not judged."""
+    """Whether a case that passed judged nothing: it recorded checks, and none passed
+    (:func:`~conformance.judge.verdicts.case_outcome`)."""
     checks = property_of(report, report_properties.CHECKS) or []
-    return bool(checks) and all(outcome_of(c) == NOT_JUDGED for c in checks)
+    return case_outcome(outcome_of(c) for c in checks) == NOT_JUDGED
 
 
 def record_of(report: pytest.TestReport) -> dict[str, Any]:
@@ -143,12 +148,16 @@ class SummaryWriter:
         allure_dir = self.config.getoption("allure_report_dir", None)
         allure_results = (len(list(Path(allure_dir).glob("*-result.json")))
                           if allure_dir and Path(allure_dir).is_dir() else None)
+        from conformance.plugins.known_outcomes import expectations_key
+
+        known = self.config.stash.get(expectations_key, None)
         doc = {
             "schema": SCHEMA,
             "run_id": run_id(self.config),
             "implementation": impl_spec(self.config),
             "launcher": self.config.getoption(options.LAUNCHER),
             "gate": options.gate_spec(self.config),
+            "expectations": [entry.as_dict() for entry in known.entries] if known is not None else [],
             "python": platform.python_version(),
             "torch": _version("torch"),
             "megatron_core": _version("megatron-core"),

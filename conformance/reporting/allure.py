@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import allure
 
 from conformance.judge.levels import Level
-from conformance.judge.verdicts import FAILED, NOT_JUDGED, PASSED, outcome_of
+from conformance.judge.verdicts import FAILED, JUDGED, NOT_JUDGED, NOT_OFFERED, PASSED, outcome_of
 from conformance.report_properties import CASE_LABEL, RUN_LABEL
 
 if TYPE_CHECKING:
@@ -315,7 +315,7 @@ def check_outcome(check: Mapping[str, Any], case_outcome: str) -> str:
 
 
 #: How much a check's outcome says against the implementation: a level's tag names its worst one.
-_SEVERITY_OF_OUTCOME = {FAILED: 0, "failed, not gated": 1, "known": 2, NOT_JUDGED: 3, PASSED: 5}
+_SEVERITY_OF_OUTCOME = {FAILED: 0, "failed, not gated": 1, "known": 2, NOT_JUDGED: 3, NOT_OFFERED: 3, PASSED: 5}
 
 
 def level_tags(checks: Sequence[Mapping[str, Any]], case_outcome: str = "passed") -> list[str]:
@@ -336,16 +336,17 @@ def label_levels(checks: Sequence[Mapping[str, Any]], case_outcome: str = "passe
 
     ``requirement`` and the severity follow the most important failed level
     (MUST: critical, STRUCTURE: normal, SHOULD: minor), else the most
-    important level the case holds; a case whose checks were all not judged
-    has requirement ``not judged``.
+    important level the case judged; a case that judged no check has
+    requirement ``not judged`` (``not offered`` when every check says so).
     """
     if not _active or not checks:
         return
     for tag in level_tags(checks, case_outcome):
         allure.dynamic.tag(tag)
     failed = _worst(str(c["level"]) for c in checks if outcome_of(c) == FAILED)
-    judged = _worst(str(c["level"]) for c in checks if outcome_of(c) != NOT_JUDGED)
-    allure.dynamic.label("requirement", failed or judged or NOT_JUDGED)
+    judged = _worst(str(c["level"]) for c in checks if outcome_of(c) in JUDGED)
+    unjudged = NOT_OFFERED if all(outcome_of(c) == NOT_OFFERED for c in checks) else NOT_JUDGED
+    allure.dynamic.label("requirement", failed or judged or unjudged)
     severity = LEVEL_SEVERITY.get(failed or judged or _worst(str(c["level"]) for c in checks) or "", "normal")
     if "severity" not in _described:
         allure.dynamic.severity(allure.severity_level(severity))

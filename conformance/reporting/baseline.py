@@ -63,7 +63,7 @@ def _short(text: str) -> str:
 
 def summary_line(diff: RunDiff) -> str:
     """``RED: 4 new failures, 1 fixes`` -- the comparison's colour and each section's count."""
-    counts = ", ".join(f"{len(section.rows)} {section.title.split(' (')[0].lower()}" for section in diff.sections())
+    counts = ", ".join(f"{len(section.rows)} {section.title.split(' (')[0].lower()}" for section in diff.sections)
     return f"{'RED' if diff.red else 'GREEN'}: {counts or 'no change in conformance or performance'}"
 
 
@@ -74,7 +74,7 @@ def view(diff: RunDiff, result_ids: Mapping[str, str]) -> str:
     parts = [f'<div class="coc-baseline" data-testid="coc-baseline" data-outcome="{"red" if diff.red else "green"}">',
              f'<p class="coc-title">Against the baseline <code>{esc(diff.baseline.source)}</code> '
              f"({len(diff.baseline.cases)} cases): {esc(summary_line(diff))}</p>"]
-    for section in diff.sections():
+    for section in diff.sections:
         header = "".join(f"<th>{esc(column)}</th>" for column in ("case", *section.columns, "checks that changed"))
         parts.append(f'<details open data-testid="coc-baseline-section" data-outcome="{"red" if section.red else ""}">'
                      f"<summary>{esc(section.title)} ({len(section.rows)})</summary><table><tr>{header}</tr>")

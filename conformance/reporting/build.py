@@ -397,7 +397,7 @@ def build(results: Path, out: Path, history: Path | None = None, *, name: str = 
     stats = json.loads(stats_file.read_text()).get("stats", {}) if stats_file.exists() else {}
     changes = None if diff is None else {
         "source": diff.baseline.source, "red": diff.red,
-        "sections": {section.title: [row.case for row in section.rows] for section in diff.sections()}}
+        "sections": {section.title: [row.case for row in section.rows] for section in diff.sections}}
     return BuiltReport(str(index), index.stat().st_size, round(seconds, 2), stats,
                        str(history) if history else None, gate.as_dict(), shown, problems, changes)
 

@@ -32,7 +32,7 @@ from conformance.judge import checks
 from conformance.judge.config_verdicts import judge_effective, judge_refused
 from conformance.judge.failures import WrongError
 from conformance.judge.levels import Level
-from conformance.judge.verdicts import NotJudged
+from conformance.judge.verdicts import NotJudged, NotOffered
 from conformance.protocol import Declarations
 
 ON = ["--use-ascend-coc"]
@@ -147,7 +147,7 @@ def _configure(impl: Any, argv: list[str], env: Mapping[str, str], **kwargs: Any
 
 def _needs_fused(declared: Declarations, fused: bool, impl: Any) -> None:
     if fused and not declared.fused_layers:
-        pytest.skip(f"{impl.name} declares no fused-kernel layers (fused_layers = False)")
+        raise NotOffered(f"{impl.name} declares no fused-kernel layers (fused_layers = False)")
 
 
 @pytest.mark.parametrize("setting", PRECEDENCE, ids=lambda s: s.id)
@@ -170,7 +170,7 @@ def test_user_cfgs_defaults(coc_impl: Any) -> None:
     assert error is None, error.describe() if error else ""
     cfgs = getattr(config, "user_cfgs", None)
     if cfgs is None:
-        pytest.skip(f"{coc_impl.name} reports no user_cfgs")
+        raise NotOffered(f"{coc_impl.name} reports no user_cfgs")
     get = (lambda k: cfgs[k]) if isinstance(cfgs, Mapping) else (lambda k: getattr(cfgs, k))
     assert get("matmul_soc_friendly") is True
     assert not get("customized_coc")
@@ -220,7 +220,7 @@ def test_incompatibilities_only_apply_when_enabled(coc_impl: Any) -> None:
 def test_user_cfgs_validated(coc_impl: Any, coc_declarations: Declarations, verdicts: Any, case_id: str,
                              cfgs: dict[str, Any], names: str) -> None:
     if not accepts_keyword(coc_impl.configure, "coc_cfgs"):
-        pytest.skip(f"{coc_impl.name}.configure takes no coc_cfgs (protocol v1)")
+        raise NotOffered(f"{coc_impl.name}.configure takes no coc_cfgs (protocol v1)")
     _, error = _configure(coc_impl, SCRIPTED, {}, coc_cfgs=cfgs)
     judge_refused(verdicts, error, coc_declarations, names=names, kind="config", level=Level.MUST,
                   what=f"coc_cfgs={cfgs}")

@@ -22,6 +22,7 @@ from conformance.explore.explorer import Exploration, Explorer, write_finding
 from conformance.explore.kind import record
 from conformance.explore.registry import load_finding
 from conformance.judge.levels import Level
+from conformance.judge.verdicts import NotOffered
 from conformance.protocol import Declarations
 from conformance.suite.explorer_run import corpus_directories, run_scope
 
@@ -42,7 +43,7 @@ def test_explore(coc_ranks: Any, verdicts: Any, coc_impl: Any, coc_declarations:
                         storm=config.getoption(options.STORM),
                         corpus=[entry.spec for entry in read_corpus(corpus_directories(config))])
     if not explorer.kinds:
-        pytest.skip(f"the implementation offers no kind of case: {explorer.report.not_offered}")
+        raise NotOffered(f"the implementation offers no kind of case: {explorer.report.not_offered}")
     report = explorer.explore()
     directory = Path(config.getoption(options.EXPLORE_DIR))
     for finding in report.findings:

@@ -27,7 +27,10 @@ same bits across tilings only where the implementation declares split
 invariance (``split_invariant_ops``), each tiling within the error bound
 otherwise (``conformance/judge/determinism.py``).  An op that raises
 ``NotImplementedError`` for a mode (deterministic, w8A16, explicit tiling)
-skips that case.
+does not offer it: that case skips as not offered, or that sub-case (one
+token count, one op of a sequence) is recorded not offered while the others
+are judged (``sort_refusals``: the one refusal rule the explorer and the
+corpus judge by too); a failure recorded before stays a failure.
 """
 
 from __future__ import annotations
@@ -51,9 +54,9 @@ from conformance.judge.op_verdicts import (
     issued,
     judge_deterministic,
     judge_op_runs,
-    judge_refusal,
     refusal_names,
     refusal_rule,
+    sort_refusals,
 )
 from conformance.judge.quant_verdicts import check_w8a16, judge_bad_argument, quant_truth
 from conformance.protocol import DETERMINISTIC_OPS, FUSED_OPS, Declarations
@@ -87,10 +90,12 @@ def _run_checks(coc_ranks: Any, verdicts: Any, declared: Declarations, run: OpRu
 
 
 def _judge(verdicts: Any, declared: Declarations, judged: list[tuple[OpRun, list[Any]]], *,
-           exact: bool = False) -> None:
-    """The op checks of every ``(run, its outcomes on every rank)``, skipped where the op declines the mode."""
-    checks.skip_if_not_implemented([e for run, outcomes in judged for e in judge.call_errors(outcomes)])
-    judge_op_runs(verdicts, judged, declared.in_place_ops, exact=exact)
+           exact: bool = False) -> list[tuple[OpRun, Any]]:
+    """The op checks of every ``(run, its outcomes on every rank)``, after the one refusal rule
+    (``sort_refusals``: a run the implementation does not offer, a refusal the rule allows); the runs judged."""
+    to_judge = sort_refusals(verdicts, judged, declared).to_judge
+    judge_op_runs(verdicts, to_judge, declared.in_place_ops, exact=exact)
+    return to_judge
 
 
 def _numbers_or_clear_refusal(coc_ranks: Any, verdicts: Any, declared: Declarations, run: OpRun, *,
@@ -102,14 +107,12 @@ def _numbers_or_clear_refusal(coc_ranks: Any, verdicts: Any, declared: Declarati
     silent wrong rows.
     """
     suite_requires(refusal_rule(run) is not None, f"{run}: a case the refusal rule lets no implementation refuse")
-    outcomes = coc_ranks.run(op_task, run.tp, run=run)
-    checks.skip_if_not_implemented(judge.call_errors(outcomes))
-    if judge_refusal(verdicts, run, outcomes, declared, label=label):
-        return
-    with verdicts.check(f"{label}: results are values", Level.MUST):
-        judge.check_contract(run, outcomes, declared.in_place_ops)
-    with verdicts.check(f"{label}: numerics", Level.MUST):
-        judge.check_numerics(run, outcomes)
+    ran = coc_ranks.run(op_task, run.tp, run=run)
+    for judged, outcomes in sort_refusals(verdicts, [(run, ran)], declared, label=label).to_judge:
+        with verdicts.check(f"{label}: results are values", Level.MUST):
+            judge.check_contract(judged, outcomes, declared.in_place_ops)
+        with verdicts.check(f"{label}: numerics", Level.MUST):
+            judge.check_numerics(judged, outcomes)
 
 
 def _op_params() -> list[Any]:
@@ -156,8 +159,9 @@ def test_uneven_token_counts(coc_ranks: Any, verdicts: Any, coc_declarations: De
     rows = {"matmul_all_reduce": UNEVEN_ROWS, "matmul_reduce_scatter": tuple(r * tp for r in UNEVEN_ROWS),
             "all_gather_matmul": tuple(r * tp for r in UNEVEN_ROWS)}.get(op, tuple(r * tp for r in UNEVEN_ROWS))
     for problem in (Problem(m, 64, 48, "float32", seed=m) for m in rows):
-        _numbers_or_clear_refusal(coc_ranks, verdicts, coc_declarations, OpRun(op, (problem,), tp),
-                                  label=f"m={problem.m}")
+        label = f"m={problem.m}"
+        with verdicts.sub_case(label):
+            _numbers_or_clear_refusal(coc_ranks, verdicts, coc_declarations, OpRun(op, (problem,), tp), label=label)
     if op == "matmul_reduce_scatter":
         bad = Problem(tp * 7 + 1, 64, 48, "float32")
         outcomes = coc_ranks.run(op_task, tp, run=OpRun(op, (bad,), tp))
@@ -261,8 +265,9 @@ def test_deterministic_is_bitwise_reproducible(coc_ranks: Any, verdicts: Any, co
     why = cannot_fail(run)
     suite_requires(not why, f"a deterministic case that cannot fail: {why}")
     outcomes = coc_ranks.run(op_task, tp, run=run)
-    _judge(verdicts, coc_declarations, [(run, outcomes)])
-    judge_deterministic(verdicts, [(run, outcomes)], coc_declarations.split_invariant_ops)
+    judged = _judge(verdicts, coc_declarations, [(run, outcomes)])
+    if judged:
+        judge_deterministic(verdicts, judged, coc_declarations.split_invariant_ops)
 
 
 #: The storm breaker's capability of the w8A16 cases: its own path, apart from the plain op.
@@ -297,7 +302,7 @@ def test_w8a16_bad_arguments_refused_on_every_rank(coc_ranks: Any, verdicts: Any
                                                    change: str, tp: int) -> None:
     case_id = next(c.id for c in QUANT_CASES if c.params["dtype"] == "float16" and c.params["k"] == 512)
     outcomes = coc_ranks.run(quant_task, tp, run=QuantRun(case_id, tp, change))
-    checks.skip_if_not_implemented([o.error for o in outcomes])
+    checks.require_offered([o.error for o in outcomes])
     judge_bad_argument(verdicts, outcomes, change, coc_declarations)
 
 

@@ -9,6 +9,7 @@ are at the end.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import warnings
 from collections.abc import Mapping, Sequence
@@ -43,24 +44,59 @@ class SilentOverrides(ReferenceCoC):
             return super().configure(argv, env, **kw)
 
 
-class UntypedErrors(ReferenceCoC):
+class _RefusesMC2(ReferenceCoC):
+    """Refuses CoC with MC2 (``use_ascend_mc2``) first of all, raising :meth:`refusal`."""
+
+    def refusal(self) -> Exception:
+        raise NotImplementedError
+
+    def configure(self, argv: Sequence[str] | None, env: Mapping[str, str] | None, **kw: Any) -> CoCConfig:
+        if kw.get("use_ascend_mc2"):
+            raise self.refusal()
+        return super().configure(argv, env, **kw)
+
+
+class _ConfigureWith(ReferenceCoC):
+    """``configure`` with the keywords :meth:`forced` gives replaced (the reference does the rest)."""
+
+    def forced(self, kw: Mapping[str, Any]) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def configure(self, argv: Sequence[str] | None, env: Mapping[str, str] | None, **kw: Any) -> CoCConfig:
+        return super().configure(argv, env, **{**kw, **self.forced(kw)})
+
+
+class _CollectiveBeforeConfigure(ReferenceCoC):
+    """Ranks :meth:`joins` picks issue an all-reduce (to agree on a setting) before ``configure`` validates."""
+
+    def joins(self, rank: int) -> bool:
+        raise NotImplementedError
+
+    def configure(self, argv: Sequence[str] | None, env: Mapping[str, str] | None, **kw: Any) -> CoCConfig:
+        import torch
+        import torch.distributed as dist
+
+        if dist.is_initialized() and self.joins(dist.get_rank()):
+            dist.all_reduce(torch.zeros(1))
+        return super().configure(argv, env, **kw)
+
+
+class UntypedErrors(_RefusesMC2):
     """Refuses CoC with MC2, but with a bare ValueError."""
 
     name = "fault-untyped"
 
-    def configure(self, argv: Sequence[str] | None, env: Mapping[str, str] | None, **kw: Any) -> CoCConfig:
-        if kw.get("use_ascend_mc2"):
-            raise ValueError("no")
-        return super().configure(argv, env, **kw)
+    def refusal(self) -> Exception:
+        return ValueError("no")
 
 
-class AcceptsMoE(ReferenceCoC):
+class AcceptsMoE(_ConfigureWith):
     """Accepts CoC with MoE (``num_experts``): allowed when its results are right, against the documented refusal."""
 
     name = "fault-accepts-moe"
 
-    def configure(self, argv: Sequence[str] | None, env: Mapping[str, str] | None, **kw: Any) -> CoCConfig:
-        return super().configure(argv, env, **{**kw, "num_experts": None})
+    def forced(self, kw: Mapping[str, Any]) -> dict[str, Any]:
+        return {"num_experts": None}
 
 
 class AcceptsAnyChunkCount(ReferenceCoC):
@@ -74,14 +110,13 @@ class AcceptsAnyChunkCount(ReferenceCoC):
         return super().configure(argv, env, **kw)
 
 
-class AcceptsEverything(AcceptsAnyChunkCount):
+class AcceptsEverything(_ConfigureWith, AcceptsAnyChunkCount):
     """Refuses no incompatible setting (MC2, MoE, 2-D TP, Transformer Engine) and no chunk count."""
 
     name = "fault-accepts-everything"
 
-    def configure(self, argv: Sequence[str] | None, env: Mapping[str, str] | None, **kw: Any) -> CoCConfig:
-        kw.update(use_ascend_mc2=False, num_experts=None, tp_2d=False, transformer_impl="local")
-        return super().configure(argv, env, **kw)
+    def forced(self, kw: Mapping[str, Any]) -> dict[str, Any]:
+        return {"use_ascend_mc2": False, "num_experts": None, "tp_2d": False, "transformer_impl": "local"}
 
 
 class ChecksOnRankZeroOnly(ReferenceCoC):
@@ -99,20 +134,35 @@ class ChecksOnRankZeroOnly(ReferenceCoC):
         return resolve_config(None, {}, tp_size=kw["tp_size"])
 
 
-class AgreesBeforeValidating(ReferenceCoC):
-    """Issues a collective (to agree on settings) before it validates them."""
+class AgreesBeforeValidating(_CollectiveBeforeConfigure):
+    """Issues a collective (to agree on settings) on every rank before it validates them."""
 
     name = "fault-collective-first"
 
-    def configure(self, argv: Sequence[str] | None, env: Mapping[str, str] | None, **kw: Any) -> CoCConfig:
-        import torch.distributed as dist
-
-        if dist.is_initialized():
-            dist.barrier()
-        return super().configure(argv, env, **kw)
+    def joins(self, rank: int) -> bool:
+        return True
 
 
 # --- fused-op faults -----------------------------------------------------------------------
+
+
+class _EveryOp(ReferenceCoC):
+    """Every fused op goes through :meth:`through` (where a fault goes wrong), which calls the reference's op."""
+
+    def through(self, op: str, x: Any, w: Any, bias: Any, kw: dict[str, Any]) -> Any:
+        return getattr(ReferenceCoC, op)(self, x, w, bias, **kw)
+
+    def matmul_all_reduce(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
+        return self.through("matmul_all_reduce", x, w, bias, kw)
+
+    def matmul_reduce_scatter(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
+        return self.through("matmul_reduce_scatter", x, w, bias, kw)
+
+    def all_gather_matmul(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
+        return self.through("all_gather_matmul", x, w, bias, kw)
+
+    def all_gather_matmul_v2(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
+        return self.through("all_gather_matmul_v2", x, w, bias, kw)
 
 
 class ArrivalOrderReduction(ReferenceCoC):
@@ -180,22 +230,15 @@ class PerGroupAsPerChannel(ReferenceCoC):
         return super().matmul_all_reduce(x, w, bias, **kw)
 
 
-class SquareWeightTransposed(ReferenceCoC):
-    """Infers transposition from shapes: a square weight is taken as ``[n, k]``."""
+class SquareWeightTransposed(_EveryOp):
+    """Infers transposition from shapes: a square weight is taken as ``[n, k]`` (by the ops that see a whole one)."""
 
     name = "fault-square-transposed"
 
-    def _fix(self, w: Any, kw: dict[str, Any]) -> None:
-        if w.shape[0] == w.shape[1]:
-            kw["transpose_weight"] = True
-
-    def matmul_all_reduce(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
-        self._fix(w, kw)
-        return super().matmul_all_reduce(x, w, bias, **kw)
-
-    def all_gather_matmul(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
-        self._fix(w, kw)
-        return super().all_gather_matmul(x, w, bias, **kw)
+    def through(self, op: str, x: Any, w: Any, bias: Any, kw: dict[str, Any]) -> Any:
+        if op in ("matmul_all_reduce", "all_gather_matmul") and w.shape[0] == w.shape[1]:
+            kw = {**kw, "transpose_weight": True}
+        return super().through(op, x, w, bias, kw)
 
 
 class ReduceScatterNeighbourShard(ReferenceCoC):
@@ -249,58 +292,71 @@ def _on_wait(in_flight: Any, change: Any) -> Any:
     return in_flight
 
 
-class DropsLastChunk(_PatchedPipeline):
+class _ChangesChunkedAllReduce(_PatchedPipeline):
+    """The chunked matmul + all-reduce, of more than one chunk, has its result changed by :meth:`changed` when
+    waited for."""
+
+    target = "matmul_all_reduce"
+
+    def changed(self, out: Any, blocks: Any) -> None:
+        raise NotImplementedError
+
+    def wrap(self, original: Any) -> Any:
+        def pipeline(x: Any, matmul: Any, blocks: Any, group: Any, **kw: Any) -> Any:
+            def change(out: Any) -> Any:
+                if len(blocks) > 1:
+                    self.changed(out, blocks)
+                return out
+
+            return _on_wait(original(x, matmul, blocks, group, **kw), change)
+
+        return pipeline
+
+
+class DropsLastChunk(_ChangesChunkedAllReduce):
     """The chunked matmul + all-reduce leaves its last chunk's rows unwritten (zeros)."""
 
     name = "fault-drops-chunk"
-    target = "matmul_all_reduce"
 
-    def wrap(self, original: Any) -> Any:
-        def pipeline(x: Any, matmul: Any, blocks: Any, group: Any, **kw: Any) -> Any:
-            def drop(out: Any) -> Any:
-                if len(blocks) > 1:
-                    out[out.shape[0] - blocks[-1]:] = 0
-                return out
-
-            return _on_wait(original(x, matmul, blocks, group, **kw), drop)
-
-        return pipeline
+    def changed(self, out: Any, blocks: Any) -> None:
+        out[out.shape[0] - blocks[-1]:] = 0
 
 
-class DuplicatesFirstChunk(_PatchedPipeline):
+class DuplicatesFirstChunk(_ChangesChunkedAllReduce):
     """The chunked matmul + all-reduce writes chunk 0's rows again where chunk 1 belongs."""
 
     name = "fault-duplicates-chunk"
-    target = "matmul_all_reduce"
+
+    def changed(self, out: Any, blocks: Any) -> None:
+        out[blocks[0]:blocks[0] + blocks[1]] = out[:blocks[1]].clone()
+
+
+class _ChangesGather(_PatchedPipeline):
+    """The chunked all-gather + matmul's result (output and gathered input) replaced by :meth:`changed`."""
+
+    target = "all_gather_matmul"
+
+    def changed(self, result: Any, blocks: Any, group: Any) -> Any:
+        raise NotImplementedError
 
     def wrap(self, original: Any) -> Any:
         def pipeline(x: Any, matmul: Any, blocks: Any, group: Any, **kw: Any) -> Any:
-            def duplicate(out: Any) -> Any:
-                if len(blocks) > 1:
-                    out[blocks[0]:blocks[0] + blocks[1]] = out[:blocks[1]].clone()
-                return out
-
-            return _on_wait(original(x, matmul, blocks, group, **kw), duplicate)
+            return self.changed(original(x, matmul, blocks, group, **kw), blocks, group)
 
         return pipeline
 
 
-class GathersChunksInWrongOrder(_PatchedPipeline):
+class GathersChunksInWrongOrder(_ChangesGather):
     """The chunked all-gather + matmul places each rank's chunks in reverse order."""
 
     name = "fault-gather-order"
-    target = "all_gather_matmul"
 
-    def wrap(self, original: Any) -> Any:
-        def pipeline(x: Any, matmul: Any, blocks: Any, group: Any, **kw: Any) -> Any:
-            result = original(x, matmul, blocks, group, **kw)
-            p, tp = len(blocks), group.size()
-            if p > 1:
-                out = result.output
-                out.copy_(out.unflatten(0, (tp, p, blocks[0])).flip(1).flatten(0, 2))
-            return result
-
-        return pipeline
+    def changed(self, result: Any, blocks: Any, group: Any) -> Any:
+        p, tp = len(blocks), group.size()
+        if p > 1:
+            out = result.output
+            out.copy_(out.unflatten(0, (tp, p, blocks[0])).flip(1).flatten(0, 2))
+        return result
 
 
 class _PatchedRowForward(_PatchedPipeline):
@@ -358,21 +414,16 @@ class PatchNotApplied(ReferenceCoC):
         return nullcontext()
 
 
-class StaleSavedGather(_PatchedPipeline):
+class StaleSavedGather(_ChangesGather):
     """With ``recompute_all_gather=False`` the saved gathered input is a stale buffer."""
 
     name = "fault-stale-gather"
-    target = "all_gather_matmul"
 
-    def wrap(self, original: Any) -> Any:
-        def pipeline(x: Any, matmul: Any, blocks: Any, group: Any, **kw: Any) -> Any:
-            result = original(x, matmul, blocks, group, **kw)
-            if result.gathered is None:
-                return result
-            # e.g. a reused communication buffer, overwritten before the backward reads it
-            return type(result)(result.output, result.gathered.clone().zero_())
-
-        return pipeline
+    def changed(self, result: Any, blocks: Any, group: Any) -> Any:
+        if result.gathered is None:
+            return result
+        # e.g. a reused communication buffer, overwritten before the backward reads it
+        return type(result)(result.output, result.gathered.clone().zero_())
 
 
 # --- uneven token counts, silent serial paths, blocking "async" calls (issue classes of real patches) ----
@@ -443,6 +494,16 @@ class FusedRowSilentlySerial(ReferenceCoC):
         return stack
 
 
+def _waited_at_once(launch: Any, partial: Any, out: Any) -> Any:
+    """An all-reduce of ``partial`` into ``out``, launched asynchronously by ``launch(out)`` and waited for at once:
+    nothing can overlap it."""
+    if out.data_ptr() != partial.data_ptr():
+        out.copy_(partial)
+    work = launch(out)
+    work.wait()
+    return work
+
+
 class AsyncFlagButBlocking(_PatchedPipeline):
     """Passes async_op=True positionally, then waits at once: the chunks never overlap anything."""
 
@@ -457,74 +518,58 @@ class AsyncFlagButBlocking(_PatchedPipeline):
 
             class Blocking(overlap.CollectiveReducer):
                 def all_reduce(self, partial: Any, out: Any, group: Any) -> Any:
-                    if out.data_ptr() != partial.data_ptr():
-                        out.copy_(partial)
-                    work = dist.all_reduce(out, dist.ReduceOp.SUM, group, True)
-                    work.wait()
-                    return work
+                    return _waited_at_once(lambda t: dist.all_reduce(t, dist.ReduceOp.SUM, group, True), partial, out)
 
             return original(x, matmul, blocks, group, reducer=Blocking(), **kw)
 
         return pipeline
 
 
-class MlpSpBackwardGatherSerial(ReferenceCoC):
+def _whole_blocking_gather(x: Any, matmul: Any, group: Any) -> Any:
+    """The all-gather + matmul done serially: ``x`` gathered whole in one blocking all-gather, then multiplied."""
+    import torch
+    import torch.distributed as dist
+
+    from coc_impl.overlap import GatherMatmulResult
+
+    gathered = torch.empty((x.shape[0] * group.size(), *x.shape[1:]), dtype=x.dtype)
+    dist.all_gather_into_tensor(gathered, x.contiguous(), group=group)  # blocking, whole
+    return GatherMatmulResult(matmul(gathered), gathered)
+
+
+class MlpSpBackwardGatherSerial(_PatchedPipeline):
     """The row layer's SP backward gathers dy in one synchronous all-gather (caught inside the MLP too)."""
 
     name = "fault-mlp-sp-backward-serial"
+    target = "all_gather_matmul"
 
-    def patch_megatron(self, config: CoCConfig) -> Any:
-        from contextlib import ExitStack
-        from unittest import mock
-
-        import torch
-        import torch.distributed as dist
+    def wrap(self, original: Any) -> Any:
+        import sys
 
         import coc_impl.scripted as scripted
-        from coc_impl.overlap import GatherMatmulResult
 
-        original = scripted.all_gather_matmul
         row_backward = inspect.unwrap(scripted._RowParallelMatmul.backward).__code__
 
         def all_gather_matmul(x: Any, matmul: Any, blocks: Any, group: Any, **kw: Any) -> Any:
-            import sys
-
             if sys._getframe(1).f_code is not row_backward:
                 return original(x, matmul, blocks, group, **kw)
-            gathered = torch.empty((x.shape[0] * group.size(), *x.shape[1:]), dtype=x.dtype)
-            dist.all_gather_into_tensor(gathered, x.contiguous(), group=group)  # blocking, whole
-            return GatherMatmulResult(matmul(gathered), gathered)
+            return _whole_blocking_gather(x, matmul, group)
 
-        stack = ExitStack()
-        stack.enter_context(mock.patch.object(scripted, "all_gather_matmul", all_gather_matmul))
-        stack.enter_context(super().patch_megatron(config))
-        return stack
+        return all_gather_matmul
 
 
 # --- bug classes that escaped other suites: wrong group, results that change, training steps ------
 
 
-class WrongGroupOps(ReferenceCoC):
+class WrongGroupOps(_EveryOp):
     """Every op runs its collectives on the default (world) group instead of the TP group it is given."""
 
     name = "fault-wrong-group-ops"
 
-    def _world(self, kw: dict[str, Any]) -> dict[str, Any]:
+    def through(self, op: str, x: Any, w: Any, bias: Any, kw: dict[str, Any]) -> Any:
         import torch.distributed as dist
 
-        return {**kw, "group": dist.group.WORLD}
-
-    def matmul_all_reduce(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
-        return super().matmul_all_reduce(x, w, bias, **self._world(kw))
-
-    def matmul_reduce_scatter(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
-        return super().matmul_reduce_scatter(x, w, bias, **self._world(kw))
-
-    def all_gather_matmul(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
-        return super().all_gather_matmul(x, w, bias, **self._world(kw))
-
-    def all_gather_matmul_v2(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
-        return super().all_gather_matmul_v2(x, w, bias, **self._world(kw))
+        return super().through(op, x, w, bias, {**kw, "group": dist.group.WORLD})
 
 
 class WrongGroupLayers(_PatchedPipeline):
@@ -542,8 +587,9 @@ class WrongGroupLayers(_PatchedPipeline):
         return pipeline
 
 
-class CachedOutputBuffer(ReferenceCoC):
-    """Returns one persistent output buffer per op, overwritten by the next call (a fused-kernel workspace)."""
+class CachedOutputBuffer(_EveryOp):
+    """Returns one persistent output buffer per op, overwritten by the next call (a fused-kernel workspace); V2's
+    pair is its own."""
 
     name = "fault-cached-output"
 
@@ -551,24 +597,18 @@ class CachedOutputBuffer(ReferenceCoC):
         super().__init__()
         self._buffers: dict[str, Any] = {}
 
-    def _kept(self, op: str, result: Any) -> Any:
+    def through(self, op: str, x: Any, w: Any, bias: Any, kw: dict[str, Any]) -> Any:
         import torch
 
+        result = super().through(op, x, w, bias, kw)
+        if op == "all_gather_matmul_v2":
+            return result
         buffer = self._buffers.get(op)
         if buffer is None or buffer.numel() < result.numel() or buffer.dtype != result.dtype:
             buffer = self._buffers[op] = torch.empty(result.numel() * 4, dtype=result.dtype)
         view = buffer[: result.numel()].view(result.shape)
         view.copy_(result)
         return view
-
-    def matmul_all_reduce(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
-        return self._kept("ar", super().matmul_all_reduce(x, w, bias, **kw))
-
-    def matmul_reduce_scatter(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
-        return self._kept("rs", super().matmul_reduce_scatter(x, w, bias, **kw))
-
-    def all_gather_matmul(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
-        return self._kept("ag", super().all_gather_matmul(x, w, bias, **kw))
 
 
 class MutatesInput(ReferenceCoC):
@@ -582,20 +622,30 @@ class MutatesInput(ReferenceCoC):
         return out
 
 
-class ReturnsBeforeWaiting(ReferenceCoC):
+class _ReturnsBeforeWaiting(ReferenceCoC):
+    """matmul_all_reduce launches its all-reduce asynchronously through :meth:`collectives` and returns without
+    waiting for it."""
+
+    def collectives(self) -> Any:
+        raise NotImplementedError
+
+    def matmul_all_reduce(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
+        if kw.get("deterministic") or kw.get("antiquant_scale") is not None:
+            return super().matmul_all_reduce(x, w, bias, **kw)
+        out = x @ (w.t() if kw.get("transpose_weight") else w)
+        self.collectives().all_reduce(out, group=kw["group"], async_op=True)  # never waited
+        return out if bias is None else out.add_(bias)
+
+
+class ReturnsBeforeWaiting(_ReturnsBeforeWaiting):
     """matmul_all_reduce launches its all-reduce asynchronously and returns without waiting for it."""
 
     name = "fault-returns-before-waiting"
 
-    def matmul_all_reduce(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
+    def collectives(self) -> Any:
         import torch.distributed as dist
 
-        if kw.get("deterministic") or kw.get("antiquant_scale") is not None:
-            return super().matmul_all_reduce(x, w, bias, **kw)
-        wk = w.t() if kw.get("transpose_weight") else w
-        out = x @ wk
-        dist.all_reduce(out, group=kw["group"], async_op=True)  # never waited
-        return out if bias is None else out.add_(bias)
+        return dist
 
 
 class StaleWeightCache(_PatchedPipeline):
@@ -616,37 +666,41 @@ class StaleWeightCache(_PatchedPipeline):
         return rows_times
 
 
-class LostGradAccumulation(_PatchedPipeline):
+class _WeightGradFault(_PatchedPipeline):
+    """The layers' weight gradient taken by :meth:`weight_grad` (the reference's own ``original`` at hand)."""
+
+    target = "_weight_grad"
+
+    def weight_grad(self, original: Any, weight: Any, grad_output: Any, total_input: Any, fusion: bool) -> Any:
+        raise NotImplementedError
+
+    def wrap(self, original: Any) -> Any:
+        return functools.partial(self.weight_grad, original)
+
+
+class LostGradAccumulation(_WeightGradFault):
     """With gradient-accumulation fusion the weight gradient overwrites main_grad instead of adding to it."""
 
     name = "fault-lost-grad-accumulation"
-    target = "_weight_grad"
 
-    def wrap(self, original: Any) -> Any:
-        def weight_grad(weight: Any, grad_output: Any, total_input: Any, fusion: bool) -> Any:
-            if fusion and hasattr(weight, "main_grad"):
-                weight.main_grad.zero_()
-            return original(weight, grad_output, total_input, fusion)
-
-        return weight_grad
+    def weight_grad(self, original: Any, weight: Any, grad_output: Any, total_input: Any, fusion: bool) -> Any:
+        if fusion and hasattr(weight, "main_grad"):
+            weight.main_grad.zero_()
+        return original(weight, grad_output, total_input, fusion)
 
 
-class GradInBothPlaces(_PatchedPipeline):
+class GradInBothPlaces(_WeightGradFault):
     """With fusion the gradient goes into main_grad and also, unmarked, into .grad (added twice by DDP)."""
 
     name = "fault-grad-in-both-places"
-    target = "_weight_grad"
 
-    def wrap(self, original: Any) -> Any:
-        def weight_grad(weight: Any, grad_output: Any, total_input: Any, fusion: bool) -> Any:
-            result = original(weight, grad_output, total_input, fusion)
-            if fusion and hasattr(weight, "main_grad"):
-                if hasattr(weight, "grad_added_to_main_grad"):
-                    weight.grad_added_to_main_grad = False
-                return grad_output.t().matmul(total_input)
-            return result
-
-        return weight_grad
+    def weight_grad(self, original: Any, weight: Any, grad_output: Any, total_input: Any, fusion: bool) -> Any:
+        result = original(weight, grad_output, total_input, fusion)
+        if fusion and hasattr(weight, "main_grad"):
+            if hasattr(weight, "grad_added_to_main_grad"):
+                weight.grad_added_to_main_grad = False
+            return grad_output.t().matmul(total_input)
+        return result
 
 
 class ReusedOutputWorkspace(_PatchedPipeline):
@@ -695,19 +749,15 @@ class RaggedTilingOffset(ReferenceCoC):
         return out
 
 
-class WritesIntoItsInput(_PatchedPipeline):
+class WritesIntoItsInput(_WeightGradFault):
     """The layers' backward reuses the saved input as scratch once the weight gradient is taken: the input changes."""
 
     name = "fault-writes-into-input"
-    target = "_weight_grad"
 
-    def wrap(self, original: Any) -> Any:
-        def weight_grad(weight: Any, grad_output: Any, total_input: Any, fusion: bool) -> Any:
-            result = original(weight, grad_output, total_input, fusion)
-            total_input.detach().mul_(0.5)  # every number already computed is right
-            return result
-
-        return weight_grad
+    def weight_grad(self, original: Any, weight: Any, grad_output: Any, total_input: Any, fusion: bool) -> Any:
+        result = original(weight, grad_output, total_input, fusion)
+        total_input.detach().mul_(0.5)  # every number already computed is right
+        return result
 
 
 class ReplicasRoundDifferently(ReferenceCoC):
@@ -822,34 +872,27 @@ class LeaksProcessGroups(ReferenceCoC):
         return super().matmul_all_reduce(x, w, bias, **kw)
 
 
-class ConfigureHangsOnOneRank(ReferenceCoC):
+class ConfigureHangsOnOneRank(_CollectiveBeforeConfigure):
     """configure waits in a collective on rank 1 only: every other rank returns."""
 
     name = "fault-configure-hangs"
 
-    def configure(self, argv: Sequence[str] | None, env: Mapping[str, str] | None, **kw: Any) -> CoCConfig:
-        import torch
-        import torch.distributed as dist
-
-        if dist.is_initialized() and dist.get_rank() == 1:
-            dist.all_reduce(torch.zeros(1))
-        return super().configure(argv, env, **kw)
+    def joins(self, rank: int) -> bool:
+        return rank == 1
 
 
-class ConfigureRaisesOnOneRank(ReferenceCoC):
+class ConfigureRaisesOnOneRank(_ConfigureWith):
     """configure refuses MC2 on rank 0 only."""
 
     name = "fault-configure-raises-once"
 
-    def configure(self, argv: Sequence[str] | None, env: Mapping[str, str] | None, **kw: Any) -> CoCConfig:
+    def forced(self, kw: Mapping[str, Any]) -> dict[str, Any]:
         import torch.distributed as dist
 
-        if kw.get("use_ascend_mc2") and dist.is_initialized() and dist.get_rank() != 0:
-            kw["use_ascend_mc2"] = False
-        return super().configure(argv, env, **kw)
+        return {"use_ascend_mc2": False} if dist.is_initialized() and dist.get_rank() != 0 else {}
 
 
-class DeadlocksEverywhere(ReferenceCoC):
+class DeadlocksEverywhere(_EveryOp):
     """Every op and patched layer waits in a collective that rank 0 never joins."""
 
     name = "fault-deadlocks"
@@ -861,21 +904,9 @@ class DeadlocksEverywhere(ReferenceCoC):
         if dist.get_rank() != 0:
             dist.all_reduce(torch.ones(1))
 
-    def matmul_all_reduce(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
+    def through(self, op: str, x: Any, w: Any, bias: Any, kw: dict[str, Any]) -> Any:
         self._stall()
-        return super().matmul_all_reduce(x, w, bias, **kw)
-
-    def matmul_reduce_scatter(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
-        self._stall()
-        return super().matmul_reduce_scatter(x, w, bias, **kw)
-
-    def all_gather_matmul(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
-        self._stall()
-        return super().all_gather_matmul(x, w, bias, **kw)
-
-    def all_gather_matmul_v2(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
-        self._stall()
-        return super().all_gather_matmul_v2(x, w, bias, **kw)
+        return super().through(op, x, w, bias, kw)
 
     def patch_megatron(self, config: CoCConfig) -> Any:
         from contextlib import contextmanager
@@ -917,25 +948,6 @@ class KillsItsTestProcess(ReferenceCoC):
 
 
 # --- corners of the case space: faults the regular corner of the catalogue never meets ------------------
-
-
-class _EveryOp(ReferenceCoC):
-    """Every fused op goes through :meth:`through` (where a fault goes wrong), which calls the reference's op."""
-
-    def through(self, op: str, x: Any, w: Any, bias: Any, kw: dict[str, Any]) -> Any:
-        return getattr(ReferenceCoC, op)(self, x, w, bias, **kw)
-
-    def matmul_all_reduce(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
-        return self.through("matmul_all_reduce", x, w, bias, kw)
-
-    def matmul_reduce_scatter(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
-        return self.through("matmul_reduce_scatter", x, w, bias, kw)
-
-    def all_gather_matmul(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
-        return self.through("all_gather_matmul", x, w, bias, kw)
-
-    def all_gather_matmul_v2(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
-        return self.through("all_gather_matmul_v2", x, w, bias, kw)
 
 
 class _EveryOpOutput(_EveryOp):
@@ -1041,26 +1053,43 @@ class DoubleBufferedWorkspace(_EveryOpOutput):
         return _alias(pair[turn % 2], output)
 
 
-class SharedWorkspaceBetweenOps(_EveryOp):
-    """The gathers' output buffer is recycled as the reduce ops' scratch: a reduce after a gather overwrites it."""
-
-    name = "fault-shared-workspace-between-ops"
+class _RecycledOutput(_EveryOp):
+    """The output of an op :meth:`kept` picks stays in a pool (per rank: threaded ranks share the instance) that a
+    later op :meth:`stages` picks writes its partials into: a result handed out, and yet overwritten."""
 
     def __init__(self) -> None:
         super().__init__()
-        self._scratch: dict[int, Any] = {}  # per rank: threaded ranks share the instance
+        self._pool: dict[int, Any] = {}
+
+    def kept(self, op: str) -> bool:
+        raise NotImplementedError
+
+    def stages(self, op: str) -> bool:
+        raise NotImplementedError
 
     def through(self, op: str, x: Any, w: Any, bias: Any, kw: dict[str, Any]) -> Any:
         import torch.distributed as dist
 
         result = super().through(op, x, w, bias, kw)
-        output = result[0] if isinstance(result, tuple) else result
-        scratch, rank = self._scratch.get(dist.get_rank()), dist.get_rank()
-        if op.startswith("all_gather"):
-            self._scratch[rank] = output  # handed out, and yet kept as free scratch
-        elif scratch is not None and scratch.numel() >= output.numel():
-            scratch.view(-1)[: output.numel()].copy_(output.reshape(-1))  # partials staged there
+        output, rank = (result[0] if isinstance(result, tuple) else result), dist.get_rank()
+        if self.kept(op):
+            self._pool[rank] = output  # handed out, and yet kept in the pool
+        elif self.stages(op) and rank in self._pool:
+            staged, count = self._pool[rank], min(self._pool[rank].numel(), output.numel())
+            staged.view(-1)[:count].copy_(output.reshape(-1)[:count] * 2)  # partials staged there
         return result
+
+
+class SharedWorkspaceBetweenOps(_RecycledOutput):
+    """The gathers' output buffer is recycled as the reduce ops' scratch: a reduce after a gather overwrites it."""
+
+    name = "fault-shared-workspace-between-ops"
+
+    def kept(self, op: str) -> bool:
+        return op.startswith("all_gather")
+
+    def stages(self, op: str) -> bool:
+        return not op.startswith("all_gather")
 
 
 class Group128MisIndexed(ReferenceCoC):
@@ -1108,17 +1137,15 @@ class AutocastOutputInInputDtype(_PatchedRowForward):
 # --- one check each: settings, refusals and warnings the other faults leave alone -------------------
 
 
-class RefusesMC2WhileOff(ReferenceCoC):
+class RefusesMC2WhileOff(_RefusesMC2):
     """Refuses MC2 before looking whether CoC is enabled at all: a run without CoC cannot use MC2."""
 
     name = "fault-refuses-mc2-while-off"
 
-    def configure(self, argv: Sequence[str] | None, env: Mapping[str, str] | None, **kw: Any) -> CoCConfig:
+    def refusal(self) -> Exception:
         from coc_impl.errors import CoCWithMC2Error
 
-        if kw.get("use_ascend_mc2"):
-            raise CoCWithMC2Error("CoC cannot be combined with MC2 (use_ascend_mc2)")
-        return super().configure(argv, env, **kw)
+        return CoCWithMC2Error("CoC cannot be combined with MC2 (use_ascend_mc2)")
 
 
 class IgnoresRecomputeAllGather(ReferenceCoC):
@@ -1215,36 +1242,64 @@ class TruncatesLongScale(ReferenceCoC):
         return super().matmul_all_reduce(x, w, bias, **kw)
 
 
-class UnfusedWeightGrad(_PatchedPipeline):
+class UnfusedWeightGrad(_WeightGradFault):
     """Under gradient-accumulation fusion the weight gradient comes back as a full ``.grad``; main_grad untouched."""
 
     name = "fault-unfused-weight-grad"
-    target = "_weight_grad"
 
-    def wrap(self, original: Any) -> Any:
-        def weight_grad(weight: Any, grad_output: Any, total_input: Any, fusion: bool) -> Any:
-            return original(weight, grad_output, total_input, False)
+    def weight_grad(self, original: Any, weight: Any, grad_output: Any, total_input: Any, fusion: bool) -> Any:
+        return original(weight, grad_output, total_input, False)
 
-        return weight_grad
+
+# --- a verdict once seen is never lost (issue 43): failures before refusals, one op of a sequence absent -----------
+
+
+class OneRowWrongOddRowsNotImplemented(ReferenceCoC):
+    """matmul_all_reduce: one row comes back doubled, and every other odd token count raises NotImplementedError:
+    a failure, then refusals of the same case's later sub-cases (the failure must stand)."""
+
+    name = "fault-one-row-wrong-odd-rows-not-implemented"
+
+    def matmul_all_reduce(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
+        if x.shape[0] == 1:
+            return super().matmul_all_reduce(x, w, bias, **kw) * 2
+        if x.shape[0] % 2:
+            raise NotImplementedError("odd token counts are not implemented")
+        return super().matmul_all_reduce(x, w, bias, **kw)
+
+
+class _NoGather(_EveryOp):
+    """Offers no all-gather op: both raise ``NotImplementedError`` on every rank."""
+
+    def through(self, op: str, x: Any, w: Any, bias: Any, kw: dict[str, Any]) -> Any:
+        if op.startswith("all_gather"):
+            raise NotImplementedError("no all-gather ops in this build")
+        return super().through(op, x, w, bias, kw)
+
+
+class NoGatherZeroScatter(_NoGather):
+    """Offers no all-gather op, and its reduce-scatter returns zeros: in a sequence after a gather the zeros must
+    still be judged (the gather is not offered; the scatter's numbers are wrong)."""
+
+    name = "fault-no-gather-zero-scatter"
+
+    def through(self, op: str, x: Any, w: Any, bias: Any, kw: dict[str, Any]) -> Any:
+        result = super().through(op, x, w, bias, kw)
+        return result.zero_() if op == "matmul_reduce_scatter" else result
 
 
 # --- correct variants: what the checks must pass (or skip) ----------------------------------------
 
 
-class NoDeterministicMode(ReferenceCoC):
+class NoDeterministicMode(_EveryOp):
     """Correct, but without ``deterministic=True``: it says so with NotImplementedError (cases skip)."""
 
     name = "variant-no-deterministic"
 
-    def matmul_all_reduce(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
+    def through(self, op: str, x: Any, w: Any, bias: Any, kw: dict[str, Any]) -> Any:
         if kw.get("deterministic"):
             raise NotImplementedError("deterministic reduction is not implemented")
-        return super().matmul_all_reduce(x, w, bias, **kw)
-
-    def matmul_reduce_scatter(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
-        if kw.get("deterministic"):
-            raise NotImplementedError("deterministic reduction is not implemented")
-        return super().matmul_reduce_scatter(x, w, bias, **kw)
+        return super().through(op, x, w, bias, kw)
 
 
 class OwnSubgroups(ReferenceCoC):
@@ -1265,31 +1320,39 @@ class OwnSubgroups(ReferenceCoC):
         return super().matmul_all_reduce(x, w, bias, **{**kw, "group": self._groups[ranks]})
 
 
+class OddRowsNotImplemented(ReferenceCoC):
+    """Correct, but matmul_all_reduce raises NotImplementedError for odd token counts (cases of them are not
+    offered)."""
+
+    name = "variant-odd-rows-not-implemented"
+
+    def matmul_all_reduce(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
+        if x.shape[0] % 2:
+            raise NotImplementedError("odd token counts are not implemented")
+        return super().matmul_all_reduce(x, w, bias, **kw)
+
+
+class OffersNoGather(_NoGather):
+    """Correct, offering no all-gather op (``NotImplementedError``): a sequence with a gather judges its other op."""
+
+    name = "variant-offers-no-gather"
+
 # --- explorer-only faults: corners the fixed suite does not reach (issue 23; found by --coc-explore) ------------
 
 
-class _WrongInACorner(ReferenceCoC):
-    """Every fused op returns ``self.wrong(result, x, w, bias, kw)`` when ``self.corner(...)`` holds."""
+class _WrongInACorner(_EveryOp):
+    """Every fused op but V2 returns its result with the last element wrong when :meth:`corner` holds."""
 
     def corner(self, op: str, result: Any, x: Any, bias: Any, kw: Mapping[str, Any]) -> bool:
         raise NotImplementedError
 
-    def _maybe_wrong(self, op: str, result: Any, x: Any, bias: Any, kw: Mapping[str, Any]) -> Any:
-        if not self.corner(op, result, x, bias, kw):
+    def through(self, op: str, x: Any, w: Any, bias: Any, kw: dict[str, Any]) -> Any:
+        result = super().through(op, x, w, bias, kw)
+        if op == "all_gather_matmul_v2" or not self.corner(op, result, x, bias, kw):
             return result
         wrong = result.clone()
         wrong[-1, -1] = float("nan")  # the last element of the tail tile left unwritten
         return wrong
-
-    def matmul_all_reduce(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
-        return self._maybe_wrong("matmul_all_reduce", super().matmul_all_reduce(x, w, bias, **kw), x, bias, kw)
-
-    def matmul_reduce_scatter(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
-        return self._maybe_wrong("matmul_reduce_scatter", super().matmul_reduce_scatter(x, w, bias, **kw), x, bias,
-                                 kw)
-
-    def all_gather_matmul(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
-        return self._maybe_wrong("all_gather_matmul", super().all_gather_matmul(x, w, bias, **kw), x, bias, kw)
 
 
 class LongOddRowsTail(_WrongInACorner):
@@ -1352,28 +1415,17 @@ class SlicedOddKReadsContiguous(_WrongInACorner):
         return bool(not x.is_contiguous() and x.shape[-1] % 2)
 
 
-class ScatterOutputReusedByAllReduce(_EveryOp):
+class ScatterOutputReusedByAllReduce(_RecycledOutput):
     """The reduce-scatter's output stays in the pool the all-reduce stages its partials in: an all-reduce after a
     reduce-scatter overwrites the scatter's result (the fixed sequences run other orders)."""
 
     name = "fault-scatter-output-reused-by-all-reduce"
 
-    def __init__(self) -> None:
-        super().__init__()
-        self._pool: dict[int, Any] = {}  # per rank: threaded ranks share the instance
+    def kept(self, op: str) -> bool:
+        return op == "matmul_reduce_scatter"
 
-    def through(self, op: str, x: Any, w: Any, bias: Any, kw: dict[str, Any]) -> Any:
-        import torch.distributed as dist
-
-        result = super().through(op, x, w, bias, kw)
-        rank = dist.get_rank()
-        if op == "matmul_reduce_scatter":
-            self._pool[rank] = result  # handed out, and yet kept in the pool
-        elif op == "matmul_all_reduce" and rank in self._pool:
-            staged, size = self._pool.pop(rank), result.numel()
-            count = min(staged.numel(), size)
-            staged.view(-1)[:count].copy_(result.reshape(-1)[:count] * 2)  # partials staged there
-        return result
+    def stages(self, op: str) -> bool:
+        return op == "matmul_all_reduce"
 
 
 class ClampsChunkCountBelowOne(ReferenceCoC):
@@ -1467,7 +1519,7 @@ def _import_time_dist() -> Any:
 MYDIST = _import_time_dist()
 
 
-class AliasBoundCollectives(ReferenceCoC):
+class AliasBoundCollectives(_EveryOp):
     """Correct: the reference, issuing and waiting for every collective through names bound at its import."""
 
     name = "variant-alias-bound-collectives"
@@ -1489,34 +1541,18 @@ class AliasBoundCollectives(ReferenceCoC):
         stack.enter_context(super().patch_megatron(config))
         return stack
 
-    def matmul_all_reduce(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
+    def through(self, op: str, x: Any, w: Any, bias: Any, kw: dict[str, Any]) -> Any:
         with self._aliased():
-            return super().matmul_all_reduce(x, w, bias, **kw)
-
-    def matmul_reduce_scatter(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
-        with self._aliased():
-            return super().matmul_reduce_scatter(x, w, bias, **kw)
-
-    def all_gather_matmul(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
-        with self._aliased():
-            return super().all_gather_matmul(x, w, bias, **kw)
-
-    def all_gather_matmul_v2(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
-        with self._aliased():
-            return super().all_gather_matmul_v2(x, w, bias, **kw)
+            return super().through(op, x, w, bias, kw)
 
 
-class AliasReturnsBeforeWaiting(ReferenceCoC):
+class AliasReturnsBeforeWaiting(_ReturnsBeforeWaiting):
     """matmul_all_reduce launches its all-reduce through the import-time alias and returns without waiting."""
 
     name = "fault-alias-returns-before-waiting"
 
-    def matmul_all_reduce(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
-        if kw.get("deterministic") or kw.get("antiquant_scale") is not None:
-            return super().matmul_all_reduce(x, w, bias, **kw)
-        out = x @ (w.t() if kw.get("transpose_weight") else w)
-        MYDIST.all_reduce(out, group=kw["group"], async_op=True)  # never waited
-        return out if bias is None else out.add_(bias)
+    def collectives(self) -> Any:
+        return MYDIST
 
 
 class AliasAsyncButBlocking(AliasBoundCollectives):
@@ -1530,11 +1566,7 @@ class AliasAsyncButBlocking(AliasBoundCollectives):
         import coc_impl.overlap as overlap
 
         def all_reduce(partial: Any, out: Any, group: Any) -> Any:
-            if out.data_ptr() != partial.data_ptr():
-                out.copy_(partial)
-            work = MYDIST.all_reduce(out, group=group, async_op=True)
-            work.wait()
-            return work
+            return _waited_at_once(lambda t: MYDIST.all_reduce(t, group=group, async_op=True), partial, out)
 
         stack = super().patch_megatron(config)
         stack.enter_context(mock.patch.object(overlap.SUM_REDUCER, "all_reduce", all_reduce))
@@ -1548,30 +1580,18 @@ class DeclaresOverlapsOutput(ReferenceCoC):
     overlap = {**ReferenceCoC.overlap, "column/sp/forward": "overlaps:output"}
 
 
-class SerialGatherDeclaredOverlapsOutput(DeclaresOverlapsOutput):
+class SerialGatherDeclaredOverlapsOutput(_PatchedPipeline):
     """Declares the SP forward all-gather overlaps the output matmul, but gathers x whole, blocking, first."""
 
     name = "fault-serial-gather-declared-overlaps-output"
+    overlap = DeclaresOverlapsOutput.overlap
+    target = "all_gather_matmul"
 
-    def patch_megatron(self, config: CoCConfig) -> Any:
-        from contextlib import ExitStack
-        from unittest import mock
-
-        import torch
-        import torch.distributed as dist
-
-        import coc_impl.scripted as scripted
-        from coc_impl.overlap import GatherMatmulResult
-
+    def wrap(self, original: Any) -> Any:
         def all_gather_matmul(x: Any, matmul: Any, blocks: Any, group: Any, **kw: Any) -> Any:
-            gathered = torch.empty((x.shape[0] * group.size(), *x.shape[1:]), dtype=x.dtype)
-            dist.all_gather_into_tensor(gathered, x.contiguous(), group=group)  # blocking, whole
-            return GatherMatmulResult(matmul(gathered), gathered)
+            return _whole_blocking_gather(x, matmul, group)
 
-        stack = ExitStack()
-        stack.enter_context(mock.patch.object(scripted, "all_gather_matmul", all_gather_matmul))
-        stack.enter_context(super().patch_megatron(config))
-        return stack
+        return all_gather_matmul
 
 
 # --- explorer honesty: refusals the rule does not allow, an implementation offering no op ---------------------
@@ -1622,14 +1642,13 @@ class OffersNoOp(ReferenceCoC):
     matmul_all_reduce = matmul_reduce_scatter = all_gather_matmul = all_gather_matmul_v2 = _absent
 
 
-class AcceptsTpZeroAndMc2(ReferenceCoC):
+class AcceptsTpZeroAndMc2(_ConfigureWith):
     """Accepts both a TP size of 0 (as 1) and CoC with MC2: two configuration defects, one finding each."""
 
     name = "fault-accepts-tp-zero-and-mc2"
 
-    def configure(self, argv: Sequence[str] | None, env: Mapping[str, str] | None, **kw: Any) -> CoCConfig:
-        kw.update(use_ascend_mc2=False, tp_size=kw.get("tp_size") or 1)
-        return super().configure(argv, env, **kw)
+    def forced(self, kw: Mapping[str, Any]) -> dict[str, Any]:
+        return {"use_ascend_mc2": False, "tp_size": kw.get("tp_size") or 1}
 
 
 def row_count_gemm(x32: Any, w32: Any) -> Any:

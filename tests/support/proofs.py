@@ -1,7 +1,8 @@
 """The proof table: every named check of the suite, and the fault of ``tests/support/faulty_impls.py`` that proves it.
 
 A check is proven when a fault makes it come out as a row of :data:`FAULT_TABLE`
-says (``tests/suite_runs/test_suite_bites.py`` runs each row).  Every named
+says (``tests/suite_runs/test_suite_bites.py`` runs each row), and a case
+that failed it comes out failed (a failure is never lost to what follows it).  Every named
 check of the suite -- each ``verdicts.check`` name, and each test that judges
 without one -- has a row, or an entry in :data:`UNPROVEN` saying why not
 (``tests/unit/test_proofs.py`` holds the suite to that).
@@ -124,6 +125,13 @@ FAULT_TABLE = [
           NUMERIC),
     Proof("test_ops", "RaisesOnOneRankAfterReducing", "op_matches_golden and matmul_all_reduce and tp2 and not wT",
           "the op ran on every rank", MUST, ERROR),
+    # a verdict once seen is never lost: a failure before refusals stands; one op of a sequence absent, the other
+    # is judged; a check that compared nothing is not judged, never passed
+    Proof("test_ops", "OneRowWrongOddRowsNotImplemented", "uneven_token_counts and matmul_all_reduce and tp2",
+          r".*: numerics", MUST, NUMERIC),
+    Proof("test_ops", "NoGatherZeroScatter", "corner_op_sequence and all_gather_matmul-then", NUMERICS, MUST, NUMERIC),
+    Proof("test_ops", "ReturnsOnAnotherDevice", "op_matches_golden and matmul_all_reduce and tp2 and not wT",
+          "replicated results bitwise identical", SHOULD, outcome="not judged"),
     Proof("test_ops", "DropsScatterRemainder", "uneven_token_counts and matmul_reduce_scatter and tp2",
           r"m=\d+ \(not a multiple of tp\): refused", MUST, ERROR),
     Proof("test_ops", "TruncatesLongScale", "w8a16_bad_arguments and scale-shape", "refused, naming the argument",
@@ -231,10 +239,24 @@ def _check_names(fn: ast.AST) -> list[str]:
             for name in _templates(call.args[0])]
 
 
+def _called(fn: ast.AST) -> list[str]:
+    """The names of the functions ``fn`` calls by a plain name."""
+    return [call.func.id for call in ast.walk(fn) if isinstance(call, ast.Call) and isinstance(call.func, ast.Name)]
+
+
 def _shared_judging() -> dict[str, list[str]]:
-    """Judging sequences of ``conformance/judge/*_verdicts.py`` a suite test calls by name -> their checks' names."""
-    return {fn.name: _check_names(fn) for path in sorted((SUITE.parent / "judge").glob("*_verdicts.py"))
-            for fn in ast.parse(path.read_text()).body if isinstance(fn, ast.FunctionDef)}
+    """Judging sequences of ``conformance/judge/*_verdicts.py`` a suite test calls by name -> their checks' names,
+    those of the sequences they call in turn included."""
+    functions = {fn.name: fn for path in sorted((SUITE.parent / "judge").glob("*_verdicts.py"))
+                 for fn in ast.parse(path.read_text()).body if isinstance(fn, ast.FunctionDef)}
+
+    def names(name: str, seen: frozenset[str] = frozenset()) -> list[str]:
+        fn = functions[name]
+        inner = [n for callee in _called(fn) if callee in functions and callee not in seen | {name}
+                 for n in names(callee, seen | {name})]
+        return _check_names(fn) + inner
+
+    return {name: list(dict.fromkeys(names(name))) for name in functions}
 
 
 def suite_checks(suite: Path = SUITE) -> Iterator[tuple[str, str]]:
@@ -246,8 +268,7 @@ def suite_checks(suite: Path = SUITE) -> Iterator[tuple[str, str]]:
             if not isinstance(fn, ast.FunctionDef):
                 continue
             names = _check_names(fn)
-            names += [name for call in ast.walk(fn) if isinstance(call, ast.Call) and isinstance(call.func, ast.Name)
-                      for name in shared.get(call.func.id, ())]
+            names += [name for callee in _called(fn) for name in shared.get(callee, ())]
             if fn.name.startswith("test_") and "verdicts" not in {a.arg for a in fn.args.args}:
                 names.append(fn.name)
             for name in names:

@@ -57,7 +57,8 @@ def test_gate_is_green_over_two_clean_runs_and_says_when_a_drop_is_noise(tmp_pat
     assert not run_diff.diff_runs(run_diff.load_run(baseline), run_diff.load_run(current)).red
     noisy = _perf_case(0.16, 3)
     noisy["perf"]["variants"]["scripted-4"]["paired_gains"] = [0.16 + 0.2 * (-1) ** i for i in range(12)]
-    result = run_diff.diff_runs(run_diff.load_run(baseline), run_diff.load_run(_summary(tmp_path, "noisy", [noisy])))
+    result = run_diff.diff_runs(run_diff.load_run(baseline),
+                                run_diff.load_run(_summary(tmp_path, "noisy", [_numeric("passed"), noisy])))
     (change,) = result.perf_regressions
     assert not change.clear and change.verdict.startswith("within the noise") and not result.red
 
@@ -97,8 +98,9 @@ def test_matrix_counts_checks_by_area_and_level() -> None:
     counts = matrix.tally(cases)
     assert counts[("ops", "MUST", "pass")] == 2 and counts[("ops", "SHOULD", "known")] == 1
     assert counts[("layers", "MUST", "fail")] == 1 and counts[("layers", "STRUCTURE", "fail")] == 1
+    assert sum(counts.values()) == 5  # the suite's own error counts for no implementation
     table = matrix.markdown({"reference": cases})
-    assert "| reference | 2 / 0 / 0 / 0 | 0 / 1 / 0 / 0 |" in table
+    assert "| reference | fails 2 check(s) | 2 / 0 / 0 / 0 / 0 | 0 / 1 / 0 / 0 / 0 |" in table
 
 
 def test_matrix_shows_not_judged_apart_from_passed() -> None:
@@ -107,7 +109,22 @@ def test_matrix_shows_not_judged_apart_from_passed() -> None:
         {"level": "STRUCTURE", "passed": True, "outcome": "passed"}]}]
     counts = matrix.tally(cases)
     assert counts[("layers", "STRUCTURE", "pass")] == 1 and counts[("layers", "STRUCTURE", "not judged")] == 1
-    assert "| reference | 1 / 0 / 0 / 1 |" in matrix.markdown({"reference": cases})
+    assert "| reference | passes what it was judged on | 1 / 0 / 0 / 1 / 0 |" in matrix.markdown({"reference": cases})
+
+
+def test_a_run_that_judged_nothing_is_never_shown_conformant() -> None:
+    """Every case skipped as not offered: the matrix counts them, and says the run judged nothing."""
+    offered_none = [{"area": "ops", "outcome": "skipped", "skip_reason": "not implemented: no fused ops",
+                     "checks": [{"name": "test_op", "level": "MUST", "passed": False, "outcome": "not offered"}]},
+                    {"area": "layers", "outcome": "not judged", "checks": [
+                        {"name": "overlap structure", "level": "STRUCTURE", "passed": False,
+                         "outcome": "not judged"}]}]
+    counts = matrix.tally(offered_none)
+    assert counts == {("ops", "MUST", "not offered"): 1, ("layers", "STRUCTURE", "not judged"): 1}
+    table = matrix.markdown({"offers-nothing": offered_none, "skips-everything": [
+        {"area": "ops", "outcome": "skipped", "skip_reason": "needs 8 ranks"}]})
+    assert "| offers-nothing | judged nothing | 0 / 0 / 0 / 0 / 1 | 0 / 0 / 0 / 1 / 0 |" in table, table
+    assert "| skips-everything | judged nothing | 0 / 0 / 0 / 0 / 0 | 0 / 0 / 0 / 0 / 0 |" in table, table
 
 
 def test_gate_reads_unexpected_passes_and_every_hang_class_from_the_summary(tmp_path: Path) -> None:
@@ -219,9 +236,88 @@ def test_a_new_failing_check_in_a_case_that_already_failed_turns_the_gate_red(tm
     assert not same.red and same.new_checks == []
 
 
-def test_a_failure_that_became_not_judged_is_no_fix(tmp_path: Path) -> None:
+def test_a_failure_that_became_not_judged_is_no_fix_and_turns_the_gate_red(tmp_path: Path) -> None:
     baseline = _summary(tmp_path, "base", [_case("failed", (("numerics", "MUST"),))])
     current = _summary(tmp_path, "cur", [_case("not judged", passed=("the exploration judged a case",))])
     result = run_diff.diff_runs(run_diff.load_run(baseline), run_diff.load_run(current))
-    assert result.fixes == [] and result.no_longer_judged == ["test_explore.py::test_explore"]
-    assert not result.red
+    assert result.fixes == [] and result.red
+    [loss] = result.lost
+    assert (loss.case, loss.check, loss.level, loss.before, loss.after) == (
+        "test_explore.py::test_explore", "numerics", "MUST", "failed", "not judged")
+
+
+def _uneven(outcome: str, checks: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+    return {"id": "test_ops.py::test_uneven_token_counts[matmul_all_reduce-tp2]", "area": "ops", "outcome": outcome,
+            "checks": checks, **extra}
+
+
+FAILED_NUMERICS = _uneven("failed", [_check("m=1: results are values", "MUST", True),
+                                     _check("m=1: numerics", "MUST", False)],
+                          failure={"category": "numeric mismatch", "message": "NumericMismatch: m=1 wrong"})
+NOT_OFFERED = _uneven("skipped", [{"name": "test_uneven_token_counts", "level": "MUST", "passed": False,
+                                   "outcome": "not offered", "message": "not implemented: odd rows"}],
+                      skip_reason="not implemented: odd rows")
+
+
+def test_a_failure_that_became_a_skip_is_a_red_loss_of_judgment_listed_by_case_and_check(tmp_path: Path) -> None:
+    """The numerics failed in the baseline; now the op raises NotImplementedError: never "No change"."""
+    baseline = _summary(tmp_path, "base", [FAILED_NUMERICS])
+    current = _summary(tmp_path, "cur", [NOT_OFFERED])
+    result = run_diff.diff_runs(run_diff.load_run(baseline), run_diff.load_run(current))
+    assert result.red and not result.new_failures and not result.fixes
+    assert [(x.check, x.before, x.after, x.why) for x in result.lost] == [
+        ("m=1: results are values", "passed", "not offered", "not implemented: odd rows"),
+        ("m=1: numerics", "failed", "not offered", "not implemented: odd rows")]
+    [section] = [s for s in result.sections if s.rows]
+    assert section.red and [row.cells[0] for row in section.rows] == ["m=1: results are values", "m=1: numerics"]
+    text = gate.markdown(result)
+    assert "gate: RED" in text and "Lost judgment" in text and "No change" not in text, text
+    assert "| `test_ops.py::test_uneven_token_counts[matmul_all_reduce-tp2]` | m=1: numerics | MUST | failed | " \
+           "not offered | not implemented: odd rows |" in text, text
+    assert gate.main(["--baseline", str(baseline), "--current", str(current)]) == 1
+    same = run_diff.diff_runs(run_diff.load_run(baseline), run_diff.load_run(baseline))
+    assert not same.sections and "No change in conformance or performance." in gate.markdown(same)
+
+
+def _with_expectations(path: Path, entries: list[dict[str, str]]) -> Path:
+    summary = path / "coc-summary.json"
+    doc = json.loads(summary.read_text())
+    summary.write_text(json.dumps({**doc, "expectations": entries}))
+    return path
+
+
+@pytest.mark.parametrize("entry", [
+    {"pattern": "test_ops.py::test_uneven_token_counts[*]", "outcome": "unjudged", "reason": "odd rows dropped"},
+    {"pattern": "test_ops.py::test_uneven_token_counts[*]", "check": "m=1: *", "outcome": "unjudged",
+     "reason": "odd rows dropped"}], ids=["whole-case", "its-checks"])
+def test_a_loss_the_current_expectations_name_is_listed_as_expected_and_green(tmp_path: Path,
+                                                                              entry: dict[str, str]) -> None:
+    baseline = _summary(tmp_path, "base", [FAILED_NUMERICS])
+    current = _with_expectations(_summary(tmp_path, "cur", [NOT_OFFERED]), [entry])
+    result = run_diff.diff_runs(run_diff.load_run(baseline), run_diff.load_run(current))
+    assert not result.red and len(result.lost) == 2 and all(x.expected is not None for x in result.lost)
+    [section] = result.sections
+    assert not section.red and section.title.startswith("Lost judgment the expectations file expects")
+    assert "expected: odd rows dropped" in gate.markdown(result)
+    other = _with_expectations(_summary(tmp_path, "other", [NOT_OFFERED]), [{**entry, "pattern": "test_x.py::*"}])
+    assert run_diff.diff_runs(run_diff.load_run(baseline), run_diff.load_run(other)).red
+
+
+def test_losses_of_single_checks_missing_cases_and_suite_errors_are_red_but_a_sample_is_not(tmp_path: Path) -> None:
+    passed = _uneven("passed", [_check("m=1: numerics", "MUST", True), _check("m=3: numerics", "MUST", True)])
+    now = _uneven("passed", [_check("m=1: numerics", "MUST", True),
+                             {"name": "m=3", "level": "MUST", "passed": False, "outcome": "not offered",
+                              "message": "not implemented: m=3"}])
+    gone = {**_numeric("passed"), "id": "test_ops.py::test_gone[x]"}
+    broke = {**_numeric("failed"), "id": "test_ops.py::test_broke[x]"}
+    suite_bug = {**broke, "outcome": "error", "checks": [], "failure": {"category": "suite error", "message": "bug"}}
+    explored = {"id": "test_explore.py::test_explore", "area": "explore", "outcome": "passed",
+                "checks": [_check("op: numerics", "MUST", True)], "explore": {}}
+    explored_now = {**explored, "checks": [_check("layer: numerics", "MUST", True)]}
+    baseline = _summary(tmp_path, "base", [passed, gone, broke, explored])
+    current = _summary(tmp_path, "cur", [now, suite_bug, explored_now])
+    result = run_diff.diff_runs(run_diff.load_run(baseline), run_diff.load_run(current))
+    assert result.red and not result.new_failures
+    assert sorted((x.case.split("::")[1], x.check, x.after) for x in result.lost) == [
+        ("test_broke[x]", "numerics", "error"), ("test_gone[x]", "numerics", "missing"),
+        ("test_uneven_token_counts[matmul_all_reduce-tp2]", "m=3: numerics", "missing")]

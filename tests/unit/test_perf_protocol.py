@@ -399,7 +399,7 @@ def test_a_node_no_profile_names_runs_the_figures_only_profile():
     ``cpu-gloo``, so it never runs ``unprofiled`` (its default run keeps its cases)."""
     figures = hardware.by_name("unprofiled")
     assert figures.match.anywhere and not figures.enforce
-    assert all(gate is None for case in figures.cases for gate in case.gates.values())
+    assert figures.cases and all(gate is None for case in figures.cases for gate in case.gates.values())
     assert hardware.why_not_here(figures, H100, 2) == ""
     assert hardware.matching_profile(H100["device"], H100["name"], 2, H100["backend"]) is None
     assert "this node has cpu-gloo" in hardware.why_not_here(figures, CPU_GLOO, 2)

@@ -66,17 +66,23 @@ def test_coc_tp_option_deselects_other_sizes(pytester: pytest.Pytester) -> None:
     result.assert_outcomes(passed=4, deselected=2)
 
 
-def test_coc_requires_skips_with_reason(pytester: pytest.Pytester) -> None:
+def test_coc_requires_skips_as_not_offered_with_reason(pytester: pytest.Pytester, tmp_path: Path) -> None:
+    """A case needing an op the implementation lacks is skipped, its record a check ``not offered`` saying why."""
     pytester.makepyfile(test_req="""
         import pytest
         @pytest.mark.coc_requires("matmul_all_reduce")
         def test_op():
             pass
     """)
+    summary = tmp_path / "summary.json"
     result = pytester.runpytest("-p", "conformance.plugin", "--coc-impl",
-                                "tests.unit.test_plugin_parts:ConfigOnly", "-rs", "-q")
+                                "tests.unit.test_plugin_parts:ConfigOnly", "-q", "--coc-summary", str(summary))
     result.assert_outcomes(skipped=1)
-    result.stdout.fnmatch_lines(["*config-only does not implement matmul_all_reduce*"])
+    [case] = json.loads(summary.read_text())["cases"]
+    assert case["outcome"] == "skipped" and "config-only does not implement matmul_all_reduce" in case["skip_reason"]
+    [check] = case["checks"]
+    assert (check["name"], check["level"], check["outcome"]) == ("test_op", "MUST", "not offered"), check
+    assert "does not implement matmul_all_reduce" in check["message"]
 
 
 def test_report_wrappers_run_in_the_stated_order(pytestconfig: pytest.Config) -> None:
@@ -124,9 +130,11 @@ def test_gate_and_expectations_can_be_pinned_in_the_ini(pytester: pytest.Pyteste
     pytester.makefile(".toml", known='[[expect]]\npattern = "test_x.py::test_known"\noutcome = "skip"\n'
                                      'reason = "r"\n')
     pytester.makepyfile(test_x="def test_known():\n    pass\n")
-    result = pytester.runpytest("-p", "conformance.plugin", "-rs")
+    result = pytester.runpytest("-p", "conformance.plugin", "--coc-summary", str(pytester.path / "s.json"))
     result.assert_outcomes(skipped=1)
-    assert "known skip" in result.stdout.str()
+    doc = json.loads((pytester.path / "s.json").read_text())
+    [case] = doc["cases"]
+    assert doc["gate"] == "must" and case["skip_reason"] == "known skip: r", doc
 
 
 def test_a_case_that_judged_nothing_is_not_judged_in_the_summary_never_passed(pytester: pytest.Pytester,

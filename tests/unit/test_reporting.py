@@ -130,16 +130,17 @@ def test_verdict_first_with_the_terminals_table() -> None:
     terminal = {line.split()[0]: line.split(None, 1)[1].strip() for line in level_tally.lines(counts, gate)}
     assert {level: shown[level] for level in terminal} == terminal
     assert " ".join(shown["MUST"].split()) == \
-        "1 checks passed, 0 failed, 0 failed but not gated, 1 not judged (gates: conformant)"
+        "1 checks passed, 0 failed, 0 failed but not gated, 1 not judged, 0 not offered (gates: conformant)"
     assert " ".join(shown["STRUCTURE"].split()) == \
-        "0 checks passed, 0 failed, 1 failed but not gated, 0 not judged (not gated)"
+        "0 checks passed, 0 failed, 1 failed but not gated, 0 not judged, 0 not offered (not gated)"
     assert "1 someday" in shown["SHOULD"] and shown["SHOULD"].endswith("(gates: NOT CONFORMANT)")
     assert shown["implementation"] == "pkg:Impl" and shown["profile"] == "no perf case ran"
     assert "1 not judged" in shown["cases"]
     text = report_build.verdict_markdown(shown, "passed", summary)
     assert all(line in text for line in level_tally.lines(counts, gate)) and "[SHOULD] warning" in text
     assert report_build.level_rows(summary)[0] == (
-        "MUST", [("passed", 1), ("failed", 0), ("not gated", 0), ("not judged", 1)], "conformant")
+        "MUST", [("passed", 1), ("failed", 0), ("not gated", 0), ("not judged", 1), ("not offered", 0)],
+        "conformant")
 
     judged_ok = {**summary, "gate": "all", "outcomes": {"passed": 2},
                  "cases": [{"outcome": "passed", "checks": [_check("n", "MUST", "passed"), _check("w", "SHOULD",
@@ -311,17 +312,18 @@ def test_the_baseline_view_walks_the_gates_sections_case_by_case_and_check_by_ch
         "t.py::b": _case("t.py::b", "passed", _check("numerics", "MUST", "passed")),
         "t.py::c": _case("t.py::c", "not judged", _check("gate", "MUST", "not judged"))})
     diff = run_diff.diff_runs(base, current)
-    sections = diff.sections()
+    sections = diff.sections
     assert [(s.title, s.red, [row.case for row in s.rows]) for s in sections] == [
-        ("New failures", True, ["t.py::a"]), ("Fixes", False, ["t.py::b"]),
-        ("No longer judged (not a fix)", False, ["t.py::c"])]
+        ("New failures", True, ["t.py::a"]), ("Lost judgment (judged in the baseline, not now)", True, ["t.py::c"]),
+        ("Fixes", False, ["t.py::b"])]
     assert sections[0].rows[0].cells == ("MUST", "numeric mismatch", "NumericMismatch: y | z")
     assert sections[0].rows[0].changes == ("numerics (MUST): passed -> failed",)
-    assert sections[2].rows[0].changes == ("gate (MUST): passed -> not judged",)
+    assert sections[1].rows[0].cells[:4] == ("gate", "MUST", "passed", "not judged")
+    assert sections[2].rows[0].changes == ("numerics (MUST): failed -> passed",)
     view = baseline.view(diff, {"t.py::a": "abc"})
-    assert view.index("New failures (1)") < view.index("Fixes (1)") < view.index("No longer judged")
+    assert view.index("New failures (1)") < view.index("Lost judgment") < view.index("Fixes (1)")
     assert '<a href="#/abc">t.py::a</a>' in view and "NumericMismatch: y | z" in view and 'data-outcome="red"' in view
-    assert baseline.summary_line(diff) == "RED: 1 new failures, 1 fixes, 1 no longer judged"
+    assert baseline.summary_line(diff) == "RED: 1 new failures, 1 lost judgment, 1 fixes"
     history = tmp_path / "allure-history.jsonl"
     labelled = {"status": "passed", "labels": [{"name": "coc_case", "value": "t.py::a"}]}
     history.write_text(json.dumps({"testResults": {"h-old": {"status": "broken", "fullName": "m#t"}}}) + "\n" +

@@ -15,7 +15,7 @@ from conformance.harness.case_errors import CaseTimeout
 from conformance.judge import assembly, checks
 from conformance.judge.failures import ReplicaMismatch, WrongError
 from conformance.judge.levels import Level
-from conformance.judge.verdicts import NOT_JUDGED, NotJudged, Verdicts
+from conformance.judge.verdicts import NOT_JUDGED, NotJudged, NotOffered, Verdicts
 
 
 def _error(exc: BaseException) -> CapturedError:
@@ -24,10 +24,13 @@ def _error(exc: BaseException) -> CapturedError:
 
 def test_some_ranks_raising_not_implemented_while_others_return_is_not_a_skip() -> None:
     missing = _error(NotImplementedError("no deterministic mode"))
-    checks.skip_if_not_implemented([None, missing])  # does not skip: the next checks fail it
-    with pytest.raises(pytest.skip.Exception, match="no deterministic mode"):
-        checks.skip_if_not_implemented([missing, missing])
-    checks.skip_if_not_implemented([missing, _error(ValueError("m"))])
+    checks.require_offered([None, missing])  # offered on some ranks: the next checks fail it
+    with pytest.raises(NotOffered, match="no deterministic mode"):
+        checks.require_offered([missing, missing])
+    checks.require_offered([missing, _error(ValueError("m"))])
+    with pytest.raises(NotOffered):
+        checks.require_offered([missing])
+    checks.require_offered([])  # no call at all: nothing says the mode is absent
 
 
 def test_a_hang_inside_a_should_check_stays_a_hang() -> None:
@@ -159,6 +162,106 @@ def test_outcomes_per_check_in_the_summary_and_the_tally(pytester: pytest.Pytest
     assert cases["test_known_only"]["outcome"] == "known"
     fixed = cases["test_fixed"]
     assert fixed["outcome"] == "failed" and fixed["failure"]["category"] == "unexpected pass"
+
+
+STICKY = """
+    import pytest
+    from conformance.harness.case_errors import CaseTimeout
+    from conformance.judge.failures import WrongError
+    from conformance.judge.levels import Level
+    from conformance.judge.verdicts import NotJudged, NotOffered
+
+    def _fails(verdicts):
+        with verdicts.check("m=1: numerics", Level.MUST):
+            raise WrongError("wrong rows at m=1")
+
+    def test_fails_then_skips(verdicts):
+        _fails(verdicts)
+        pytest.skip("not implemented: odd rows")
+
+    def test_fails_then_not_offered(verdicts):
+        _fails(verdicts)
+        raise NotOffered("not implemented: odd rows")
+
+    def test_fails_then_not_judged(verdicts):
+        _fails(verdicts)
+        raise NotJudged("nothing to compare")
+
+    def test_fails_then_xfails(verdicts):
+        _fails(verdicts)
+        pytest.xfail("looks flaky")
+
+    def test_fails_then_hangs(verdicts):
+        _fails(verdicts)
+        raise CaseTimeout("did not finish")
+
+    def test_should_fails_then_skips(verdicts):
+        with verdicts.check("declared error type", Level.SHOULD):
+            raise WrongError("untyped", level=Level.SHOULD)
+        pytest.skip("not implemented: the rest")
+
+    def test_sub_cases(verdicts):
+        for m in (1, 3, 7):
+            with verdicts.sub_case(f"m={m}"):
+                if m == 3:
+                    raise NotOffered("not implemented: m=3")
+                with verdicts.check(f"m={m}: numerics", Level.MUST):
+                    if m == 1:
+                        raise WrongError("wrong rows at m=1")
+
+    def test_sub_cases_none_offered(verdicts):
+        for m in (1, 3):
+            with verdicts.sub_case(f"m={m}"):
+                raise NotOffered(f"not implemented: m={m}")
+
+    def test_passes_then_not_offered(verdicts):
+        with verdicts.check("numerics", Level.MUST):
+            pass
+        raise NotOffered("not implemented: the rest")
+
+    @pytest.mark.coc_level("MUST")
+    def test_not_offered():
+        raise NotOffered("not implemented: no such mode")
+"""
+
+
+def test_a_failure_is_sticky_whatever_is_raised_after_it(pytester: pytest.Pytester) -> None:
+    """A skip, a refusal, nothing to judge, a hang after a failed check: the case fails, the later event recorded
+    beside the failure; sub-cases not offered are recorded and the loop goes on; not offered alone skips."""
+    pytester.makepyfile(test_cases=STICKY)
+    result, cases = _summary(pytester, "--coc-gate", "MUST")
+
+    def shown(name: str) -> list[tuple[str, str]]:
+        return [(c["name"], c["outcome"]) for c in cases[name]["checks"]]
+
+    for name, beside in (("test_fails_then_skips", "not judged"), ("test_fails_then_not_offered", "not offered"),
+                         ("test_fails_then_not_judged", "not judged"), ("test_fails_then_xfails", "not judged")):
+        assert cases[name]["outcome"] == "failed", cases[name]
+        assert shown(name) == [("m=1: numerics", "failed"), (name, beside)], cases[name]
+        assert cases[name]["failure"]["type"] == "WrongError" and "wrong rows at m=1" in \
+            cases[name]["failure"]["message"], cases[name]
+    assert cases["test_fails_then_skips"]["checks"][1]["message"] == "skipped: not implemented: odd rows"
+    hang = cases["test_fails_then_hangs"]
+    assert hang["outcome"] == "failed" and hang["failure"]["category"] == "hang", hang
+    assert [c["outcome"] for c in hang["checks"]] == ["failed", "failed"], hang
+    # a failure of a level that does not gate stays visible as such: never a skip
+    assert cases["test_should_fails_then_skips"]["outcome"] == "not-gated", cases["test_should_fails_then_skips"]
+    assert shown("test_sub_cases") == [("m=1: numerics", "failed"), ("m=3", "not offered"),
+                                       ("m=7: numerics", "passed")]
+    assert cases["test_sub_cases"]["outcome"] == "failed"
+    assert cases["test_passes_then_not_offered"]["outcome"] == "passed"
+    assert shown("test_passes_then_not_offered") == [("numerics", "passed"),
+                                                     ("test_passes_then_not_offered", "not offered")]
+    for name in ("test_sub_cases_none_offered", "test_not_offered"):
+        assert cases[name]["outcome"] == "skipped" and cases[name]["skip_reason"].startswith("not implemented: m"
+                                                                                          if "sub" in name else
+                                                                                          "not implemented: no"), \
+            cases[name]
+        assert {outcome for _, outcome in shown(name)} == {"not offered"}, cases[name]
+    assert result.ret == 1
+    levels = json.loads((pytester.path / "summary.json").read_text())["levels"]
+    assert levels["MUST:not offered"] == 6 and levels["SHOULD:failed"] == 1, levels  # every one counted
+    assert "6 not offered" in result.stdout.str()  # and the terminal's table shows the same count
 
 
 def test_the_gate_reads_an_unexpected_pass_from_a_real_summary(pytester: pytest.Pytester) -> None:
