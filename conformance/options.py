@@ -29,6 +29,7 @@ PERF_FIGURES = "--coc-perf-figures"
 RANKS_PER_DEVICE = "--coc-ranks-per-device"
 MAX_LIVE_RANKS = "--coc-max-live-ranks"
 LEASE_DIR = "--coc-lease-dir"
+RANK_SERVER = "--coc-rank-server"
 TP = "--coc-tp"
 GATE = "--coc-gate"
 EXPECTATIONS = "--coc-expectations"
@@ -170,6 +171,12 @@ def add_options(parser: pytest.Parser) -> None:
         MAX_LIVE_RANKS, type=_positive(int), default=None, metavar="N",
         help="Warm rank processes the session keeps, idle and running, for all xdist workers together (default: "
         "three per device or CPU slot, within half the machine's memory).",
+    )
+    group.addoption(
+        RANK_SERVER, default=None, metavar="SOCKET",
+        help="Run the cases on the rank server of another session (its socket), on pools of their own, where it "
+        "runs this session's code on the same devices; else (saying why) on ranks of this session's own. Its "
+        f"live-rank budget ({MAX_LIVE_RANKS}) is the server's.",
     )
     group.addoption(
         LEASE_DIR, default=None, metavar="DIR",

@@ -1,21 +1,43 @@
-"""Running the conformance suite against a given implementation, in a subprocess."""
+"""Running the conformance suite against a given implementation, in a subprocess, on the test session's ranks."""
 
 from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 
+from conformance.options import RANK_SERVER
+from conformance.plugin import default_max_live_ranks, rank_server_address
 from tests.support import ROOT
 from tests.support.suite_run import SuiteRun
 
 
+@pytest.fixture(scope="session")
+def shared_ranks(pytestconfig: pytest.Config) -> Iterator[str]:
+    """The rank server every suite run of this test session runs its cases on (``--coc-rank-server``): the one
+    the xdist controller started for its workers, else one started here.  Each run still has pools of its own,
+    forked from the server's one warm fork server (``docs/DESIGN.md#rank-server``)."""
+    from conformance.harness.launchers.devices import cpu
+    from conformance.harness.launchers.rank_server_client import RankServer, ServerLauncher
+
+    address = rank_server_address(pytestconfig)
+    server = None if address else RankServer(cpu(), max_live_ranks=default_max_live_ranks(8))
+    address = address or server.address  # type: ignore[union-attr]
+    client = ServerLauncher(address)
+    client.prestart()  # its fork server imports torch now, once for every run
+    client.close()
+    yield address
+    if server is not None:
+        server.close()
+
+
 @pytest.fixture
-def run_suite(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> Callable[..., SuiteRun]:
+def run_suite(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch,
+              shared_ranks: str) -> Callable[..., SuiteRun]:
     """Run ``conformance.suite.<module>`` (the whole suite for "") against ``impl`` (``module:attr``), in a
-    subprocess."""
+    subprocess, on the session's shared rank server."""
 
     def run(module: str, impl: str, *args: str, timeout: float = 600) -> SuiteRun:
         pytester.chdir()
@@ -25,7 +47,7 @@ def run_suite(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> Cal
             "-p", "no:cacheprovider", "-p", "conformance.plugin", "-q", "-rf",
             "--pyargs", f"conformance.suite.{module}" if module else "conformance.suite",
             "--coc-impl", impl, "--rootdir", str(ROOT), "-c", str(ROOT / "pyproject.toml"),
-            *args, timeout=timeout,
+            RANK_SERVER, shared_ranks, *args, timeout=timeout,
         )
         output = result.stdout.str()
         failed = set(re.findall(r"^FAILED (\S+)", output, re.MULTILINE))

@@ -39,6 +39,7 @@ from conformance.harness.case import RankOutcome, RankTask
 from conformance.harness.case_clock import CaseClock
 from conformance.harness.case_errors import CaseTimeout, RankCrashed
 from conformance.harness.launchers.devices import DeviceKind
+from conformance.harness.launchers.session_env import SessionEnv
 from conformance.harness.launchers.worker import BUDGET, LOADED, PROGRESS, READY, STOP
 from conformance.harness.launchers.zygote_client import Zygote
 from conformance.harness.progress import Evidence, ProgressWatch, Rank
@@ -102,7 +103,7 @@ class RankPool:
     def __init__(
         self, world_size: int, kind: DeviceKind, devices: Sequence[str], *,
         start_timeout_s: float = 180.0, num_threads: int = 1,
-        fork_server: Callable[[], Zygote | None] = lambda: None,
+        fork_server: Callable[[], Zygote | None] = lambda: None, session: SessionEnv | None = None,
     ) -> None:
         self.world_size = world_size
         self.kind = kind
@@ -111,6 +112,8 @@ class RankPool:
         self._num_threads = num_threads
         #: The fork server to start ranks from, asked at each (re)start (None: fresh interpreters).
         self._fork_server = fork_server
+        #: The environment and working directory its ranks take on (None: the launching process's).
+        self.session = session
         self._procs: list[_RankProcess] = []
         self._conns: list[Connection] = []
         self._tmp: Path | None = None
@@ -146,14 +149,17 @@ class RankPool:
             }
             log = self._log_path(rank)
             log.touch()
+            session = self.session
             if zygote is not None:
-                self._procs.append(_RankProcess(zygote.fork(spec, env, log, theirs.fileno()), log))
+                self._procs.append(_RankProcess(zygote.fork(spec, env, log, theirs.fileno(), session), log))
             else:
+                base = dict(session.variables) if session is not None else {
+                    **os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
                 with open(log, "wb") as out:
                     popen = subprocess.Popen(
                         [sys.executable, "-m", "conformance.harness.launchers.worker",
                          json.dumps({**spec, "fd": theirs.fileno()})],
-                        env={**os.environ, **env, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)},
+                        env={**base, **env}, cwd=session.cwd if session is not None else None,
                         stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                         pass_fds=(theirs.fileno(),),
                     )
