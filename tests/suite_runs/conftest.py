@@ -11,6 +11,7 @@ import pytest
 from conformance.options import RANK_SERVER
 from conformance.plugin import default_max_live_ranks, rank_server_address
 from tests.support import ROOT
+from tests.support.pytest_forks import PytestForks
 from tests.support.suite_run import SuiteRun
 
 
@@ -33,21 +34,41 @@ def shared_ranks(pytestconfig: pytest.Config) -> Iterator[str]:
         server.close()
 
 
+@pytest.fixture(scope="session")
+def session_forks() -> Iterator[PytestForks]:
+    """This test process's fork server of pytest sessions (torch and pytest imported once for every run)."""
+    forks = PytestForks()
+    yield forks
+    forks.close()
+
+
+@pytest.fixture
+def run_pytest(pytester: pytest.Pytester, shared_ranks: str,
+               session_forks: PytestForks) -> Callable[..., pytest.RunResult]:
+    """``pytester.runpytest_subprocess`` with the suite's plugin, in a fresh process forked from
+    :class:`~tests.support.pytest_forks.PytestForks`, its cases on the session's shared rank server."""
+
+    def run(*args: str, timeout: float = 600) -> pytest.RunResult:
+        return session_forks.runpytest(pytester, "-p", "conformance.plugin", RANK_SERVER, shared_ranks, *args,
+                                       timeout=timeout)
+
+    return run
+
+
 @pytest.fixture
 def run_suite(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch,
-              shared_ranks: str) -> Callable[..., SuiteRun]:
-    """Run ``conformance.suite.<module>`` (the whole suite for "") against ``impl`` (``module:attr``), in a
-    subprocess, on the session's shared rank server."""
+              run_pytest: Callable[..., pytest.RunResult]) -> Callable[..., SuiteRun]:
+    """Run ``conformance.suite.<module>`` (the whole suite for "") against ``impl`` (``module:attr``), as
+    :func:`run_pytest` does."""
 
     def run(module: str, impl: str, *args: str, timeout: float = 600) -> SuiteRun:
         pytester.chdir()
         env_path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
         monkeypatch.setenv("PYTHONPATH", env_path)
-        result = pytester.runpytest_subprocess(
-            "-p", "no:cacheprovider", "-p", "conformance.plugin", "-q", "-rf",
+        result = run_pytest(
+            "-p", "no:cacheprovider", "-q", "-rf",
             "--pyargs", f"conformance.suite.{module}" if module else "conformance.suite",
-            "--coc-impl", impl, "--rootdir", str(ROOT), "-c", str(ROOT / "pyproject.toml"),
-            RANK_SERVER, shared_ranks, *args, timeout=timeout,
+            "--coc-impl", impl, "--rootdir", str(ROOT), "-c", str(ROOT / "pyproject.toml"), *args, timeout=timeout,
         )
         output = result.stdout.str()
         failed = set(re.findall(r"^FAILED (\S+)", output, re.MULTILINE))
