@@ -180,7 +180,8 @@ def add_options(parser: pytest.Parser) -> None:
     )
     group.addoption(
         LEASE_DIR, default=None, metavar="DIR",
-        help="Directory of device lease locks shared by all workers (default: per-user temp dir).",
+        help="Directory of device lease locks shared by all workers (default: a per-user directory in /dev/shm, else "
+        "in the temp dir).",
     )
     group.addoption(
         TP, type=_tp_sizes, default=None, metavar="SIZES",

@@ -220,12 +220,12 @@ def test_sessions_sharing_a_server_run_on_pools_of_their_own_in_their_own_enviro
         pids = {name: {o.value[0] for o in outcomes} for name, outcomes in seen.items()}
         assert not pids["a"] & pids["b"]
         assert {o.value[0] for o in sessions["a"].run(task, (), IMPL)} == pids["a"]  # warm, and still its own
+        assert {o.value[0] for o in sessions["b"].run(task, (), IMPL)} == pids["b"]
         sessions["a"].close()  # the session ended: its idle pools are closed
         deadline = time.monotonic() + 10
         while any(_running(p) for p in pids["a"]) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not any(_running(p) for p in pids["a"])
-        assert {o.value[0] for o in sessions["b"].run(task, (), IMPL)} == pids["b"]
     finally:
         for launcher in sessions.values():
             launcher.close()
@@ -241,6 +241,27 @@ def test_modules_named_after_the_fork_server_began_are_imported_before_its_next_
         assert not any(o.value[3] for o in launcher.run(RankTask(rank_cases.surroundings, 2, task), (), IMPL))
         launcher.want_preloaded(["tabnanny"], now=True)
         assert all(o.value[3] for o in launcher.run(RankTask(rank_cases.surroundings, 3, task), (), IMPL))
+    finally:
+        launcher.close()
+
+
+def test_a_pool_unused_since_its_last_case_retires_and_one_warmed_ahead_waits_for_its_first() -> None:
+    """Idle ranks cost CPU (gloo wakes every 10 ms per group): a pool that served its cases and has been idle for
+    ``retire_idle_s`` is closed at the next case; a pool started ahead of its cases is kept until it has run one."""
+    launcher = ProcessLauncher(cpu(8), max_live_ranks=16, retire_idle_s=0.5)
+    try:
+        launcher.warm([3])
+        first = [o.value for o in launcher.run(RankTask(rank_cases.pid, 2), (), IMPL)]
+        time.sleep(1.0)
+        assert [o.value for o in launcher.run(RankTask(rank_cases.pid, 1), (), IMPL)]  # its check-in retires size 2
+        deadline = time.monotonic() + 10
+        while any(_running(p) for p in first) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(_running(p) for p in first)
+        while launcher.pools_started() < 3 and time.monotonic() < deadline:  # 2, 1 and the one warmed ahead
+            time.sleep(0.05)
+        launcher.run(RankTask(rank_cases.pid, 3), (), IMPL)  # warmed, idle since, never used: still warm
+        assert launcher.last_start_s == 0.0 and launcher.pools_started() == 3
     finally:
         launcher.close()
 
@@ -279,7 +300,7 @@ class _NoRanks:
     def pools_started(self) -> int:
         return 0
 
-    def run(self, *_: object) -> list[object]:
+    def run(self, *_: object, **__: object) -> list[object]:
         return []
 
 

@@ -27,6 +27,13 @@ from conformance.harness.launchers.process_pool import RankPool
 from conformance.harness.launchers.session_env import SessionEnv
 from conformance.harness.launchers.zygote_client import Zygote, can_fork_ranks
 
+#: Seconds a pool that has run a case stays warm once no case uses it.  Idle ranks are not free: gloo's TCP loop
+#: wakes every 10 ms in every process group, and a rank holding Megatron's parallel state has some twenty of them,
+#: 20 ms of CPU a second per rank (measured: 2 ranks, 20 groups, 0.21 s of CPU over 10 s idle each).  Cases run
+#: in order of world size, so a pool idle for this long has usually served its size for the session; a case of
+#: its size later starts a fresh pool from the warm fork server.
+RETIRE_IDLE_S = 5.0
+
 
 @dataclass(frozen=True)
 class PoolKey:
@@ -45,14 +52,18 @@ class ProcessLauncher:
     forking it from the zygote; ``preload`` names modules the zygote imports
     beyond its own list (:meth:`want_preloaded` adds more until it starts);
     ``zygote``: one started already (before this process imported torch, so
-    that both import at once).
+    that both import at once).  ``retire_idle_s``: how long a pool that ran
+    a case stays warm unused (:data:`RETIRE_IDLE_S`; pools warmed ahead stay
+    until their first case).
     """
 
     name = "process"
 
     def __init__(self, kind: DeviceKind, *, max_live_ranks: int = 16, num_threads: int = 1,
-                 fork_server: bool = True, preload: Sequence[str] = (), zygote: Zygote | None = None) -> None:
+                 fork_server: bool = True, preload: Sequence[str] = (), zygote: Zygote | None = None,
+                 retire_idle_s: float = RETIRE_IDLE_S) -> None:
         self.kind = kind
+        self.retire_idle_s = retire_idle_s
         self._preload = tuple(preload)
         self.max_live_ranks = max_live_ranks
         self._num_threads = num_threads
@@ -169,11 +180,13 @@ class ProcessLauncher:
         return zygote
 
     def run(self, task: RankTask, devices: Sequence[str], impl_spec: str,
-            sys_path: Sequence[str] | None = None, session: SessionEnv | None = None) -> list[RankOutcome]:
+            sys_path: Sequence[str] | None = None, session: SessionEnv | None = None, *,
+            raw: bool = False) -> list[RankOutcome]:
         """Run ``task`` on a warm pool of its size bound to ``devices`` (started if none is idle).
 
         ``sys_path``: where the ranks import the task from (default: this process's path); ``session``: the
-        session whose ranks run it, where it is not this process's (its pools are its own).
+        session whose ranks run it, where it is not this process's (its pools are its own); ``raw``: the
+        outcomes as the ranks pickled them (:meth:`RankPool.run`).
         """
         key = PoolKey(task.world_size, tuple(devices) if self.kind.binds_devices else (), session)
         self._calls.start_s = 0.0
@@ -182,7 +195,7 @@ class ProcessLauncher:
             pool = RankPool(task.world_size, self.kind, devices, num_threads=self._num_threads,
                             fork_server=self._zygote_for_start, session=session)
         try:
-            return pool.run(task, impl_spec, self.name, sys_path)
+            return pool.run(task, impl_spec, self.name, sys_path, raw=raw)
         finally:
             self._calls.start_s += pool.last_start_s
             self._check_in(key, pool)
@@ -213,14 +226,18 @@ class ProcessLauncher:
             self._pools_started += bool(pool.last_start_s)
             self._busy[key] -= 1
             if pool.alive:  # a pool that hung or crashed closed itself
+                pool.idle_since = time.monotonic()
                 self._idle.append((key, pool))
             victims = self._evictions()  # a pool larger than the budget is not kept warm
         for victim in victims:
             victim.close()
 
     def _evictions(self) -> list[RankPool]:
-        """Idle pools to close, least recently used first, until idle and busy ranks fit the budget (under the lock)."""
-        victims = []
+        """Idle pools to close (under the lock): those unused for :attr:`retire_idle_s` since their last case, then
+        the least recently used until idle and busy ranks fit the budget."""
+        now = time.monotonic()
+        victims = [p for _, p in self._idle if p.idle_since is not None and now - p.idle_since > self.retire_idle_s]
+        self._idle = [(k, p) for k, p in self._idle if all(p is not v for v in victims)]
         while self._idle and self._live_ranks() > self.max_live_ranks:
             victims.append(self._idle.pop(0)[1])
         return victims

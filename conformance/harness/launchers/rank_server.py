@@ -32,7 +32,8 @@ per worker, pickled tuples):
 - ``("prefer", world_size[, session])``: the devices of the most recently
   used idle pool of that size (``()`` if none);
 - ``("run", task_bytes, devices, impl_spec, sys_path, preload[, session])``:
-  the outcomes of running the task on those devices;
+  the outcomes of running the task on those devices, each as its rank
+  pickled it;
 - ``("stats",)``: ``{"pools_started": n}``;
 - ``("identity",)``: ``{"code_key": ..., "device": ..., "backend": ...}``,
   what a session compares with its own before it shares the server;
@@ -129,7 +130,8 @@ def handle(request: tuple[Any, ...], launcher: ProcessLauncher) -> tuple[str, An
             if entry and entry not in sys.path:
                 sys.path.append(entry)
         launcher.want_preloaded(preload)
-        outcomes = launcher.run(pickle.loads(task_bytes), devices, impl_spec, sys_path, *session)
+        # The outcomes go back as the ranks pickled them: the worker reads them, the server never needs to.
+        outcomes = launcher.run(pickle.loads(task_bytes), devices, impl_spec, sys_path, *session, raw=True)
     except BaseException as exc:  # noqa: BLE001 - the worker's case fails with it
         return ("raised", _picklable(exc), launcher.last_start_s if op == "run" else 0.0)
     return ("ok", outcomes, launcher.last_start_s)

@@ -165,8 +165,8 @@ class ServerLauncher:
 
     def run(self, task: RankTask, devices: Sequence[str], impl_spec: str) -> list[RankOutcome]:
         self.last_start_s = 0.0
-        return list(self._ask("run", wire.dumps(task), tuple(devices), impl_spec, list(sys.path), self._preload,
-                              self.session))
+        return [pickle.loads(outcome) for outcome in self._ask(
+            "run", wire.dumps(task), tuple(devices), impl_spec, list(sys.path), self._preload, self.session)]
 
     def close(self) -> None:
         if self._releases:
