@@ -9,8 +9,8 @@ slots x wall) and the ten slowest cases at the end (on the controller under
 xdist).
 
 Every case, on ranks or not, also carries its clock (``coc_clock``): its
-worker, when that worker's process began, when the case began and the
-worker's CPU time for it.  From consecutive cases of a worker the schedule
+worker, when that worker's process and the case began, the worker's CPU
+time before the case (``process_cpu``) and for it (``cpu``).  From consecutive cases of a worker the schedule
 simulation (``conformance.bench.schedule``) learns each case's whole time on
 its worker (set-up, teardown and what lies between cases included) and the
 workers' start-up (interpreter, imports, collection).
@@ -84,7 +84,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     if begun is not None and (call.when == "call" or (call.when == "setup" and not report.passed)):
         report.user_properties.append((report_properties.CLOCK, {
             "worker": getattr(item.config, "workerinput", {}).get("workerid", "main"),
-            "process_started": process_started(), "start": round(begun[0], 4),
+            "process_started": process_started(), "start": round(begun[0], 4), "process_cpu": round(begun[1], 4),
             "cpu": round(time.process_time() - begun[1], 4)}))
     return report
 
