@@ -12,20 +12,22 @@ simulated workers run them on N simulated slots under the suite's own rules
   (what ``rank_order`` does for a case that names no TP);
 * the workers start once the recorded start-up is over: from the session's
   process start to the first case of each worker (the interpreter, imports,
-  collection, the xdist workers' own start), the mean over the recorded
-  workers (on free cores: the session's process until its session began,
-  then a worker's CPU time until its first case);
-* an idle worker takes the next case of that one list -- an approximation of
-  xdist's ``load`` scheduling, which hands out cases in chunks and then one by
-  one as workers finish;
+  collection, the xdist workers' own start), each its own when replayed with
+  as many workers as recorded, else the mean over the recorded workers (on
+  free cores: the session's process until its session began, then a
+  worker's CPU time until its first case);
+* the workers get their cases as xdist's ``load`` scheduling sends them
+  (:class:`LoadScheduling`): a chunk of consecutive cases each at first, more
+  as their own run low;
 * a case first spends its time outside the ranks on its worker (as if all
   before the lease): everything its worker did from its start to the next
   case's start (set-up, checks, teardown, reporting; each case's clock,
   ``coc_clock``) but its rank runs and lease waits.  It then asks for a lease
   and waits until :func:`conformance.harness.leases.next_grant` -- the one
-  lease rule -- picks it, then holds ``world`` slots (every slot if it is
-  exclusive, a perf case) for its rank time.  A case that leased several
-  times is replayed as one lease;
+  lease rule -- picks it, and takes the slots at its next poll of the queue
+  (:func:`conformance.harness.leases.next_poll`), then holds ``world`` slots
+  (every slot if it is exclusive, a perf case) for its rank time.  A case
+  that leased several times is replayed as one lease;
 * pool starts are a one-time cost: the recorded ones are left out of the rank
   times and one mean pool start (or ``--pool-start``) is added to the makespan
   and to the lower bound;
@@ -124,6 +126,8 @@ class Recording:
     #: The same on free cores: the session's process until its session began, then a worker's CPU time until its
     #: first case (mean over workers).
     startup_cpu_s: float = 0.0
+    #: Each worker's start-up as recorded, earliest first (replayed as they were for as many workers).
+    worker_startups: tuple[float, ...] = ()
 
     @property
     def mean_pool_start(self) -> float:
@@ -152,15 +156,15 @@ def case_of(record: Mapping[str, Any], span: float | None = None) -> Case:
     return Case(record["id"], world, bool(timings.get("exclusive", False)), rank_s, worker_s, **cpu)
 
 
-def _spans(summary: Mapping[str, Any], records: Sequence[Mapping[str, Any]]) -> tuple[list[float | None], float,
-                                                                                    float, int]:
+def _spans(summary: Mapping[str, Any], records: Sequence[Mapping[str, Any]]) -> tuple[list[float | None],
+                                                                                    tuple[float, ...], float]:
     """Each record's whole time on its worker (from its clock's start to the next case's on that worker, the last
-    to the session's end), the mean start-up (the session's process start to each worker's first case) as recorded
-    and on free cores (:attr:`Recording.startup_cpu_s`) and the workers; ``None`` spans, 0, 0 and 0 where the
-    summary records no clocks."""
+    to the session's end), each worker's start-up (the session's process start to its first case), earliest first,
+    and the mean start-up on free cores (:attr:`Recording.startup_cpu_s`); ``None`` spans, no start-ups and 0 where
+    the summary records no clocks."""
     clocks = [r.get("clock") for r in records]
     if not all(clocks) or not records:
-        return [None] * len(records), 0.0, 0.0, 0
+        return [None] * len(records), (), 0.0
     by_worker: dict[str, list[int]] = defaultdict(list)
     for index, clock in enumerate(clocks):
         by_worker[clock["worker"]].append(index)  # type: ignore[index]
@@ -179,9 +183,9 @@ def _spans(summary: Mapping[str, Any], records: Sequence[Mapping[str, Any]]) -> 
                 spans[i] = end - begun
         firsts.append(starts[0])
         first_cpus.append(float(clocks[indices[0]].get("process_cpu", 0.0)))  # type: ignore[union-attr]
-    startup = max(0.0, sum(firsts) / len(firsts) - float(origin)) if origin else 0.0
+    startups = tuple(sorted(max(0.0, first - float(origin)) if origin else 0.0 for first in firsts))
     session_start = max(0.0, started - float(origin)) if origin else 0.0
-    return spans, startup, session_start + sum(first_cpus) / len(first_cpus), len(by_worker)
+    return spans, startups, session_start + sum(first_cpus) / len(first_cpus)
 
 
 def read_summary(summary: Mapping[str, Any]) -> Recording:
@@ -189,11 +193,12 @@ def read_summary(summary: Mapping[str, Any]) -> Recording:
     records = summary.get("cases")
     if not isinstance(records, list):
         raise SummaryError("not a suite summary: it has no list of cases")
-    spans, startup, startup_cpu, workers = _spans(summary, records)
+    spans, startups, startup_cpu = _spans(summary, records)
     cases = tuple(case_of(r, span) for r, span in zip(records, spans))
     timed = [r["timings"] for r in records if r.get("timings")]
     return Recording(cases, sum(float(t.get("pool_start", 0.0)) for t in timed),
-                     sum(int(t.get("pools_started", 0)) for t in timed), startup, workers, startup_cpu)
+                     sum(int(t.get("pools_started", 0)) for t in timed),
+                     sum(startups) / len(startups) if startups else 0.0, len(startups), startup_cpu, startups)
 
 
 def load(path: Path) -> Recording:
@@ -307,20 +312,61 @@ class Schedule:
 _RELEASE, _ASK, _WAKE = 0, 1, 2
 
 
-def simulate(cases: Sequence[Case], slots: int, workers: int, pool_start: float = 0.0, *, startup: float = 0.0,
-             exit_s: float = 0.0, cores: int = 0) -> Schedule:
-    """Run ``cases`` (in the order workers take them) on ``slots`` slots and ``workers`` workers, which take their
-    first case at ``startup``; the process exits ``exit_s`` after the last case.  ``cores``: apply the CPU bound
-    over that many cores.
+class LoadScheduling:
+    """Which cases each worker gets: pytest-xdist's ``load`` scheduling (``xdist.scheduler.load``), by the same
+    numbers.  Each worker is sent a chunk of consecutive cases at first (a quarter of its share, at least two); a
+    worker whose cases fall below a quarter of its share of those left is sent up to half of it, unless its last
+    case took 0.1 s or more and it still has two.  One worker (no xdist) gets every case, in order."""
 
-    Which waiting request gets slots is :func:`~conformance.harness.leases.next_grant`, asked after every
-    event and again when a waiting request's patience runs out.  Ties are broken by event kind, then by
-    the order events were made, so the result is deterministic.
+    def __init__(self, cases: int, workers: int) -> None:
+        self.pending = deque(range(cases))
+        self.queues: list[deque[int]] = [deque() for _ in range(workers)]
+        if workers == 1:
+            self._send(0, cases)
+        elif cases < 2 * workers:
+            for index in range(cases):
+                self._send(index % workers, 1)
+        else:
+            for worker in range(workers):
+                self._send(worker, max(2, (cases // workers) // 4))
+
+    def _send(self, worker: int, count: int) -> None:
+        for _ in range(min(count, len(self.pending))):
+            self.queues[worker].append(self.pending.popleft())
+
+    def next_case(self, worker: int) -> int | None:
+        """The worker's next case, or None when it has none (it ends: xdist sends more only on a completion)."""
+        return self.queues[worker].popleft() if self.queues[worker] else None
+
+    def completed(self, worker: int, duration: float) -> None:
+        """A case of ``worker`` ended after ``duration`` seconds: maybe send it more."""
+        if not self.pending:
+            return
+        share = len(self.pending) // len(self.queues)
+        waiting = len(self.queues[worker])
+        if waiting < max(2, share // 4) and not (duration >= 0.1 and waiting >= 2):
+            self._send(worker, max(2, share // 2) - waiting)
+
+
+def simulate(cases: Sequence[Case], slots: int, workers: int, pool_start: float = 0.0, *, startup: float = 0.0,
+             exit_s: float = 0.0, cores: int = 0, startups: Sequence[float] = ()) -> Schedule:
+    """Run ``cases`` (in the order workers take them) on ``slots`` slots and ``workers`` workers, which take their
+    first case at ``startup`` (``startups``: each worker's own); the process exits ``exit_s`` after the last case.
+    ``cores``: apply the CPU bound over that many cores.
+
+    Which worker gets which case is :class:`LoadScheduling` (xdist's ``load``); which waiting request gets
+    slots is :func:`~conformance.harness.leases.next_grant`, asked after every event and again when a waiting
+    request's patience runs out.  Ties are broken by event kind, then by the order events were made, so the
+    result is deterministic.
     """
     if slots < 1 or workers < 1:
         raise ValueError(f"need at least one slot and one worker, got {slots} slots, {workers} workers")
+    if startups and len(startups) != workers:
+        raise ValueError(f"{len(startups)} start-ups for {workers} workers")
+    if startups:
+        startup = sum(startups) / workers
     runnable = [c for c in cases if c.world <= slots]
-    pending = deque(range(len(runnable)))
+    scheduling = LoadScheduling(len(runnable), workers)
     events: list[tuple[float, int, int, int]] = []  # (time, kind, sequence, case index)
     sequence = itertools.count()
     worker_of: dict[int, int] = {}
@@ -337,18 +383,19 @@ def simulate(cases: Sequence[Case], slots: int, workers: int, pool_start: float 
         heapq.heappush(events, (time, kind, next(sequence), index))
 
     def take(worker: int, now: float) -> None:
-        if pending:
-            index = pending.popleft()
+        index = scheduling.next_case(worker)
+        if index is not None:
             worker_of[index], start[index] = worker, now
             push(now + runnable[index].worker_s, _ASK, index)
 
     def finish(index: int, now: float) -> None:
         runs.append(Run(runnable[index].id, worker_of[index], start[index], asked[index],
                         granted.get(index, asked[index]), now))
+        scheduling.completed(worker_of[index], now - start[index])
         take(worker_of[index], now)
 
     for worker in range(workers):
-        take(worker, startup)
+        take(worker, startups[worker] if startups else startup)
     now = startup
     while events:
         now, kind, _, index = heapq.heappop(events)
@@ -369,8 +416,9 @@ def simulate(cases: Sequence[Case], slots: int, workers: int, pool_start: float 
             queue.remove(chosen)
             served = case_of_ticket[chosen.ticket]
             free -= chosen.wanted
-            granted[served] = now
-            push(now + runnable[served].rank_s, _RELEASE, served)
+            # A request that had to wait sees its grant at its next poll of the queue (leases.next_poll).
+            granted[served] = asked[served] + leases.next_poll(now - asked[served])
+            push(granted[served] + runnable[served].rank_s, _RELEASE, served)
     if queue:  # cannot happen while every case fits the node; a rule that strands a request must not pass
         raise RuntimeError(f"lease requests never granted: {[runnable[case_of_ticket[r.ticket]].id for r in queue]}")
     return Schedule(
@@ -391,11 +439,12 @@ def replay(recording: Recording, slots: int, workers: int, pool_start: float | N
     once = recording.mean_pool_start if pool_start is None else pool_start
     cases = suite_order(recording.cases)
     startup = recording.startup_s
+    startups = recording.worker_startups if len(recording.worker_startups) == workers else ()
     if basis == "cpu":
         cases = [c.on_free_cores() for c in cases]
-        startup = recording.startup_cpu_s or startup
+        startup, startups = recording.startup_cpu_s or startup, ()
     return simulate(cases, slots, workers, once, startup=startup, exit_s=exit_s,
-                    cores=(cores or slots) if basis == "cpu" else 0)
+                    cores=(cores or slots) if basis == "cpu" else 0, startups=startups)
 
 
 def _parser() -> argparse.ArgumentParser:
