@@ -67,4 +67,4 @@ def test_a_run_with_other_start_up_settings_is_left_to_a_fresh_process(forks: Py
 def test_a_forked_session_past_its_timeout_is_killed(pytester: pytest.Pytester, forks: PytestForks) -> None:
     pytester.makepyfile(test_sleeps="import time\ndef test_sleeps():\n    time.sleep(60)\n")
     with pytest.raises(pytester.TimeoutExpired):
-        forks.runpytest(pytester, "-p", "no:cacheprovider", timeout=5)
+        forks.runpytest(pytester, "-p", "no:cacheprovider", timeout=2)
