@@ -29,6 +29,7 @@ PERF_FIGURES = "--coc-perf-figures"
 RANKS_PER_DEVICE = "--coc-ranks-per-device"
 MAX_LIVE_RANKS = "--coc-max-live-ranks"
 LEASE_DIR = "--coc-lease-dir"
+RANK_SERVER = "--coc-rank-server"
 TP = "--coc-tp"
 GATE = "--coc-gate"
 EXPECTATIONS = "--coc-expectations"
@@ -179,8 +180,15 @@ def add_options(parser: pytest.Parser) -> None:
         "three per device or CPU slot, within half the machine's memory).",
     )
     group.addoption(
+        RANK_SERVER, default=None, metavar="SOCKET",
+        help="Run the cases on the rank server of another session (its socket), on pools of their own, where it "
+        "runs this session's code on the same devices; else (saying why) on ranks of this session's own. Its "
+        f"live-rank budget ({MAX_LIVE_RANKS}) is the server's.",
+    )
+    group.addoption(
         LEASE_DIR, default=None, metavar="DIR",
-        help="Directory of device lease locks shared by all workers (default: per-user temp dir).",
+        help="Directory of device lease locks shared by all workers (default: a per-user directory in /dev/shm, else "
+        "in the temp dir).",
     )
     group.addoption(
         TP, type=_tp_sizes, default=None, metavar="SIZES",

@@ -10,7 +10,7 @@ a small plugin module registered here (``conformance.plugins.*`` and, with
 from __future__ import annotations
 
 __all__ = ["SUB_PLUGINS", "coc_declarations", "coc_impl", "coc_impl_spec", "coc_ranks", "default_max_live_ranks",
-           "rank_runner"]
+           "rank_runner", "rank_server_address", "shared_rank_server"]
 
 import os
 from collections.abc import Generator
@@ -26,12 +26,14 @@ from conformance.roster import is_xdist_worker
 if TYPE_CHECKING:
     from conformance.harness.launchers import Launcher
     from conformance.harness.launchers.devices import DeviceKind
-    from conformance.harness.launchers.rank_server_client import RankServer
+    from conformance.harness.launchers.rank_server_client import RankServer, ServerLauncher
     from conformance.harness.launchers.zygote_client import Zygote  # noqa: F401 - named by a stash key
     from conformance.harness.runner import CaseRanks, RankRunner
     from conformance.protocol import Declarations
 
 runner_key = pytest.StashKey["RankRunner"]()
+#: ``--coc-rank-server`` as decided once: the address to use, or why not (``(None, reason)``).
+_shared_key = pytest.StashKey["tuple[str | None, str]"]()
 #: The rank fork server :func:`prestart_ranks` started before this process imported torch.
 _early_zygote_key = pytest.StashKey["Zygote"]()
 launcher_key = pytest.StashKey["Launcher"]()
@@ -131,12 +133,19 @@ def _make_launcher(config: pytest.Config) -> tuple[Launcher, Any]:
     kind = _process_kind(config)
     # Made before collection (prestart_ranks), it learns at its end whether layer cases need megatron-core.
     preload = MEGATRON if config.stash.get(needs_megatron_key, False) else ()
-    server = getattr(config, "workerinput", {}).get(_RANK_SERVER)
+    workerinput = getattr(config, "workerinput", {})
+    worker_server: str | None = workerinput.get(_RANK_SERVER)
+    shared = None if worker_server else shared_rank_server(config)
+    server = worker_server or shared
     launcher: Launcher
-    if server:  # an xdist worker: the session's rank server runs its cases
+    if server:  # an xdist worker, or a session on another's rank server: that server runs its cases
         from conformance.harness.launchers.rank_server_client import ServerLauncher
+        from conformance.harness.launchers.session_env import SessionEnv
 
-        launcher = ServerLauncher(server, preload, binds_devices=kind.binds_devices)
+        given = workerinput.get(_RANK_SESSION)
+        session = SessionEnv(tuple(map(tuple, given[0])), given[1]) if given else SessionEnv.here() if shared else None
+        launcher = ServerLauncher(server, preload, binds_devices=kind.binds_devices, session=session,
+                                  releases=bool(shared))
     else:
         from conformance.harness.launchers.process_launcher import ProcessLauncher
 
@@ -169,31 +178,73 @@ def _max_live_ranks(config: pytest.Config, kind: DeviceKind) -> int:
     return config.getoption(options.MAX_LIVE_RANKS) or default_max_live_ranks(len(kind.lease_names()))
 
 
-#: ``workerinput`` key: the address of the session's rank server.
+#: ``workerinput`` keys: the address of the rank server the workers use, and, where it is another session's
+#: (``--coc-rank-server``), this session's environment (``SessionEnv`` fields), the same for every worker.
 _RANK_SERVER = "coc_rank_server"
+_RANK_SESSION = "coc_rank_session"
+
+
+def rank_server_address(config: pytest.Config) -> str | None:
+    """The address of the rank server an xdist worker runs its cases on (None outside a worker)."""
+    return getattr(config, "workerinput", {}).get(_RANK_SERVER)
+
+
+def shared_rank_server(config: pytest.Config) -> str | None:
+    """``--coc-rank-server``, where this session may run its cases there (decided once: a refusal is a warning
+    saying why, and the session starts ranks of its own)."""
+    if _shared_key not in config.stash:
+        address = config.getoption(options.RANK_SERVER)
+        decided: tuple[str | None, str] = (None, "")
+        if address and config.getoption(options.LAUNCHER) == "process":
+            from conformance.harness.launchers.rank_server_client import why_not_shared
+
+            reason = why_not_shared(address, _process_kind(config))
+            decided = (None, reason) if reason else (address, "")
+            if reason:
+                config.issue_config_time_warning(pytest.PytestConfigWarning(
+                    f"{options.RANK_SERVER} {address}: not used, {reason}; this session starts its own ranks"),
+                    stacklevel=2)
+        config.stash[_shared_key] = decided
+    return config.stash[_shared_key][0]
 
 
 class _RankServerHooks:
-    """On the xdist controller: start the session's rank server for the first worker, stop it at the end."""
+    """On the xdist controller: start the session's rank server for the first worker (or hand the workers the one
+    ``--coc-rank-server`` names), stop it (or release this session's pools there) at the end."""
 
     def __init__(self) -> None:
         self.server: RankServer | None = None
+        self.shared: ServerLauncher | None = None
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node: Any) -> None:
-        if self.server is None:
+        if self.server is None and self.shared is None:
             from conformance.harness.launchers.rank_server_client import RankServer, ServerLauncher
+            from conformance.harness.launchers.session_env import SessionEnv
             from conformance.plugins.scheduling import runs_the_suite
 
-            kind = _process_kind(node.config)
-            self.server = RankServer(kind, max_live_ranks=_max_live_ranks(node.config, kind))
+            shared = shared_rank_server(node.config)
+            if shared:
+                self.shared = ServerLauncher(shared, session=SessionEnv.here(), releases=True)
+            else:
+                kind = _process_kind(node.config)
+                self.server = RankServer(kind, max_live_ranks=_max_live_ranks(node.config, kind))
             if runs_the_suite(node.config):  # its fork server imports torch while the workers start and collect
-                client = ServerLauncher(self.server.address)
+                client = self.shared or ServerLauncher(self.server.address if self.server else "")
                 client.prestart()
-                client.close()
-        node.workerinput[_RANK_SERVER] = self.server.address
+                if client is not self.shared:
+                    client.close()
+        if self.shared is not None:
+            assert self.shared.session is not None
+            node.workerinput[_RANK_SERVER] = self.shared.address
+            node.workerinput[_RANK_SESSION] = (self.shared.session.variables, self.shared.session.cwd)
+        elif self.server is not None:
+            node.workerinput[_RANK_SERVER] = self.server.address
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
+        if self.shared is not None:
+            self.shared.close()  # this session's idle pools there
+            self.shared = None
         if self.server is not None:
             self.server.close()
             self.server = None
@@ -226,7 +277,7 @@ def prestart_ranks(config: pytest.Config) -> None:
     if config.getoption(options.LAUNCHER) != "process" or config.getoption("collectonly") or (
             not is_xdist_worker(config) and getattr(config.option, "dist", "no") != "no"):
         return
-    if not getattr(config, "workerinput", {}).get(_RANK_SERVER) and runner_key not in config.stash:
+    if not rank_server_address(config) and runner_key not in config.stash and not shared_rank_server(config):
         from conformance.harness.launchers.zygote_client import Zygote, can_fork_ranks
 
         if can_fork_ranks():
@@ -375,6 +426,10 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
 def pytest_report_header(config: pytest.Config) -> list[str]:
     launcher = config.getoption(options.LAUNCHER)
     lines = [f"coc-conformance: impl={impl_spec(config)} launcher={launcher} pid={os.getpid()}"]
+    if config.getoption(options.RANK_SERVER) and launcher == "process":
+        shared = shared_rank_server(config)
+        lines.append(f"coc-conformance: ranks on the rank server at {shared}" if shared else
+                     f"coc-conformance: {options.RANK_SERVER} not used ({config.stash[_shared_key][1]})")
     if launcher == "torchrun":
         from conformance.harness.launchers.torchrun import stacks_path
 

@@ -16,6 +16,9 @@ if TYPE_CHECKING:  # the report builder reads these names where pytest is not in
 CHECKS = "coc_checks"
 #: Where the case's time went (:class:`~conformance.harness.runner.CaseTimings` as a dict).
 TIMINGS = "coc_timings"
+#: When and where every case ran: its worker, when that worker's process and the case began, the worker's CPU time
+#: for it (the schedule simulation's input, ``conformance.bench.schedule``).
+CLOCK = "coc_clock"
 #: What failed, as data: category, exception type, message.
 FAILURE = "coc_failure"
 #: The levels of the failed checks that did not gate (the case then reports as an expected failure).

@@ -16,6 +16,7 @@ from typing import Any
 from conformance.harness.case import IMPL, REFERENCE, Budget, RankOutcome, RankTask, TaskFn
 from conformance.harness.case_errors import RankRaised
 from conformance.harness.launchers import Launcher
+from conformance.harness.launchers.worker import CPU
 from conformance.harness.leases import DeviceLeases
 
 
@@ -30,6 +31,8 @@ class CaseTimings:
     ranks: float = 0.0  #: wall time of the launcher runs (the ranks' whole work)
     impl: float = 0.0  #: the implementation's calls (max over ranks, per run)
     reference: float = 0.0  #: the suite's own references on the ranks (max over ranks, per run)
+    rank_cpu: float = 0.0  #: the ranks' CPU time for their tasks, summed over ranks and runs (process launcher)
+    rank_cpu_max: float = 0.0  #: the same, the busiest rank's per run (what one run takes of one core at least)
     runs: int = 0
     total: float = 0.0  #: the whole test call (set by the time-breakdown plugin)
     world: int = 0  #: the ranks the case needs (``caseids.needs``; 0: none)
@@ -130,6 +133,9 @@ class CaseRanks:
             record.runs += 1
         record.impl += max((o.timings.get(IMPL, 0.0) for o in outcomes), default=0.0)
         record.reference += max((o.timings.get(REFERENCE, 0.0) for o in outcomes), default=0.0)
+        cpu = [o.timings.get(CPU, 0.0) for o in outcomes]
+        record.rank_cpu += sum(cpu)
+        record.rank_cpu_max += max(cpu, default=0.0)
         return outcomes
 
     def run(self, fn: TaskFn, world_size: int, *, timeout: float | None = None,

@@ -37,6 +37,7 @@ from conformance import options, report_properties
 from conformance.caseids import area, case_id
 from conformance.judge.verdicts import NOT_JUDGED, case_outcome, outcome_of
 from conformance.options import impl_spec
+from conformance.plugins.time_breakdown import process_started
 from conformance.report_properties import property_of
 from conformance.roster import is_xdist_worker, roster, run_id
 
@@ -96,6 +97,7 @@ def record_of(report: pytest.TestReport) -> dict[str, Any]:
     if wasxfail is not None:
         record["reason"] = wasxfail
     for key, name in (("checks", report_properties.CHECKS), ("timings", report_properties.TIMINGS),
+                      ("clock", report_properties.CLOCK),
                       ("failure", report_properties.FAILURE), ("expectation", report_properties.EXPECTATION),
                       ("explore", report_properties.EXPLORE)):
         value = property_of(report, name)
@@ -162,6 +164,7 @@ class SummaryWriter:
             "torch": _version("torch"),
             "megatron_core": _version("megatron-core"),
             "implementation_notes": implementation_notes(self.config),
+            "process_started": process_started(),
             "started": self.started,
             "duration": round(time.time() - self.started, 2),
             "collected": len(self.roster.collected),

@@ -7,12 +7,22 @@ rank run into it; this plugin stores it in the report's
 hooks) and prints the totals, the slot utilisation (ranks x time on them over
 slots x wall) and the ten slowest cases at the end (on the controller under
 xdist).
+
+Every case, on ranks or not, also carries its clock (``coc_clock``): its
+worker, when that worker's process and the case began, the worker's CPU
+time before the case (``process_cpu``) and for it (``cpu``).  From consecutive cases of a worker the schedule
+simulation (``conformance.bench.schedule``) learns each case's whole time on
+its worker (set-up, teardown and what lies between cases included) and the
+workers' start-up (interpreter, imports, collection).
 """
 
 from __future__ import annotations
 
+import functools
+import os
 import time
 from collections.abc import Generator
+from pathlib import Path
 from typing import Any, cast
 
 import pytest
@@ -22,13 +32,28 @@ from conformance.caseids import needs
 from conformance.harness.runner import CaseTimings
 
 timings_key = pytest.StashKey[CaseTimings]()
+#: When the case began (epoch seconds) and this process's CPU time then.
+_begun_key = pytest.StashKey["tuple[float, float]"]()
 #: Columns of the breakdown, in print order.
 COLUMNS = ("lease_wait", "pool_start", "impl", "reference", "ranks", "checks", "total")
+
+
+@functools.cache
+def process_started() -> float | None:
+    """When this process began (epoch seconds; None where ``/proc`` does not say)."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        boot = next(float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                    if line.startswith("btime "))
+        return round(boot + ticks / os.sysconf("SC_CLK_TCK"), 3)
+    except (OSError, ValueError, IndexError, StopIteration, AttributeError):
+        return None
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """A fresh record, before the case's fixtures (``coc_ranks`` records into it), with what the case needs."""
+    item.stash[_begun_key] = (time.time(), time.process_time())
     need = needs(item)
     item.stash[timings_key] = CaseTimings(world=need.world, exclusive=need.exclusive)
 
@@ -55,6 +80,12 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     record = item.stash.get(timings_key, None)
     if call.when == "call" and record is not None and record.runs:
         report.user_properties.append((report_properties.TIMINGS, record.as_dict()))
+    begun = item.stash.get(_begun_key, None)
+    if begun is not None and (call.when == "call" or (call.when == "setup" and not report.passed)):
+        report.user_properties.append((report_properties.CLOCK, {
+            "worker": getattr(item.config, "workerinput", {}).get("workerid", "main"),
+            "process_started": process_started(), "start": round(begun[0], 4), "process_cpu": round(begun[1], 4),
+            "cpu": round(time.process_time() - begun[1], 4)}))
     return report
 
 

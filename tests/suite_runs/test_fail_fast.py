@@ -100,12 +100,12 @@ def test_needs_ranks(coc_ranks):
 
 
 def test_a_storm_never_fails_a_case_whose_capability_is_missing(pytester: pytest.Pytester,
-                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+                                                                 monkeypatch: pytest.MonkeyPatch,
+                                                                 run_pytest: Callable[..., pytest.RunResult]) -> None:
     """After two hangs of op:x, its cases that skip for a capability skip; the one that needs ranks fails unrun."""
     pytester.makepyfile(test_storm=STORM_CASES)
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "conformance.plugin", "-rs", "-v",
-                                           "--coc-impl", DEFAULT_IMPL, "--coc-storm", "2")
+    result = run_pytest("-p", "no:cacheprovider", "-rs", "-v", "--coc-impl", DEFAULT_IMPL, "--coc-storm", "2")
     output = result.stdout.str()
     outcomes = dict(re.findall(r"::(test_\w+(?:\[\d\])?) (PASSED|FAILED|SKIPPED)", output))
     assert outcomes == {"test_hangs[1]": "FAILED", "test_hangs[2]": "FAILED",
@@ -115,13 +115,14 @@ def test_a_storm_never_fails_a_case_whose_capability_is_missing(pytester: pytest
     assert "StormBroken: not run: 2 case(s) of op:x in a row hung or crashed" in output, output
 
 
-def test_an_implementation_that_cannot_be_loaded_stops_the_session_at_once(pytester: pytest.Pytester) -> None:
+def test_an_implementation_that_cannot_be_loaded_stops_the_session_at_once(
+        pytester: pytest.Pytester, run_pytest: Callable[..., pytest.RunResult]) -> None:
     pytester.makepyfile(broken_impl="raise RuntimeError('the vendor library is missing')\n",
                         not_impl="class Thing:\n    pass\nTHING = Thing()\n")
     for spec, message in (("broken_impl:Impl", "importing 'broken_impl' raised RuntimeError: the vendor library"),
                           ("not_impl:THING", "lacks 'name' and 'configure'"),
                           ("nowhere_impl:Impl", "no module named 'nowhere_impl'")):
-        result = pytester.runpytest_subprocess("-p", "conformance.plugin", "--coc-impl", spec)
+        result = run_pytest("--coc-impl", spec)
         assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str()
         assert message in result.stderr.str(), result.stderr.str()
 
@@ -174,3 +175,15 @@ def test_cases_left_unrun_by_maxfail_are_missing_not_broken(run_suite: Callable[
     assert doc["collected"] == 12 and doc["missing"] and not doc["crashed"], doc
     written = [json.loads(p.read_text()) for p in results.glob("*-result.json")]
     assert len(written) == doc["reported"] and all(r["status"] != "broken" for r in written), written
+
+
+def test_a_rank_server_it_may_not_share_is_not_used_saying_why(run_suite: Callable[..., SuiteRun],
+                                                                tmp_path: Path) -> None:
+    """``--coc-rank-server`` naming no server (or one running other code, ``test_launchers``): the session warns
+    and runs its cases on ranks of its own."""
+    gone = tmp_path / "gone.sock"
+    run = run_suite("test_ops", DEFAULT_IMPL, "-m", "smoke", "-k", "op_matches_golden and matmul_all_reduce and tp2 "
+                    "and not wT", "--coc-rank-server", str(gone))
+    assert run.ret == 0 and run.passed == 1, run.output[-3000:]
+    assert re.search(rf"--coc-rank-server {re.escape(str(gone))}: not used, no rank server answers", run.output), \
+        run.output[-3000:]

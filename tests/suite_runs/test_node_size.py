@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -48,21 +49,22 @@ def pytest_collection_finish(session):
 '''
 
 
-def _pytest(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, *args: str) -> pytest.RunResult:
+def _pytest(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, run_pytest: Callable[..., pytest.RunResult],
+            *args: str) -> pytest.RunResult:
     pytester.chdir()
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), str(pytester.path),
                                                                    os.environ.get("PYTHONPATH")])))
-    return pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "conformance.plugin", "-q",
-                                         "--rootdir", str(ROOT), "-c", str(ROOT / "pyproject.toml"), *args,
-                                         timeout=300)
+    return run_pytest("-p", "no:cacheprovider", "-q", "--rootdir", str(ROOT), "-c", str(ROOT / "pyproject.toml"),
+                      *args, timeout=300)
 
 
 def test_a_node_of_one_slot_skips_a_tp2_perf_case_and_an_exclusive_pair(
-        pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+        pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+        run_pytest: Callable[..., pytest.RunResult]) -> None:
     """Neither is started on the one slot (no hang, no crash): each skips saying what it needs."""
     pytester.makepyfile(test_exclusive=EXCLUSIVE_CASE)
     summary = tmp_path / "summary.json"
-    result = _pytest(pytester, monkeypatch, "--coc-cpu-slots", "1", "--coc-summary", str(summary),
+    result = _pytest(pytester, monkeypatch, run_pytest, "--coc-cpu-slots", "1", "--coc-summary", str(summary),
                      "--coc-lease-dir", str(tmp_path / "leases"), "-n", "0",
                      str(pytester.path / "test_exclusive.py"),
                      "--pyargs", f"conformance.suite.{PERF_TP2.replace('.py', '', 1)}")
@@ -77,11 +79,11 @@ def test_a_node_of_one_slot_skips_a_tp2_perf_case_and_an_exclusive_pair(
 
 
 def _collected(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
-               *args: str) -> dict[str, dict[str, object]]:
+               run_pytest: Callable[..., pytest.RunResult], *args: str) -> dict[str, dict[str, object]]:
     pytester.makepyfile(dump_params=DUMP_PARAMS)
     dump = tmp_path / f"collected{len(args)}.json"
     monkeypatch.setenv("DUMP_PARAMS_TO", str(dump))
-    result = _pytest(pytester, monkeypatch, "-p", "dump_params", "--collect-only", "-n", "0",
+    result = _pytest(pytester, monkeypatch, run_pytest, "-p", "dump_params", "--collect-only", "-n", "0",
                      "--pyargs", "conformance.suite", *args)
     assert result.ret == 0, result.stdout.str()
     cases: dict[str, dict[str, object]] = json.loads(dump.read_text())
@@ -101,9 +103,10 @@ def _sizes(params: dict[str, object]) -> set[int]:
 
 
 def test_coc_tp_1_deselects_every_tp2_and_tp8_case_perf_included(
-        pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    every = _collected(pytester, monkeypatch, tmp_path)
-    chosen = _collected(pytester, monkeypatch, tmp_path, "--coc-tp", "1")
+        pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+        run_pytest: Callable[..., pytest.RunResult]) -> None:
+    every = _collected(pytester, monkeypatch, tmp_path, run_pytest)
+    chosen = _collected(pytester, monkeypatch, tmp_path, run_pytest, "--coc-tp", "1")
     larger = {nodeid for nodeid, params in every.items() if _sizes(params) & {2, 8}}
     perf = {nodeid for nodeid in larger if "test_perf.py" in nodeid}
     assert perf and len(larger) > len(perf)  # the whole run has TP 2 and TP 8 cases, perf ones among them

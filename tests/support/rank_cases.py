@@ -92,6 +92,14 @@ def pid(ctx: RankContext) -> int:
     return os.getpid()
 
 
+def surroundings(ctx: RankContext, variable: str, module: str) -> tuple[int, str | None, str, bool]:
+    """This rank's pid, one environment variable, its working directory, and whether ``module`` was imported
+    before the task (by the fork server)."""
+    import sys
+
+    return os.getpid(), os.environ.get(variable), os.getcwd(), module in sys.modules
+
+
 def budget_then_hang(ctx: RankContext) -> None:
     """A quick serial reference, then a hang: declared at the budget, not at the ceiling."""
     ctx.budget_from(0.01)

@@ -7,7 +7,9 @@ in the same test (a loaded machine slows both).
 
 from __future__ import annotations
 
+import os
 import re
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -19,10 +21,11 @@ import pytest
 from conformance.harness import wire
 from conformance.harness.case import RankTask
 from conformance.harness.case_errors import CaseTimeout, RankCrashed, RankRaised
-from conformance.harness.launchers import Launcher, rank_server
+from conformance.harness.launchers import Launcher, rank_server, rank_server_client
 from conformance.harness.launchers.devices import cpu
 from conformance.harness.launchers.process_launcher import ProcessLauncher
-from conformance.harness.launchers.rank_server_client import RankServer, ServerLauncher
+from conformance.harness.launchers.rank_server_client import RankServer, ServerLauncher, why_not_shared
+from conformance.harness.launchers.session_env import SessionEnv
 from conformance.harness.runner import RankRunner
 from tests.support import rank_cases
 
@@ -197,6 +200,81 @@ def test_a_hung_case_on_the_server_costs_only_its_own_ranks(rank_server: RankSer
         working.close()
 
 
+def _session(tmp_path: Path, name: str) -> SessionEnv:
+    """A session environment of its own: a marker variable and a working directory named ``name``."""
+    (tmp_path / name).mkdir()
+    return SessionEnv.of({**os.environ, "COC_TEST_SESSION": name}, str(tmp_path / name), sys.path)
+
+
+def test_sessions_sharing_a_server_run_on_pools_of_their_own_in_their_own_environment(
+        rank_server: RankServer, tmp_path: Path) -> None:
+    """Two sessions on one server (``--coc-rank-server``): each case sees its session's environment and working
+    directory, never the other's ranks; a session's pools stay warm for it until it ends."""
+    sessions = {name: ServerLauncher(rank_server.address, session=_session(tmp_path, name), releases=True)
+                for name in ("a", "b")}
+    task = RankTask(rank_cases.surroundings, 2, {"variable": "COC_TEST_SESSION", "module": "tabnanny"})
+    try:
+        seen = {name: launcher.run(task, (), IMPL) for name, launcher in sessions.items()}
+        for name, outcomes in seen.items():
+            assert {o.value[1:3] for o in outcomes} == {(name, str(tmp_path / name))}
+        pids = {name: {o.value[0] for o in outcomes} for name, outcomes in seen.items()}
+        assert not pids["a"] & pids["b"]
+        assert {o.value[0] for o in sessions["a"].run(task, (), IMPL)} == pids["a"]  # warm, and still its own
+        assert {o.value[0] for o in sessions["b"].run(task, (), IMPL)} == pids["b"]
+        sessions["a"].close()  # the session ended: its idle pools are closed
+        deadline = time.monotonic() + 10
+        while any(_running(p) for p in pids["a"]) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(_running(p) for p in pids["a"])
+    finally:
+        for launcher in sessions.values():
+            launcher.close()
+
+
+def test_modules_named_after_the_fork_server_began_are_imported_before_its_next_fork() -> None:
+    """A shared server's fork server began with the first session's modules; a later session that names more (as
+    a layer case names megatron-core) has its ranks forked only once they are imported."""
+    launcher = ProcessLauncher(cpu(4), max_live_ranks=8)
+    task = {"variable": "COC_TEST_SESSION", "module": "tabnanny"}
+    try:
+        launcher.want_preloaded((), now=True)
+        assert not any(o.value[3] for o in launcher.run(RankTask(rank_cases.surroundings, 2, task), (), IMPL))
+        launcher.want_preloaded(["tabnanny"], now=True)
+        assert all(o.value[3] for o in launcher.run(RankTask(rank_cases.surroundings, 3, task), (), IMPL))
+    finally:
+        launcher.close()
+
+
+def test_a_pool_unused_since_its_last_case_retires_and_one_warmed_ahead_waits_for_its_first() -> None:
+    """Idle ranks cost CPU (gloo wakes every 10 ms per group): a pool that served its cases and has been idle for
+    ``retire_idle_s`` is closed at the next case; a pool started ahead of its cases is kept until it has run one."""
+    launcher = ProcessLauncher(cpu(8), max_live_ranks=16, retire_idle_s=0.5)
+    try:
+        launcher.warm([3])
+        first = [o.value for o in launcher.run(RankTask(rank_cases.pid, 2), (), IMPL)]
+        time.sleep(1.0)
+        assert [o.value for o in launcher.run(RankTask(rank_cases.pid, 1), (), IMPL)]  # its check-in retires size 2
+        deadline = time.monotonic() + 10
+        while any(_running(p) for p in first) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(_running(p) for p in first)
+        while launcher.pools_started() < 3 and time.monotonic() < deadline:  # 2, 1 and the one warmed ahead
+            time.sleep(0.05)
+        launcher.run(RankTask(rank_cases.pid, 3), (), IMPL)  # warmed, idle since, never used: still warm
+        assert launcher.last_start_s == 0.0 and launcher.pools_started() == 3
+    finally:
+        launcher.close()
+
+
+def test_a_session_shares_only_a_server_that_runs_its_code_on_its_devices(
+        rank_server: RankServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    assert why_not_shared(rank_server.address, cpu(2)) is None  # the slots are each session's own leases
+    assert "runs cpu ranks over gloo" in str(why_not_shared(rank_server.address, cpu(8, "nccl")))
+    assert "no rank server answers" in str(why_not_shared(str(tmp_path / "none.sock"), cpu(8)))
+    monkeypatch.setattr(rank_server_client, "code_key", lambda: "an edited checkout")
+    assert "other code" in str(why_not_shared(rank_server.address, cpu(8)))
+
+
 def test_closing_the_server_stops_every_rank() -> None:
     server = RankServer(cpu(4), max_live_ranks=4)
     launcher = ServerLauncher(server.address)
@@ -222,7 +300,7 @@ class _NoRanks:
     def pools_started(self) -> int:
         return 0
 
-    def run(self, *_: object) -> list[object]:
+    def run(self, *_: object, **__: object) -> list[object]:
         return []
 
 

@@ -63,6 +63,13 @@ def test_one_rank_cases_fill_the_slots_exactly() -> None:
     assert result.lease_wait == 0.0
 
 
+def test_a_waiting_request_looks_again_sooner_then_at_most_every_poll_max() -> None:
+    assert leases.next_poll(0.0) == 0.0  # it looks when it asks
+    assert leases.next_poll(leases.POLL_MIN_S) == pytest.approx(leases.POLL_MIN_S)
+    late = leases.next_poll(10.0)
+    assert 10.0 <= late <= 10.0 + leases.POLL_MAX_S
+
+
 def test_pool_start_is_paid_once() -> None:
     result = schedule.simulate([_case(f"c{i}", 1, 1.0) for i in range(4)], slots=2, workers=2, pool_start=2.5)
     assert (result.makespan, result.lower_bound) == (pytest.approx(4.5), pytest.approx(4.5))
@@ -74,8 +81,9 @@ def test_worker_time_comes_before_the_lease_and_holds_no_slots() -> None:
                                slots=1, workers=2)
     runs = {r.id: r for r in result.runs}
     assert (runs["a"].asked, runs["a"].granted, runs["a"].end) == (1.0, 1.0, 3.0)
-    assert (runs["b"].asked, runs["b"].granted, runs["b"].end) == (1.0, 3.0, 5.0)
-    assert result.longest_lease_wait == pytest.approx(2.0)
+    polled = 1.0 + leases.next_poll(2.0)  # b sees the slot free at its next poll of the queue
+    assert (runs["b"].asked, runs["b"].granted, runs["b"].end) == (1.0, polled, polled + 2.0)
+    assert 2.0 < result.longest_lease_wait <= 2.0 + leases.POLL_MAX_S
     assert result.lower_bound == pytest.approx(4.0)  # Σ world × rank / slots; worker time is not slot time
 
 
@@ -169,3 +177,71 @@ def test_cli_refuses_what_it_cannot_replay(tmp_path: Path) -> None:
     summary.write_text(json.dumps({"cases": []}))
     with pytest.raises(SystemExit):
         schedule.main(["--summary", str(summary), "--slots", "0"])
+
+
+def _clocked(case: str, worker: str, start: float, duration: float, world: int = 0, rank_s: float = 0.0,
+             cpu: float = 0.0, process_cpu: float = 0.0, **timings: float) -> dict[str, Any]:
+    """A summary record with its clock (``coc_clock``): its worker, its start (epoch s) and its worker's CPU."""
+    record = _record(case, duration, world, rank_s=rank_s)
+    record["clock"] = {"worker": worker, "process_started": 90.0, "start": start, "cpu": cpu,
+                       "process_cpu": process_cpu}
+    if "timings" in record:
+        record["timings"].update(timings)
+    return record
+
+
+def _clocked_run() -> dict[str, Any]:
+    """Two workers: gw0 runs a (2 s of ranks) then b; gw1 runs c; the session ends at 112 s."""
+    return {"process_started": 100.0, "started": 101.0, "duration": 11.0, "cases": [
+        _clocked("a", "gw0", 104.0, 3.0, 2, rank_s=2.0, cpu=0.2, process_cpu=2.5, rank_cpu=1.0, rank_cpu_max=0.6),
+        _clocked("b", "gw0", 108.0, 1.0, cpu=0.5, process_cpu=2.7),
+        _clocked("c", "gw1", 106.0, 2.0, 2, rank_s=1.5, cpu=0.1, process_cpu=3.5, rank_cpu=0.8, rank_cpu_max=0.4)]}
+
+
+def test_a_cases_worker_time_is_all_its_worker_did_until_the_next_case_and_start_up_is_recorded() -> None:
+    """From the clocks: a case's worker time runs from its start to the next case's on its worker (the last to the
+    session's end), its rank runs and lease waits left out; start-up is the session's process start to each
+    worker's first case (mean), on free cores the session's start-up and each worker's CPU until its first case."""
+    recording = schedule.read_summary(_clocked_run())
+    a, b, c = recording.cases
+    assert (a.rank_s, a.worker_s) == (pytest.approx(2.0), pytest.approx(2.0))  # 108 - 104 - 2 s of ranks
+    assert b.worker_s == pytest.approx(4.0)  # to the session's end, 112 s
+    assert (c.rank_s, c.worker_s) == (pytest.approx(1.5), pytest.approx(4.5))  # 112 - 106 - 1.5
+    assert (recording.workers, recording.startup_s) == (2, pytest.approx(5.0))  # (4 + 6) / 2
+    assert recording.worker_startups == (pytest.approx(4.0), pytest.approx(6.0))
+    assert recording.startup_cpu_s == pytest.approx(1.0 + 3.0)  # 101 - 100, then (2.5 + 3.5) / 2
+    assert (a.busiest_cpu_s, a.rank_cpu_s, a.worker_cpu_s) == (0.6, 1.0, 0.2)
+
+
+def test_workers_start_after_the_start_up_and_the_process_exits_after_the_last_case() -> None:
+    result = schedule.simulate([_case("a", 1, 1.0), _case("b", 1, 1.0)], slots=1, workers=2, startup=5.0,
+                               exit_s=1.5)
+    b_end = 5.0 + leases.next_poll(1.0) + 1.0
+    assert [(r.id, r.asked, r.end) for r in result.runs] == [("a", 5.0, 6.0), ("b", 5.0, b_end)]
+    assert result.makespan == pytest.approx(b_end + 1.5)
+    assert result.lower_bound == pytest.approx(5.0 + 2.0 + 1.5)
+
+
+def test_replay_of_the_recording_node_reproduces_its_wall_and_the_cpu_basis_gives_a_free_core_to_each() -> None:
+    recording = schedule.read_summary(_clocked_run())
+    # In the suite's order (b without ranks first, then a and c), each worker starting when it did (4 s and 6 s after
+    # the process): the first runs b (4 s) then c (4.5 s, 1.5 s of ranks), the second a beside b.
+    recorded = schedule.replay(recording, slots=2, workers=2, exit_s=0.0)
+    assert recorded.predicted == pytest.approx(4.0 + 4.0 + 4.5 + 1.5)
+    assert schedule.replay(recording, slots=2, workers=1, exit_s=0.0).startup == pytest.approx(5.0)  # the mean
+    free = schedule.replay(recording, slots=2, workers=2, exit_s=0.0, basis="cpu", cores=1)
+    # b 0.5 s then c: 0.1 s on its worker, its lease waits for a's (0.2 + 0.6 s) until its next poll, then 0.4 s
+    assert free.makespan == pytest.approx(4.0 + 0.6 + leases.next_poll(0.8 - 0.6) + 0.4)
+    assert free.cpu_bound == pytest.approx(4.0 + (1.0 + 0.2 + 0.5 + 0.8 + 0.1) / 1)
+    assert free.predicted == free.cpu_bound  # one core: the cores, not the schedule, limit it
+
+
+def test_cli_says_each_rows_error_against_the_measured_wall(tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    summary = tmp_path / "coc-summary.json"
+    summary.write_text(json.dumps(_clocked_run()))
+    assert schedule.main(["--summary", str(summary), "--slots", "2", "--workers", "2", "--exit-s", "0",
+                          "--measured", "10"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[-2].rstrip().endswith("+40.0%")  # 14 s predicted against 10 s measured
+    assert json.loads(out[-1])["rows"][0]["predicted"] == pytest.approx(14.0)

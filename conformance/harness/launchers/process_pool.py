@@ -32,13 +32,14 @@ import time
 from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
-from typing import NoReturn, cast
+from typing import Any, NoReturn, cast
 
 from conformance.harness import wire
 from conformance.harness.case import RankOutcome, RankTask
 from conformance.harness.case_clock import CaseClock
 from conformance.harness.case_errors import CaseTimeout, RankCrashed
 from conformance.harness.launchers.devices import DeviceKind
+from conformance.harness.launchers.session_env import SessionEnv
 from conformance.harness.launchers.worker import BUDGET, LOADED, PROGRESS, READY, STOP
 from conformance.harness.launchers.zygote_client import Zygote
 from conformance.harness.progress import Evidence, ProgressWatch, Rank
@@ -102,7 +103,7 @@ class RankPool:
     def __init__(
         self, world_size: int, kind: DeviceKind, devices: Sequence[str], *,
         start_timeout_s: float = 180.0, num_threads: int = 1,
-        fork_server: Callable[[], Zygote | None] = lambda: None,
+        fork_server: Callable[[], Zygote | None] = lambda: None, session: SessionEnv | None = None,
     ) -> None:
         self.world_size = world_size
         self.kind = kind
@@ -111,12 +112,16 @@ class RankPool:
         self._num_threads = num_threads
         #: The fork server to start ranks from, asked at each (re)start (None: fresh interpreters).
         self._fork_server = fork_server
+        #: The environment and working directory its ranks take on (None: the launching process's).
+        self.session = session
         self._procs: list[_RankProcess] = []
         self._conns: list[Connection] = []
         self._tmp: Path | None = None
         self._stopping = False
         #: Seconds the last :meth:`run` spent starting the ranks (0 when they were warm).
         self.last_start_s = 0.0
+        #: Since when (monotonic) the pool has been idle after its last case (None: it has run none).
+        self.idle_since: float | None = None
 
     @property
     def alive(self) -> bool:
@@ -146,14 +151,17 @@ class RankPool:
             }
             log = self._log_path(rank)
             log.touch()
+            session = self.session
             if zygote is not None:
-                self._procs.append(_RankProcess(zygote.fork(spec, env, log, theirs.fileno()), log))
+                self._procs.append(_RankProcess(zygote.fork(spec, env, log, theirs.fileno(), session), log))
             else:
+                base = dict(session.variables) if session is not None else {
+                    **os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
                 with open(log, "wb") as out:
                     popen = subprocess.Popen(
                         [sys.executable, "-m", "conformance.harness.launchers.worker",
                          json.dumps({**spec, "fd": theirs.fileno()})],
-                        env={**os.environ, **env, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)},
+                        env={**base, **env}, cwd=session.cwd if session is not None else None,
                         stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                         pass_fds=(theirs.fileno(),),
                     )
@@ -186,10 +194,11 @@ class RankPool:
         raise RankCrashed(f"rank pool of {self.world_size} failed to start: {why}", stacks=stacks)
 
     def run(self, task: RankTask, impl_spec: str, launcher: str,
-            sys_path: Sequence[str] | None = None) -> list[RankOutcome]:
+            sys_path: Sequence[str] | None = None, *, raw: bool = False) -> list[Any]:
         """Run ``task`` on every rank; raise on hang or crash (the pool is then closed).
 
         ``sys_path``: the import path the ranks add before loading the task (default: this process's).
+        ``raw``: return each rank's outcome as the rank pickled it (a rank server forwards it unread).
         """
         self.last_start_s = 0.0
         if not self.alive:
@@ -205,7 +214,7 @@ class RankPool:
         log_offsets = [self._file_size(self._log_path(r)) for r in range(self.world_size)]
         for conn in self._conns:
             conn.send_bytes(message)
-        outcomes: dict[int, RankOutcome] = {}
+        outcomes: dict[int, bytes] = {}
         pending = dict(enumerate(self._conns))
         clock = CaseClock(task.timeout, self._progress_watch(), loading=pending)
         while pending:
@@ -226,12 +235,12 @@ class RankPool:
                 elif data[:1] == PROGRESS:
                     clock.report(rank, Evidence(**json.loads(data[1:])))
                 else:
-                    outcomes[rank] = pickle.loads(data[1:])
+                    outcomes[rank] = data[1:]
                     del pending[rank]
             why = clock.hung(pending) if pending else None
             if why:
                 self._fail(CaseTimeout, task, why, outcomes, offsets, log_offsets)
-        return [outcomes[rank] for rank in range(self.world_size)]
+        return [outcomes[rank] if raw else pickle.loads(outcomes[rank]) for rank in range(self.world_size)]
 
     def _progress_watch(self) -> ProgressWatch | None:
         """CPU time of each rank's task thread (its main thread); none on devices, where a rank waiting spins."""
@@ -240,12 +249,12 @@ class RankPool:
         return ProgressWatch({rank: Rank(proc.pid, proc.pid) for rank, proc in enumerate(self._procs)})
 
     def _fail(self, error: type[CaseTimeout] | type[RankCrashed], task: RankTask, why: str,
-              outcomes: dict[int, RankOutcome], offsets: Sequence[int],
+              outcomes: dict[int, bytes], offsets: Sequence[int],
               log_offsets: Sequence[int]) -> NoReturn:
         stacks = self._dump_stacks(offsets)
         self._add_output(stacks, log_offsets)
         self.close(kill=True)
-        finished = [o for _, o in sorted(outcomes.items())]
+        finished: list[RankOutcome] = [pickle.loads(o) for _, o in sorted(outcomes.items())]
         raised = [o.rank for o in finished if o.error is not None]
         note = f"; rank(s) {raised} raised" if raised else ""
         raise error(f"{task.name}: {why}{note}", stacks=stacks, outcomes=finished)

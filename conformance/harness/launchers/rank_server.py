@@ -19,19 +19,35 @@ started again on next use); the other threads' cases go on.  The server runs
 no task code itself; it exits, closing every pool, when the controller
 closes its standard input (and so also when the controller dies).
 
+Other sessions may run their cases here too (``--coc-rank-server``: the
+project's own tests run the suite some 170 times): a session whose code is
+the server's (:func:`~conformance.harness.launchers.code_key.code_key`)
+sends its environment with each request
+(:class:`~conformance.harness.launchers.session_env.SessionEnv`), and its
+cases run on pools of its own, forked from the same warm fork server.
+
 Protocol (``multiprocessing.connection`` over a Unix socket, one connection
 per worker, pickled tuples):
 
-- ``("prefer", world_size)``: the devices of the most recently used idle
-  pool of that size (``()`` if none);
-- ``("run", task_bytes, devices, impl_spec, sys_path, preload)``: the
-  outcomes of running the task on those devices;
+- ``("prefer", world_size[, session])``: the devices of the most recently
+  used idle pool of that size (``()`` if none);
+- ``("run", task_bytes, devices, impl_spec, sys_path, preload[, session])``:
+  the outcomes of running the task on those devices, each as its rank
+  pickled it;
 - ``("stats",)``: ``{"pools_started": n}``;
+- ``("identity",)``: ``{"code_key": ..., "device": ..., "backend": ...}``,
+  what a session compares with its own before it shares the server;
 - ``("prestart",)``: start the fork server now (``None``);
 - ``("preload", names)``: the modules the fork server imports beyond
   torch, complete (``None``);
-- ``("warm", world_sizes)``: start pools of those sizes ahead of their cases,
-  first needed first; only the first worker's list counts (``None``).
+- ``("warm", world_sizes[, session])``: start pools of those sizes ahead of
+  their cases, first needed first; only the first worker's list counts
+  (``None``);
+- ``("release", session)``: close the idle pools of a session that ended
+  (``None``).
+
+``session`` is the :class:`~conformance.harness.launchers.session_env.SessionEnv`
+of a session that is not the server's own (``None``: the server's session).
 
 Every answer is ``("ok", value, start_s)`` or ``("raised", error, start_s)``,
 ``start_s`` being the time spent starting ranks for the request.
@@ -52,6 +68,7 @@ from typing import Any
 
 from conformance.harness import wire
 from conformance.harness.case_errors import RankCrashed
+from conformance.harness.launchers.code_key import code_key
 from conformance.harness.launchers.devices import DeviceKind
 from conformance.harness.launchers.process_launcher import ProcessLauncher
 
@@ -79,14 +96,23 @@ def _import_torch() -> None:
         torch_imported.set()
 
 
+#: What the server runs on and which code (``("identity",)``), set by :func:`main`.
+identity: dict[str, str] = {}
+
+
 def handle(request: tuple[Any, ...], launcher: ProcessLauncher) -> tuple[str, Any, float]:
     """The answer to one request (see the module docstring)."""
     op = request[0]
     try:
         if op == "prefer":
-            return ("ok", launcher.preferred_devices(request[1]), 0.0)
+            return ("ok", launcher.preferred_devices(*request[1:]), 0.0)
         if op == "stats":
             return ("ok", {"pools_started": launcher.pools_started()}, 0.0)
+        if op == "identity":
+            return ("ok", identity, 0.0)
+        if op == "release":
+            launcher.release(request[1])
+            return ("ok", None, 0.0)
         if op == "prestart":
             launcher.prestart()
             return ("ok", None, 0.0)
@@ -94,17 +120,18 @@ def handle(request: tuple[Any, ...], launcher: ProcessLauncher) -> tuple[str, An
             launcher.want_preloaded(request[1], now=True)
             return ("ok", None, 0.0)
         if op == "warm":
-            launcher.warm(request[1])
+            launcher.warm(*request[1:])
             return ("ok", None, 0.0)
         if op != "run":
             raise ValueError(f"unknown rank server request {op!r}")
-        _, task_bytes, devices, impl_spec, sys_path, preload = request
+        _, task_bytes, devices, impl_spec, sys_path, preload, *session = request
         torch_imported.wait()
         for entry in sys_path:  # where the task's function is importable from
             if entry and entry not in sys.path:
                 sys.path.append(entry)
         launcher.want_preloaded(preload)
-        outcomes = launcher.run(pickle.loads(task_bytes), devices, impl_spec, sys_path)
+        # The outcomes go back as the ranks pickled them: the worker reads them, the server never needs to.
+        outcomes = launcher.run(pickle.loads(task_bytes), devices, impl_spec, sys_path, *session, raw=True)
     except BaseException as exc:  # noqa: BLE001 - the worker's case fails with it
         return ("raised", _picklable(exc), launcher.last_start_s if op == "run" else 0.0)
     return ("ok", outcomes, launcher.last_start_s)
@@ -135,6 +162,7 @@ def _serve_worker(conn: Connection, launcher: ProcessLauncher) -> None:
 
 def main() -> None:
     settings: ServerSettings = pickle.loads(Path(sys.argv[1]).read_bytes())
+    identity.update(code_key=code_key(), device=settings.kind.name, backend=settings.kind.backend)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the controller stops it, also on Ctrl-C
     launcher = ProcessLauncher(settings.kind, max_live_ranks=settings.max_live_ranks,
                                num_threads=settings.num_threads)

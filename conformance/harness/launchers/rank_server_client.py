@@ -3,7 +3,9 @@
 :class:`RankServer` is the xdist controller's handle: it starts the server
 once per session and stops it at the end.  :class:`ServerLauncher` is what
 each worker runs cases through: a :class:`~conformance.harness.launchers.Launcher`
-that sends them to the server over one connection.
+that sends them to the server over one connection.  :func:`why_not_shared`
+says whether a session may run its cases on another session's server
+(``--coc-rank-server``).
 """
 
 from __future__ import annotations
@@ -23,8 +25,10 @@ from typing import Any
 from conformance.harness import wire
 from conformance.harness.case import RankOutcome, RankTask
 from conformance.harness.case_errors import RankCrashed
+from conformance.harness.launchers.code_key import code_key
 from conformance.harness.launchers.devices import DeviceKind
 from conformance.harness.launchers.rank_server import ServerSettings
+from conformance.harness.launchers.session_env import SessionEnv
 
 _LOG = "server.log"
 
@@ -77,21 +81,45 @@ class RankServer:
         shutil.rmtree(self.directory, ignore_errors=True)
 
 
+def why_not_shared(address: str, kind: DeviceKind) -> str | None:
+    """Why this session may not run its cases on the rank server at ``address`` (None: it may): the server is
+    gone, runs other code (:func:`~conformance.harness.launchers.code_key.code_key`), or other devices."""
+    try:
+        with Client(address, family="AF_UNIX") as conn:
+            conn.send_bytes(pickle.dumps(("identity",)))
+            _, identity, _ = pickle.loads(conn.recv_bytes())
+    except (OSError, EOFError, pickle.UnpicklingError, ValueError) as exc:
+        return f"no rank server answers at {address} ({exc!r})"
+    if identity.get("code_key") != code_key():
+        return "it runs other code than this session (its checkout or interpreter differs, or changed since)"
+    if (identity.get("device"), identity.get("backend")) != (kind.name, kind.backend):
+        return (f"it runs {identity.get('device')} ranks over {identity.get('backend')}, this session "
+                f"{kind.name} ranks over {kind.backend}")
+    return None
+
+
 class ServerLauncher:
     """Runs a worker's cases on the session's rank server at ``address``.
 
     ``preload``: modules the server's fork server should import before its
     first fork (megatron-core when the session runs layer cases).
     ``binds_devices``: whether pools are bound to their devices (else no
-    device set is preferred, and none is asked for).
+    device set is preferred, and none is asked for).  ``session``: this
+    session's environment, where the server is another session's (its cases
+    run on pools of their own); ``releases``: :meth:`close` closes the
+    session's idle pools there (the session has ended: its one process, or
+    its xdist controller).
     """
 
     name = "process"
 
-    def __init__(self, address: str, preload: Sequence[str] = (), *, binds_devices: bool = True) -> None:
+    def __init__(self, address: str, preload: Sequence[str] = (), *, binds_devices: bool = True,
+                 session: SessionEnv | None = None, releases: bool = False) -> None:
         self.address = address
         self._preload = tuple(preload)
         self._binds_devices = binds_devices
+        self.session = session
+        self._releases = releases and session is not None
         self._conn: Connection | None = None
         #: Seconds the last :meth:`run` spent starting ranks (0 when its pool was warm).
         self.last_start_s = 0.0
@@ -125,11 +153,11 @@ class ServerLauncher:
     def warm(self, world_sizes: Sequence[int]) -> None:
         """Ask the server to start pools of these sizes ahead of the cases (as :meth:`ProcessLauncher.warm
         <conformance.harness.launchers.process_launcher.ProcessLauncher.warm>`; the first worker's list counts)."""
-        self._ask("warm", tuple(world_sizes))
+        self._ask("warm", tuple(world_sizes), self.session)
 
     def preferred_devices(self, world_size: int) -> tuple[str, ...]:
         """The devices of the server's most recently used idle pool of this size (lease these to stay warm)."""
-        return tuple(self._ask("prefer", world_size)) if self._binds_devices else ()
+        return tuple(self._ask("prefer", world_size, self.session)) if self._binds_devices else ()
 
     def pools_started(self) -> int:
         """Pools the server has started this session, for every worker together."""
@@ -137,9 +165,16 @@ class ServerLauncher:
 
     def run(self, task: RankTask, devices: Sequence[str], impl_spec: str) -> list[RankOutcome]:
         self.last_start_s = 0.0
-        return list(self._ask("run", wire.dumps(task), tuple(devices), impl_spec, list(sys.path), self._preload))
+        return [pickle.loads(outcome) for outcome in self._ask(
+            "run", wire.dumps(task), tuple(devices), impl_spec, list(sys.path), self._preload, self.session)]
 
     def close(self) -> None:
+        if self._releases:
+            self._releases = False
+            try:
+                self._ask("release", self.session)
+            except RankCrashed:
+                pass  # the server is gone, and its pools with it
         if self._conn is not None:
             self._conn.close()
             self._conn = None

@@ -23,6 +23,7 @@ import json
 import pickle
 import sys
 import threading
+import time
 from collections.abc import Callable
 from datetime import timedelta
 from multiprocessing.connection import Connection
@@ -31,6 +32,9 @@ from typing import Any
 #: Sent to a rank (instead of a task) to make it leave its loop.
 STOP = b"stop"
 READY, LOADED, BUDGET, PROGRESS, RESULT = b"Y", b"L", b"B", b"P", b"R"
+#: The key of a rank outcome's timings under which the rank's process CPU time for the task is recorded (all its
+#: threads: the task's, the backend's, the sampler's), what the task asked of the node's cores.
+CPU = "cpu"
 
 
 def rank_main(
@@ -106,12 +110,14 @@ def rank_main(
                                        whole_process=True))
             ctx = RankContext(rank, world_size, device, impl_spec, launcher, on_budget=on_budget, budget=budget,
                               device_thread_backward=device_thread_backward)
+            cpu_begun = time.process_time()
             try:
                 fn, params = pickle.loads(payload)
             except Exception as exc:  # noqa: BLE001 - reported as this rank's error
                 outcome = RankOutcome(rank, error=CapturedError.capture(exc))
             else:
                 outcome = run_on_rank(fn, params, ctx)
+            outcome.timings[CPU] = time.process_time() - cpu_begun
             data = _outcome_bytes(outcome)
             with lock:
                 reporter.stop()

@@ -22,9 +22,14 @@ Protocol on the control socket (a Unix socket pair): the zygote imports
 :data:`PRELOAD` as soon as it starts (the launcher starts it early, while
 pytest collects), then reads one line naming the further modules to import,
 comma-separated, and answers ``ready``.  Then the launcher sends one
-JSON request ``{"spec": {...}, "env": {...}, "log": path}`` together with two
-file descriptors (the rank's end of its socket pair, and nothing else); the
-zygote answers with the child's pid as text.
+JSON request ``{"spec": {...}, "env": {...}, "log": path, "session": ...,
+"preload": [...]}`` together with two file descriptors (the rank's end of its
+socket pair, and nothing else); the zygote imports the modules of
+``preload`` it has not imported yet (named since, by a session that needs
+them: a rank server shared by sessions), forks, and answers with the child's
+pid as text.  ``session``, when not null, is the environment
+(``{"variables": {...}, "cwd": path}``) the child takes on whole before
+``env`` (:class:`~conformance.harness.launchers.session_env.SessionEnv`).
 """
 
 from __future__ import annotations
@@ -93,6 +98,9 @@ def serve(control: socket.socket) -> None:
             if not message:
                 break
             request = json.loads(message)
+            if request.get("preload"):
+                preload(request["preload"])
+                _refuse_if_runtimes_started(request["preload"])
             # Reaping waits until the child is recorded, however fast it dies.
             signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
             try:
@@ -120,6 +128,11 @@ def _become_rank(request: dict[str, Any], fd: int) -> None:
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
         os.setpgid(0, 0)  # signals aimed at the launcher's group leave ranks alone
+        session = request.get("session")
+        if session is not None:  # another session's ranks: its environment, as its own fork server would give it
+            os.chdir(session["cwd"])
+            os.environ.clear()
+            os.environ.update({**NO_DRIVER_CHECK, **session["variables"]})
         os.environ.update(request["env"])
         log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         os.dup2(log, 1)
@@ -172,6 +185,16 @@ def runtimes_started() -> list[str]:
     return started
 
 
+def _refuse_if_runtimes_started(imported: Sequence[str]) -> None:
+    """Exit, saying why, once importing ``imported`` started a device runtime: every rank forked now would fail on
+    its device (the launcher reads the reason from this process's log; the ranks forked so far are killed)."""
+    started = runtimes_started()
+    if started:
+        print(f"refusing to fork ranks: importing {', '.join((*PRELOAD, *imported))} started "
+              f"{' and '.join(started)}", flush=True)
+        sys.exit(3)
+
+
 def _read_line(control: socket.socket) -> str:
     """One line from the control socket, read byte by byte (the fork requests that follow carry descriptors)."""
     line = b""
@@ -190,11 +213,7 @@ def main() -> None:
     # while this process has imported torch in the meantime.
     extra = [name for name in _read_line(control).split(",") if name]
     preload(extra)
-    started = runtimes_started()
-    if started:  # every rank forked now would fail on its device: say why, once, instead
-        print(f"refusing to fork ranks: importing {', '.join((*PRELOAD, *extra))} started "
-              f"{' and '.join(started)}", flush=True)
-        sys.exit(3)
+    _refuse_if_runtimes_started(extra)
     control.sendall(b"ready\n")
     serve(control)
     # Nothing here needs tearing down, and unloading torch and megatron-core would keep the session waiting.

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from conformance.harness.case_errors import RankCrashed
+from conformance.harness.launchers.session_env import SessionEnv
 
 
 def can_fork_ranks() -> bool:
@@ -32,7 +33,8 @@ class Zygote:
 
     Made, it starts the server, which imports torch at once; :meth:`begin`
     names the further modules it should import, :meth:`ready` waits until it
-    has.
+    has.  Modules named after that (by :meth:`ready`) are imported before the
+    next fork.
     """
 
     def __init__(self, start_timeout_s: float = 180.0) -> None:
@@ -50,6 +52,8 @@ class Zygote:
         self._reader = self._sock.makefile("rb")
         self._start_timeout_s = start_timeout_s
         self._named = self._ready = False
+        self._imported: set[str] = set()  #: the modules named to it so far
+        self._wanted: list[str] = []  #: modules named since, imported before the next fork
         self._lock = threading.Lock()  # pools of several threads may start ranks at once
 
     def begin(self, preload: Sequence[str] = ()) -> None:
@@ -58,15 +62,18 @@ class Zygote:
             if self._named:
                 return
             self._named = True
+            self._imported.update(preload)
             try:
                 self._sock.sendall((",".join(preload) + "\n").encode())
             except OSError:
                 pass  # it died: ready() says so
 
     def ready(self, preload: Sequence[str] = ()) -> None:
-        """:meth:`begin` with ``preload`` unless begun, then wait until it can fork (at once once it could)."""
+        """:meth:`begin` with ``preload`` unless begun (else import the modules of it not named yet before the next
+        fork), then wait until it can fork (at once once it could)."""
         self.begin(preload)
         with self._lock:
+            self._wanted += [n for n in preload if n not in self._imported and n not in self._wanted]
             if self._ready:
                 return
             self._sock.settimeout(self._start_timeout_s)
@@ -86,12 +93,23 @@ class Zygote:
     def alive(self) -> bool:
         return self._proc.poll() is None
 
-    def fork(self, spec: dict[str, object], env: dict[str, str], log: Path, fd: int) -> int:
-        request = json.dumps({"spec": spec, "env": env, "log": str(log)}).encode()
+    def fork(self, spec: dict[str, object], env: dict[str, str], log: Path, fd: int,
+             session: SessionEnv | None = None) -> int:
+        """A rank forked with ``spec`` and ``env`` (on top of ``session``'s environment, when given): its pid."""
         self.ready()
         with self._lock:
+            wanted, self._wanted = self._wanted, []
+            self._imported.update(wanted)
+            request = json.dumps({
+                "spec": spec, "env": env, "log": str(log), "preload": wanted,
+                "session": None if session is None else {"variables": dict(session.variables), "cwd": session.cwd},
+            }).encode()
             socket.send_fds(self._sock, [request], [fd])
-            return int(self._reader.readline())
+            pid = self._reader.readline().strip()
+        if not pid:
+            raise RankCrashed(f"the rank fork server exited (exit code {self._proc.poll()}):\n"
+                              f"{Path(self._log.name).read_text(errors='replace')[-4000:]}")
+        return int(pid)
 
     def close(self) -> None:
         self._reader.close()
