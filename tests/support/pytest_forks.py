@@ -156,24 +156,22 @@ def _run(request: dict[str, Any], base_path: Sequence[str]) -> None:
 
 def main() -> None:
     control = socket.socket(fileno=int(sys.argv[1]))
+    # The project's reaping loop, read from its file: this script imports no module of the project.
+    reap_exited = runpy.run_path(str(Path(__file__).resolve().parents[2] / "coc_shared" / "reaping.py"))["reap_exited"]
     for name in PRELOAD:
         importlib.import_module(name)
     base_path = list(sys.path[1:])  # the interpreter's own (sys.path[0]: this script's folder)
     statuses: dict[int, str] = {}
 
+    def exited(pid: int, code: int) -> None:
+        path = statuses.pop(pid, None)
+        if path is not None:
+            with contextlib.suppress(OSError):
+                Path(path + ".tmp").write_text(str(code))
+                os.replace(path + ".tmp", path)
+
     def reap(*_: Any) -> None:
-        while True:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if pid == 0:
-                return
-            path = statuses.pop(pid, None)
-            if path is not None:
-                with contextlib.suppress(OSError):
-                    Path(path + ".tmp").write_text(str(os.waitstatus_to_exitcode(status)))
-                    os.replace(path + ".tmp", path)
+        reap_exited(exited)
 
     signal.signal(signal.SIGCHLD, reap)
     control.sendall(b"ready\n")

@@ -43,6 +43,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from coc_shared.reaping import reap_exited
+
 #: Imported before the first fork; each is optional (a missing one is imported by the rank as needed).
 PRELOAD = (
     "torch",
@@ -71,22 +73,17 @@ def serve(control: socket.socket) -> None:
     """Answer fork requests until the control socket closes."""
     children: dict[int, str] = {}
 
-    def reap(*_: Any) -> None:
-        while True:
+    def exited(pid: int, code: int) -> None:
+        log = children.pop(pid, None)
+        if log is not None:
             try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if pid == 0:
-                return
-            log = children.pop(pid, None)
-            if log is not None:
-                code = os.waitstatus_to_exitcode(status)
-                try:
-                    with open(log + ".exit", "w") as f:
-                        f.write(str(code))
-                except OSError:
-                    pass
+                with open(log + ".exit", "w") as f:
+                    f.write(str(code))
+            except OSError:
+                pass
+
+    def reap(*_: Any) -> None:
+        reap_exited(exited)
 
     signal.signal(signal.SIGCHLD, reap)
     try:
