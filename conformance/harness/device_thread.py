@@ -26,7 +26,6 @@ device would move every tensor of a case off the CPU.
 
 from __future__ import annotations
 
-import functools
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager, nullcontext
@@ -91,8 +90,8 @@ class ThreadState:
     forward_grad: bool
     multithreading: bool
     view_replay: bool
-    included: tuple[Any, ...]
-    excluded: tuple[Any, ...]
+    included: Any
+    excluded: Any
     autocast_dtypes: tuple[tuple[str, Any], ...]
     dispatch_modes: tuple[Any, ...]
     function_modes: tuple[Any, ...]
@@ -104,7 +103,6 @@ class ThreadState:
         import torch
 
         c = torch._C
-        keys = _keys()
         dtypes = []
         for device in c._autocast_supported_devices():
             try:
@@ -115,8 +113,7 @@ class ThreadState:
         return cls(
             grad=torch.is_grad_enabled(), forward_grad=c._is_fwd_grad_enabled(),
             multithreading=c._is_multithreading_enabled(), view_replay=c._is_view_replay_enabled(),
-            included=tuple(k for k in keys if c._dispatch_tls_is_dispatch_key_included(k)),
-            excluded=tuple(k for k in keys if c._dispatch_tls_is_dispatch_key_excluded(k)),
+            included=c._dispatch_tls_local_include_set(), excluded=c._dispatch_tls_local_exclude_set(),
             autocast_dtypes=tuple(dtypes),
             dispatch_modes=tuple(c._get_dispatch_stack_at(i) for i in range(c._len_torch_dispatch_stack())),
             function_modes=tuple(c._get_function_stack_at(i) for i in range(c._len_torch_function_stack())),
@@ -134,8 +131,7 @@ class ThreadState:
         with ExitStack() as stack:
             _set_flags(self)
             stack.callback(_set_flags, before)
-            _set_keys(self)
-            stack.callback(_set_keys, before)
+            stack.enter_context(c._ForceDispatchKeyGuard(self.included, self.excluded))
             for device, dtype in self.autocast_dtypes:
                 c.set_autocast_dtype(device, dtype)
             stack.callback(_set_dtypes, before)
@@ -151,21 +147,6 @@ class ThreadState:
             yield
 
 
-@functools.cache
-def _keys() -> tuple[Any, ...]:
-    """The dispatch keys the thread-local sets can hold (aliases and ranges cannot)."""
-    import torch
-
-    keys = []
-    for key in torch._C.DispatchKey.__members__.values():
-        try:
-            torch._C._dispatch_tls_is_dispatch_key_included(key)
-        except (RuntimeError, TypeError):
-            continue
-        keys.append(key)
-    return tuple(keys)
-
-
 def _set_flags(state: ThreadState) -> None:
     import torch
 
@@ -174,16 +155,6 @@ def _set_flags(state: ThreadState) -> None:
     c._set_fwd_grad_enabled(state.forward_grad)
     c._set_multithreading_enabled(state.multithreading)
     c._set_view_replay_enabled(state.view_replay)
-
-
-def _set_keys(state: ThreadState) -> None:
-    """Every thread-local dispatch key included and excluded exactly as in ``state``."""
-    import torch
-
-    c = torch._C
-    for key in _keys():
-        c._dispatch_tls_set_dispatch_key_included(key, key in state.included)
-        c._dispatch_tls_set_dispatch_key_excluded(key, key in state.excluded)
 
 
 def _set_dtypes(state: ThreadState) -> None:
