@@ -54,6 +54,8 @@ PRELOAD = (
     "torch._inductor.config",
     "numpy",
     "conformance.harness.launchers.worker",
+    # every rank loads the implementation through it (and it imports pytest, for the option names): 70 ms a rank
+    "conformance.harness.impl_loader",
     "conformance.harness.case",
     "conformance.harness.probes",
     "conformance.cases.op_cases",
