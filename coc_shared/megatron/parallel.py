@@ -101,6 +101,10 @@ def _initialize(tp_size: int) -> list[Any]:
         _destroy(created)
         raise
     dist.new_group = real_new_group
+    # gloo's full mesh may return on one rank before a peer has finished taking its connections, and a group
+    # destroyed then (the next size's release) fails the peer's ("Connection closed by peer"): no rank goes on
+    # until every rank has joined every group.
+    dist.barrier()
     return created
 
 

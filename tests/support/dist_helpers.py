@@ -164,8 +164,8 @@ class GlooPool:
                     break
         if failures:
             self.close(force=True)
-            rank, tb = sorted(failures)[0]
-            raise RankFailure(f"rank {rank} failed:\n{tb}")
+            # every rank's: the first rank's error may be only its peer's failure seen from the other side
+            raise RankFailure("\n".join(f"rank {rank} failed:\n{tb}" for rank, tb in sorted(failures)))
         return results
 
     def _collect_remaining(self, results: list[Any], failures: list[tuple[int, str]]) -> None:

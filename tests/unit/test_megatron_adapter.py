@@ -93,6 +93,44 @@ def test_model_parallel_is_kept_for_the_next_block_and_released_on_request(pools
     assert pools(2).run(state_after_exit) == [(True, True, False, False)] * 2
 
 
+def leaving_and_last_join(rank: int, tp: int) -> tuple[float, float]:
+    """When this rank left ``model_parallel``'s set-up, and when it finished joining its groups, the last
+    group's join made slow on rank 1 (as a loaded rank is while gloo takes its peers' connections)."""
+    import time
+
+    import torch.distributed as dist
+
+    from coc_shared.megatron import parallel
+
+    adapter.release_model_parallel()
+    with adapter.model_parallel(tp):
+        count = len(parallel._kept_groups)
+    adapter.release_model_parallel()
+    real, joined = dist.new_group, []
+
+    def slow_last(*args, **kwargs):
+        group = real(*args, **kwargs)
+        if rank == 1 and len(joined) == count - 1:
+            time.sleep(0.3)
+        joined.append(time.monotonic())
+        return group
+
+    dist.new_group = slow_last
+    try:
+        with adapter.model_parallel(tp):
+            left = time.monotonic()
+    finally:
+        dist.new_group = real
+        adapter.release_model_parallel()
+    return left, joined[-1]
+
+
+def test_no_rank_leaves_the_set_up_before_every_rank_joined_every_group(pools) -> None:
+    """A group a rank destroys while a peer still joins it fails the peer ("Connection closed by peer")."""
+    (left_0, _), (_, joined_1) = pools(2).run(leaving_and_last_join)
+    assert left_0 >= joined_1, f"rank 0 left {joined_1 - left_0:.3f} s before rank 1 had joined its last group"
+
+
 def sp_without_redirect(rank: int, tp: int) -> str:
     """What the redirect is for: megatron's SP buffers ask ``torch.cuda`` for a device."""
     from megatron.core import parallel_state
