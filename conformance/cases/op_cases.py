@@ -156,7 +156,9 @@ def _call(ctx: RankContext, state: _Calls) -> None:
                     break
                 if straggler is not None:
                     straggler()  # arrive late at the call itself
-                with record_collectives(straggler) as log, poisoned_allocations(run.poison), ctx.timer(IMPL):
+                # not synchronised: the calls run back to back, and each result is copied as it was returned
+                with record_collectives(straggler) as log, poisoned_allocations(run.poison), \
+                        ctx.timer(IMPL, synchronized=False):
                     result, error = call_capturing_errors(fn, args["x"], args["w"], args["bias"], **kwargs, **extra)
                 call.timelines.append(observed_collectives(log))
                 call.error = error
