@@ -328,13 +328,16 @@ class _WarningRoutes:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._observers: dict[int | None, list[list[warnings.WarningMessage]]] = {}
+        #: While any rank observes: the process's warnings state saved on entry, and its ``showwarning`` then.
         self._saved: tuple[Any, Any] | None = None
 
     @contextlib.contextmanager
     def observing(self, rank: int | None, sink: list[warnings.WarningMessage]) -> Iterator[None]:
         with self._lock:
             if self._saved is None:
-                self._saved = (warnings.filters[:], warnings.showwarning)
+                saving = warnings.catch_warnings()  # filters and showwarning, restored as the warnings module does
+                saving.__enter__()
+                self._saved = (saving, warnings.showwarning)
                 warnings.simplefilter("always")  # every warning, however often the same line warned before
                 warnings.showwarning = self._show
             self._observers.setdefault(rank, []).append(sink)
@@ -347,8 +350,7 @@ class _WarningRoutes:
                 if not sinks:
                     del self._observers[rank]
                 if not self._observers and self._saved is not None:
-                    warnings.filters, warnings.showwarning = self._saved
-                    warnings._filters_mutated()  # type: ignore[attr-defined]
+                    self._saved[0].__exit__(None, None, None)
                     self._saved = None
 
     def _show(self, message: Any, category: type[Warning], filename: str, lineno: int, file: Any = None,
