@@ -102,13 +102,17 @@ def load_run(path: Path) -> Run:
 
 
 def _allure_run(path: Path) -> Run:
-    """Cases from Allure result files (status and message only; no levels, no perf figures)."""
+    """Cases from Allure result files (status and message only; no levels, no perf figures), each named by the
+    case id it carries (label ``coc_case``, as a summary names it), else by its full name and parameters."""
+    from conformance.report_properties import CASE_LABEL
+
     status = {"passed": "passed", "failed": "failed", "broken": "failed", "skipped": "skipped"}
     cases: dict[str, dict[str, Any]] = {}
     for result in path.glob("*-result.json"):
         doc = json.loads(result.read_text())
+        labelled = [str(label.get("value")) for label in doc.get("labels", ()) if label.get("name") == CASE_LABEL]
         params = ", ".join(f"{p['name']}={p['value']}" for p in doc.get("parameters", []))
-        case = f"{doc.get('fullName', doc.get('name', result.stem))}[{params}]"
+        case = labelled[0] if labelled else f"{doc.get('fullName', doc.get('name', result.stem))}[{params}]"
         details = doc.get("statusDetails", {}) or {}
         outcome = status.get(doc.get("status", ""), "failed")
         message = str(details.get("message", ""))

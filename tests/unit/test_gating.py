@@ -154,6 +154,18 @@ def test_gate_reads_hangs_and_unexpected_passes_from_allure(tmp_path: Path, mess
     assert len(getattr(result, kind)) == 1 and not result.new_failures
 
 
+def test_an_allure_results_folder_names_its_cases_as_the_summary_does(tmp_path: Path) -> None:
+    """A baseline of Allure results beside a current summary: the same passed case is no change, not a loss."""
+    passed = _numeric("passed")
+    allure = tmp_path / "allure"
+    allure.mkdir()
+    (allure / "a-result.json").write_text(json.dumps({
+        "fullName": "conformance.suite.test_ops#test_op_matches_golden", "status": "passed",
+        "parameters": [{"name": "tp", "value": "2"}], "labels": [{"name": "coc_case", "value": passed["id"]}]}))
+    result = run_diff.diff_runs(run_diff.load_run(allure), run_diff.load_run(_summary(tmp_path, "cur", [passed])))
+    assert not result.red and not result.sections, [s.title for s in result.sections]
+
+
 def _check(name: str, level: str, passed: bool) -> dict[str, Any]:
     return {"name": name, "level": level, "passed": passed, "outcome": "passed" if passed else "failed"}
 
