@@ -20,6 +20,7 @@ import allure
 
 from conformance.judge.levels import Level
 from conformance.judge.verdicts import FAILED, JUDGED, NOT_JUDGED, NOT_OFFERED, PASSED, outcome_of
+from conformance.judge.verdicts import case_outcome as outcome_of_checks
 from conformance.report_properties import CASE_LABEL, RUN_LABEL
 
 if TYPE_CHECKING:
@@ -402,11 +403,11 @@ def show_reason(config: pytest.Config, what: str, reason: str, seconds: float | 
 
 
 def not_judged(config: pytest.Config, checks: Sequence[Mapping[str, Any]]) -> None:
-    """A case whose checks were all not judged is shown skipped, with why, never as passed."""
+    """A case that judged nothing (``case_outcome``: not judged) is shown skipped, with why, never as passed."""
     from allure_commons.model2 import Status, StatusDetails
 
     result = _open_result(config) if _active else None
-    if result is None or not checks or any(outcome_of(c) != NOT_JUDGED for c in checks):
+    if result is None or not checks or outcome_of_checks(outcome_of(c) for c in checks) != NOT_JUDGED:
         return
     why = "; ".join(f"{c['name']}: {c.get('message') or 'nothing to judge'}" for c in checks)
     result.status = Status.SKIPPED

@@ -358,6 +358,22 @@ def test_the_banner_says_the_verdict_first_coloured_by_outcome() -> None:
     assert '<a href="#/abc">t.py::perf</a>, t.py::other' in top and "report build: no baseline view: x" in top
 
 
+@pytest.mark.parametrize("outcomes, shown", [
+    (("not judged",), "skipped"), (("not judged", "not offered"), "skipped"),
+    (("not judged", "passed"), "passed"), (("not judged", "failed"), "failed")])
+def test_a_case_that_judged_nothing_is_shown_skipped_by_the_case_rule(
+    monkeypatch: pytest.MonkeyPatch, outcomes: tuple[str, ...], shown: str,
+) -> None:
+    """Allure shows a case skipped exactly when the summary's rule (case_outcome) calls it not judged."""
+    from allure_commons.model2 import Status, TestResult
+
+    result = TestResult(status=Status.FAILED if "failed" in outcomes else Status.PASSED)  # as pytest ended it
+    monkeypatch.setattr(reporting, "_active", True)
+    monkeypatch.setattr(reporting, "_open_result", lambda config: result)
+    reporting.not_judged(None, [_check(f"check {i}", "MUST", o) for i, o in enumerate(outcomes)])  # type: ignore[arg-type]
+    assert result.status == shown
+
+
 def test_checks_carry_the_time_they_took() -> None:
     from conformance.judge.levels import Level
     from conformance.judge.verdicts import Verdicts
