@@ -357,7 +357,7 @@ def judge_spec(ranks: Ranks, spec: OpSpec, scope: Scope, verdicts: Verdicts) -> 
     judged = [(run, [o[i] for o in outcomes]) for i, run in enumerate(runs)]
     sorted_runs = sort_refusals(verdicts, judged, scope.declarations)
     judge_op_runs(verdicts, sorted_runs.to_judge, scope.declarations.in_place_ops, exact=spec.exact)
-    if spec.deterministic and sorted_runs.to_judge:
+    if spec.deterministic:
         judge_deterministic(verdicts, sorted_runs.to_judge, scope.declarations.split_invariant_ops)
     result = Judged.of(verdicts)
     if sorted_runs.not_offered:  # the other runs are judged all the same: their failures stand

@@ -177,7 +177,9 @@ def judge_deterministic(verdicts: Verdicts, judged: Sequence[tuple[OpRun, Sequen
     """``deterministic=True`` (``conformance/judge/determinism.py``): every run of a call under one tiling bitwise
     the first (MUST); for the ops declared split-invariant on this device, every tiling bitwise the first (MUST),
     for the others not judged -- their tilings are judged by the error bound, with the op checks.  Not judged where
-    a call raised, or where nothing was there to compare."""
+    a call raised, or where nothing was there to compare; nothing recorded for no run (all refused)."""
+    if not judged:
+        return
     with verdicts.check("deterministic: bitwise reproducible", Level.MUST):
         for run, outcomes in judged:
             _needs_every_result(outcomes)

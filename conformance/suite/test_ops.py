@@ -265,9 +265,8 @@ def test_deterministic_is_bitwise_reproducible(coc_ranks: Any, verdicts: Any, co
     why = cannot_fail(run)
     suite_requires(not why, f"a deterministic case that cannot fail: {why}")
     outcomes = coc_ranks.run(op_task, tp, run=run)
-    judged = _judge(verdicts, coc_declarations, [(run, outcomes)])
-    if judged:
-        judge_deterministic(verdicts, judged, coc_declarations.split_invariant_ops)
+    judge_deterministic(verdicts, _judge(verdicts, coc_declarations, [(run, outcomes)]),
+                        coc_declarations.split_invariant_ops)
 
 
 #: The storm breaker's capability of the w8A16 cases: its own path, apart from the plain op.

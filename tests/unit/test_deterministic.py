@@ -351,3 +351,13 @@ def test_one_tiling_records_no_split_invariance_check() -> None:
     run = replace(_det_run(3), tilings=(None,))
     a = torch.ones(64, 64)
     assert set(_judged(run, _outcomes([[a, a, a]] * 3), frozenset())) == {"deterministic: bitwise reproducible"}
+
+
+def test_no_run_to_judge_records_no_deterministic_check() -> None:
+    """Every run refused: nothing was compared, so nothing is recorded (an empty loop is no pass)."""
+    from conformance.judge.op_verdicts import judge_deterministic
+    from conformance.judge.verdicts import Verdicts
+
+    verdicts = Verdicts()
+    judge_deterministic(verdicts, [], frozenset({"matmul_all_reduce"}))
+    assert verdicts.results == []
