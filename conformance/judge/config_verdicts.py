@@ -22,10 +22,10 @@ def judge_effective(verdicts: Verdicts, config: Any, error: CapturedError | None
                     level: Level, what: str) -> None:
     """``configure`` accepted a valid setting and reports the ``expect``ed values in force."""
     with verdicts.check("effective settings", level):
+        if error is not None:  # a refusal of a valid setting fails whatever there was to compare
+            raise WrongError(f"{what}: configure refused a valid setting: {error.describe()}")
         if not expect:
             raise NotJudged(f"{what}: no setting's value in force is expected: nothing to compare")
-        if error is not None:
-            raise WrongError(f"{what}: configure refused a valid setting: {error.describe()}")
         actual = {key: getattr(config, key, "<missing>") for key in expect}
         assert actual == dict(expect), f"{what}: expected {dict(expect)}, got {actual}"
 

@@ -311,3 +311,24 @@ def test_an_undeclared_backend_unavailable_error_is_recognised_by_its_class_name
                             in_place_ops=frozenset())
     with pytest.raises(pytest.skip.Exception, match="unavailable here"):
         _fused_or_skip(_NoFusedBackend(), declared, 8)
+
+
+@pytest.mark.parametrize("error, expect, config, outcome", [
+    (None, {"enabled": True}, {"enabled": True}, "passed"),
+    (None, {"enabled": True}, {"enabled": False}, "failed"),
+    (None, {}, {}, "not judged"),
+    ("refused", {}, {}, "failed"),  # nothing to compare, but a valid setting refused
+    ("refused", {"enabled": True}, {}, "failed"),
+])
+def test_effective_settings_judge_a_refusal_before_what_there_is_to_compare(
+    error: str | None, expect: dict[str, object], config: dict[str, object], outcome: str,
+) -> None:
+    from types import SimpleNamespace
+
+    from conformance.judge.config_verdicts import judge_effective
+    from conformance.judge.levels import Level
+
+    verdicts = Verdicts()
+    captured = CapturedError("ValueError", error, "") if error else None
+    judge_effective(verdicts, SimpleNamespace(**config), captured, expect, Level.MUST, "a valid setting")
+    assert [(r.name, r.outcome) for r in verdicts.results] == [("effective settings", outcome)]
