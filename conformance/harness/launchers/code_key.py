@@ -41,7 +41,7 @@ def code_key(packages: tuple[str, ...] = PACKAGES) -> str:
 def _files(base: Path) -> list[Path]:
     """Every file under ``base``, relative to it, without descending into :data:`_SKIPPED` folders (the report's
     npm install alone holds some 9,000 paths)."""
-    found = []
+    found: list[Path] = []
     for folder, subfolders, names in os.walk(base):
         subfolders[:] = [d for d in subfolders if d not in _SKIPPED]
         found.extend(Path(folder, n).relative_to(base) for n in names)
