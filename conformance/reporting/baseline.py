@@ -2,9 +2,11 @@
 
 The comparison is ``coc-gate``'s own (:mod:`conformance.judge.run_diff`):
 the view walks :meth:`~conformance.judge.run_diff.RunDiff.sections` in their
-order, red ones (new failures, new failing checks, hangs, unexpected passes,
-clear perf regressions) first, then fixes, new skips, cases no longer judged
-and missing cases, each case with the checks whose outcome changed.  A
+order (new failures, new failing checks in failed cases, hangs and crashes,
+unexpected passes, lost judgment -- a case or check judged in the baseline
+and skipped, not offered, not judged or missing now -- and perf regressions,
+all red; then lost judgment the expectations file expects, and fixes), each
+case with the checks whose outcome changed.  A
 baseline is a run's JSON summary (or a folder holding one, or Allure
 results), or an earlier report's history (``*.jsonl``: its last run, case by
 case, without checks).

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 
+import pytest
 import torch
 
 from conformance.harness.device_thread import THREAD_NAME, ThreadState, run_backward
@@ -37,12 +38,8 @@ def test_an_error_on_the_device_thread_is_raised_to_the_caller() -> None:
     def fails() -> None:
         raise ValueError("backward failed")
 
-    try:
+    with pytest.raises(ValueError, match="^backward failed$"):
         run_backward(fails, device="cpu")
-    except ValueError as exc:
-        assert str(exc) == "backward failed"
-    else:  # pragma: no cover - the proof's failure
-        raise AssertionError("the device thread's error was lost")
 
 
 def test_a_thread_has_its_own_state_again_after_the_block() -> None:
