@@ -5,7 +5,9 @@ assertion rewriting -- or, where it could not be, a fresh process."""
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -65,6 +67,13 @@ def test_a_run_with_other_start_up_settings_is_left_to_a_fresh_process(forks: Py
 
 
 def test_a_forked_session_past_its_timeout_is_killed(pytester: pytest.Pytester, forks: PytestForks) -> None:
-    pytester.makepyfile(test_sleeps="import time\ndef test_sleeps():\n    time.sleep(60)\n")
+    pid_file = pytester.path / "pid"
+    pytester.makepyfile(test_sleeps=f"import os, time\ndef test_sleeps():\n"
+                                    f"    open({str(pid_file)!r}, 'w').write(str(os.getpid()))\n    time.sleep(60)\n")
     with pytest.raises(pytester.TimeoutExpired):
         forks.runpytest(pytester, "-p", "no:cacheprovider", timeout=2)
+    pid = int(pid_file.read_text())
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:  # killed, then reaped by its server
+        time.sleep(0.05)
+    assert not Path(f"/proc/{pid}").exists(), f"the forked session {pid} still runs past its timeout"
