@@ -215,3 +215,7 @@ def test_every_run_with_results_builds_its_report_with_history() -> None:
     for template in {template for template, _ in builds}:
         smoke = [args for (t, job), args in builds.items() if t == template and "smoke" in job]
         assert smoke and sum(arg == "--attach" for arg in smoke[0]) == 2, f"{template}: {smoke}"
+        # the baseline is named through a shell variable, set where the baseline run's summary was fetched
+        assert "$BASELINE" in smoke[0] and "--baseline" in known, f"{template}: {smoke}"
+        text = (ROOT / "ci-templates" / template).read_text()
+        assert 'BASELINE="--baseline baseline"' in text, template
