@@ -332,3 +332,20 @@ def test_effective_settings_judge_a_refusal_before_what_there_is_to_compare(
     captured = CapturedError("ValueError", error, "") if error else None
     judge_effective(verdicts, SimpleNamespace(**config), captured, expect, Level.MUST, "a valid setting")
     assert [(r.name, r.outcome) for r in verdicts.results] == [("effective settings", outcome)]
+
+
+@pytest.mark.parametrize("weight_grad, judged", [({}, False), ({"dw": "dummy"}, True)])
+def test_fusion_checks_are_not_judged_where_no_rank_recorded_a_weight_gradient(
+    weight_grad: dict[str, str], judged: bool,
+) -> None:
+    """Nothing recorded is nothing compared: not judged, never passed; recorded, the checks judge it."""
+    from conformance.contract.results import LayerOutcome, StepRun
+    from conformance.judge import layers
+
+    outcomes = [LayerOutcome(None, [[StepRun([], {}, dict(weight_grad))]]) for _ in range(2)]
+    for check in (layers.check_fusion_honoured, layers.check_main_grad):
+        if judged:
+            check(outcomes)
+        else:
+            with pytest.raises(NotJudged, match="no rank recorded where a weight gradient went"):
+                check(outcomes)
