@@ -150,7 +150,8 @@ class DeviceLeases:
             return alive[owner]
 
         state["queue"] = [r for r in state["queue"] if live(r["owner"])]
-        state["held"] = {d: h for d, h in state["held"].items() if live(h["owner"]) and d in self.devices}
+        # Devices not ours stay held: a session given other cards of the node shares the lease directory.
+        state["held"] = {d: h for d, h in state["held"].items() if live(h["owner"])}
         return state
 
     def _write(self, state: dict[str, Any]) -> None:

@@ -6,6 +6,7 @@ spawned and must be able to choose their devices before the runtime starts).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib.util
 import json
@@ -30,6 +31,12 @@ class SharedDevicesError(ValueError):
 class DeviceKind:
     """A device family: its collective backend and its visibility variable.
 
+    ``ids`` are the node's devices as the visibility variable names them (the
+    physical ids of the session's own ``ASCEND_RT_VISIBLE_DEVICES`` /
+    ``CUDA_VISIBLE_DEVICES``, ascending; default ``0 .. count-1``): leases are
+    named by them and ranks see exactly the ones they lease, so a session
+    given cards 4-7 never runs on 0-3.
+
     ``ranks_per_device`` > 1 (``--coc-ranks-per-device``, ``docs/DESIGN.md#shared-devices``) leases that
     many slots of every device: a case of N ranks then holds N slots, on as many distinct devices as
     are free first, and ranks on one slot's device share it.
@@ -40,28 +47,37 @@ class DeviceKind:
     visibility_var: str | None
     count: int
     ranks_per_device: int = 1
+    ids: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.ids and len(self.ids) != self.count:
+            raise ValueError(f"{self.name}: {self.count} devices named by {len(self.ids)} ids {self.ids}")
 
     @property
     def binds_devices(self) -> bool:
         """Whether a rank must be pinned to its leased device (false for CPU slots)."""
         return self.visibility_var is not None
 
+    def devices(self) -> tuple[str, ...]:
+        """The node's devices, as the visibility variable names them, in ascending order."""
+        return self.ids or tuple(str(i) for i in range(self.count))
+
     def lease_names(self) -> list[str]:
         """One name per slot: the device ids, or ``"device/place"`` when ranks share devices (every
         device's first place before any second one, so ranks spread over the devices first)."""
         if self.ranks_per_device == 1:
-            return [str(i) for i in range(self.count)]
-        return [f"{i}{SLOT_SEP}{j}" for j in range(self.ranks_per_device) for i in range(self.count)]
+            return list(self.devices())
+        return [f"{d}{SLOT_SEP}{j}" for j in range(self.ranks_per_device) for d in self.devices()]
 
-    @staticmethod
-    def _distinct(devices: Sequence[str]) -> list[str]:
-        return list(dict.fromkeys(d.split(SLOT_SEP)[0] for d in devices))
+    def _visible(self, leased: Sequence[str]) -> list[str]:
+        """The distinct devices of the slots ``leased``, in lease order."""
+        return list(dict.fromkeys(d.split(SLOT_SEP)[0] for d in leased))
 
     def visible_devices_env(self, devices: Sequence[str]) -> dict[str, str]:
         """Environment that makes exactly the leased devices visible, in lease order (each once)."""
         if self.visibility_var is None:
             return {}
-        return {self.visibility_var: ",".join(self._distinct(devices))}
+        return {self.visibility_var: ",".join(self._visible(devices))}
 
     def rank_device(self, rank: int, devices: Sequence[str] = ()) -> str:
         """The device a rank uses once only its leased devices are visible (``devices``: the slots
@@ -70,7 +86,16 @@ class DeviceKind:
             return "cpu"
         if not devices:
             return f"{self.name}:{rank}"
-        return f"{self.name}:{self._distinct(devices).index(devices[rank].split(SLOT_SEP)[0])}"
+        return f"{self.name}:{self._visible(devices).index(devices[rank].split(SLOT_SEP)[0])}"
+
+
+def visible_ids(variable: str, count: int) -> tuple[str, ...]:
+    """The first ``count`` devices this process's ``variable`` names (``()`` when unset: ``0 .. count-1``),
+    in ascending order where they are numbers (UUIDs keep their order)."""
+    named = [d.strip() for d in os.environ.get(variable, "").split(",") if d.strip()][:count]
+    if len(named) < count:
+        return ()
+    return tuple(sorted(named, key=int)) if all(d.isdigit() for d in named) else tuple(named)
 
 
 def detect_device_kind(cpu_slots: int = 8, backend: str | None = None, ranks_per_device: int = 1) -> DeviceKind:
@@ -83,11 +108,16 @@ def detect_device_kind(cpu_slots: int = 8, backend: str | None = None, ranks_per
     """
     npu = _npu_count()
     if npu:
-        kind = DeviceKind("npu", backend or "hccl", "ASCEND_RT_VISIBLE_DEVICES", npu)
+        kind = _accelerator("npu", backend or "hccl", "ASCEND_RT_VISIBLE_DEVICES", npu)
     else:
         cuda = _cuda_count()
-        kind = DeviceKind("cuda", backend or "nccl", "CUDA_VISIBLE_DEVICES", cuda) if cuda else cpu(cpu_slots, backend)
+        kind = _accelerator("cuda", backend or "nccl", "CUDA_VISIBLE_DEVICES", cuda) if cuda \
+            else cpu(cpu_slots, backend)
     return kind if ranks_per_device == 1 else shared(kind, ranks_per_device, backend)
+
+
+def _accelerator(name: str, backend: str, variable: str, count: int) -> DeviceKind:
+    return DeviceKind(name, backend, variable, count, ids=visible_ids(variable, count))
 
 
 def shared(kind: DeviceKind, ranks_per_device: int, backend: str | None = None) -> DeviceKind:
@@ -108,7 +138,7 @@ def shared(kind: DeviceKind, ranks_per_device: int, backend: str | None = None) 
     if backend not in (None, "gloo"):
         raise SharedDevicesError(f"several ranks on one device need --coc-backend gloo: {backend} refuses two "
                                  "ranks of one group on one device")
-    return DeviceKind(kind.name, "gloo", kind.visibility_var, kind.count, ranks_per_device)
+    return dataclasses.replace(kind, backend="gloo", ranks_per_device=ranks_per_device)
 
 
 def cpu(slots: int = 8, backend: str | None = None) -> DeviceKind:
