@@ -274,12 +274,13 @@ def visible_devices_env(device_ids: Sequence[int]) -> dict[str, str]:
 
     It must be in the rank's environment before torch_npu starts the runtime
     (set it when launching the process); the rank then sees the devices as
-    local indices ``0..len(device_ids)-1``.
+    local indices ``0..len(device_ids)-1``.  CANN takes ascending lists only.
     """
     ids = list(device_ids)
     bad = [i for i in ids if isinstance(i, bool) or not isinstance(i, int) or i < 0]
-    if not ids or bad or len(set(ids)) != len(ids):
-        raise CoCArgumentError(f"device_ids must be distinct non-negative ints, got {ids!r}")
+    if not ids or bad or ids != sorted(set(ids)):
+        raise CoCArgumentError(f"device_ids must be distinct non-negative ints in ascending order (CANN takes no "
+                               f"other {VISIBLE_DEVICES_ENV}), got {ids!r}")
     return {VISIBLE_DEVICES_ENV: ",".join(map(str, ids))}
 
 

@@ -28,8 +28,8 @@ def test_ranks_sharing_a_device_see_it_once_and_all_use_it(tmp_path: Path) -> No
         assert kind.visible_devices_env(held) == {"CUDA_VISIBLE_DEVICES": "0"}
         assert [kind.rank_device(r, held) for r in range(2)] == ["cuda:0", "cuda:0"]
     mixed = ("1/0", "0/1", "1/1")
-    assert shared(TWO_GPUS, 2).visible_devices_env(mixed) == {"CUDA_VISIBLE_DEVICES": "1,0"}
-    assert [shared(TWO_GPUS, 2).rank_device(r, mixed) for r in range(3)] == ["cuda:0", "cuda:1", "cuda:0"]
+    assert shared(TWO_GPUS, 2).visible_devices_env(mixed) == {"CUDA_VISIBLE_DEVICES": "0,1"}
+    assert [shared(TWO_GPUS, 2).rank_device(r, mixed) for r in range(3)] == ["cuda:1", "cuda:0", "cuda:1"]
     assert TWO_GPUS.rank_device(1, ("3", "5")) == "cuda:1"
 
 

@@ -70,18 +70,21 @@ class DeviceKind:
         return [f"{d}{SLOT_SEP}{j}" for j in range(self.ranks_per_device) for d in self.devices()]
 
     def _visible(self, leased: Sequence[str]) -> list[str]:
-        """The distinct devices of the slots ``leased``, in lease order."""
-        return list(dict.fromkeys(d.split(SLOT_SEP)[0] for d in leased))
+        """The distinct devices of the slots ``leased``, in the node's (ascending) order: CANN takes only
+        ascending lists, and a warm pool's devices come first in a lease."""
+        order = {d: i for i, d in enumerate(self.devices())}
+        distinct = dict.fromkeys(d.split(SLOT_SEP)[0] for d in leased)
+        return sorted(distinct, key=lambda d: (order.get(d, len(order)), int(d) if d.isdigit() else 0))
 
     def visible_devices_env(self, devices: Sequence[str]) -> dict[str, str]:
-        """Environment that makes exactly the leased devices visible, in lease order (each once)."""
+        """Environment that makes exactly the leased devices visible, each once, in ascending order."""
         if self.visibility_var is None:
             return {}
         return {self.visibility_var: ",".join(self._visible(devices))}
 
     def rank_device(self, rank: int, devices: Sequence[str] = ()) -> str:
         """The device a rank uses once only its leased devices are visible (``devices``: the slots
-        leased, rank ``i`` on slot ``i``)."""
+        leased, rank ``i`` on slot ``i``'s device, whose index is its place in the ascending visible list)."""
         if self.name == "cpu":
             return "cpu"
         if not devices:
