@@ -58,6 +58,16 @@ class DeviceKind:
         """Whether a rank must be pinned to its leased device (false for CPU slots)."""
         return self.visibility_var is not None
 
+    @property
+    def one_process_per_device(self) -> bool:
+        """Whether a device takes one rank process at a time (``docs/DESIGN.md#leases-and-node-size``).
+
+        An NPU runs one HCCL process per card (a second one binding it fails, ``EJ0003``; MC2 on Atlas A2
+        needs the card to itself), so a pool never starts on a card whose idle pool still lives.  Several
+        processes share a GPU (NCCL communicators of different processes coexist): CUDA pools may overlap.
+        """
+        return self.name == "npu"
+
     def devices(self) -> tuple[str, ...]:
         """The node's devices, as the visibility variable names them, in ascending order."""
         return self.ids or tuple(str(i) for i in range(self.count))

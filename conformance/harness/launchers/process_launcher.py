@@ -77,6 +77,8 @@ class ProcessLauncher:
         self._warming: dict[PoolKey, threading.Event] = {}
         #: The threads warming each session's pools (one per session: its first list counts).
         self._warmers: dict[SessionEnv | None, threading.Thread] = {}
+        #: Pools being closed, by id: their devices, and when their ranks have exited.
+        self._closing: dict[int, tuple[frozenset[str], threading.Event]] = {}
         self._closed = False
         self._calls = threading.local()
         self._pools_started = 0
@@ -202,7 +204,12 @@ class ProcessLauncher:
 
     def _checkout(self, key: PoolKey) -> RankPool | None:
         """An idle pool for ``key`` (the most recently used; one being warmed is waited for), or None; counts its
-        ranks as busy either way."""
+        ranks as busy either way.
+
+        Where a device takes one rank process at a time (:attr:`DeviceKind.one_process_per_device`), a pool
+        about to start first closes every idle pool holding one of its devices and waits until the ranks of
+        every pool being closed there have exited.
+        """
         while True:
             with self._lock:
                 for i in range(len(self._idle) - 1, -1, -1):
@@ -212,13 +219,17 @@ class ProcessLauncher:
                 warming = self._warming.get(key)
                 if warming is None:
                     self._busy[key] += 1
-                    victims = self._evictions()
+                    victims = self._evictions(key.devices if self.kind.one_process_per_device else ())
                     break
             begun = time.perf_counter()
             warming.wait()
             self._calls.start_s += time.perf_counter() - begun  # its start, as far as this case waited for it
-        for victim in victims:
-            victim.close()
+        self._close_evicted(victims)
+        if self.kind.one_process_per_device:
+            with self._lock:
+                leaving = [done for devices, done in self._closing.values() if devices.intersection(key.devices)]
+            for done in leaving:
+                done.wait()
         return None
 
     def _check_in(self, key: PoolKey, pool: RankPool) -> None:
@@ -229,18 +240,32 @@ class ProcessLauncher:
                 pool.idle_since = time.monotonic()
                 self._idle.append((key, pool))
             victims = self._evictions()  # a pool larger than the budget is not kept warm
-        for victim in victims:
-            victim.close()
+        self._close_evicted(victims)
 
-    def _evictions(self) -> list[RankPool]:
-        """Idle pools to close (under the lock): those unused for :attr:`retire_idle_s` since their last case, then
-        the least recently used until idle and busy ranks fit the budget."""
+    def _evictions(self, devices: Sequence[str] = ()) -> list[RankPool]:
+        """Idle pools to close (under the lock), each marked closing: those holding any of ``devices``, those
+        unused for :attr:`retire_idle_s` since their last case, then the least recently used until idle and
+        busy ranks fit the budget."""
         now = time.monotonic()
-        victims = [p for _, p in self._idle if p.idle_since is not None and now - p.idle_since > self.retire_idle_s]
+        wanted = set(devices)
+        victims = [p for k, p in self._idle if wanted.intersection(k.devices)
+                   or p.idle_since is not None and now - p.idle_since > self.retire_idle_s]
         self._idle = [(k, p) for k, p in self._idle if all(p is not v for v in victims)]
         while self._idle and self._live_ranks() > self.max_live_ranks:
             victims.append(self._idle.pop(0)[1])
+        for victim in victims:
+            self._closing[id(victim)] = (frozenset(victim.devices), threading.Event())
         return victims
+
+    def _close_evicted(self, victims: Sequence[RankPool]) -> None:
+        """Close pools marked closing (:meth:`_evictions`, :meth:`release`); once their ranks have exited,
+        their devices are free."""
+        try:
+            _stop_all(victims)
+        finally:
+            with self._lock:
+                for victim in victims:
+                    self._closing.pop(id(victim))[1].set()
 
     def _live_ranks(self) -> int:
         """Ranks of idle, busy and warming pools (under the lock)."""
@@ -253,7 +278,9 @@ class ProcessLauncher:
             ended = [pool for key, pool in self._idle if key.session == session]
             self._idle = [(key, pool) for key, pool in self._idle if key.session != session]
             self._warmers.pop(session, None)
-        _stop_all(ended)
+            for pool in ended:
+                self._closing[id(pool)] = (frozenset(pool.devices), threading.Event())
+        self._close_evicted(ended)
 
     def close(self) -> None:
         with self._lock:
