@@ -7,7 +7,8 @@ starts a device runtime before the pool's device-visibility variables are in
 force.
 
 Messages to the pool start with one tag byte: :data:`READY` once the process
-group is up, :data:`LOADED` once the implementation is loaded for a task (its
+group is up (on HCCL and NCCL, once its first collective has completed:
+:func:`create_communicators`), :data:`LOADED` once the implementation is loaded for a task (its
 budget does not count the load), :data:`BUDGET` + seconds when the running
 task sets its budget, :data:`PROGRESS` + the rank's evidence of progress as
 JSON (:class:`~conformance.harness.progress.Evidence`: collectives completed,
@@ -74,6 +75,7 @@ def rank_main(
         backend, store=store, rank=rank, world_size=world_size,
         timeout=timedelta(seconds=collective_timeout_s),
     )
+    create_communicators(backend, device, world_size)
     conn.send_bytes(READY)
 
     from conformance.harness import probes
@@ -124,6 +126,25 @@ def rank_main(
                 conn.send_bytes(RESULT + data)
     finally:
         dist.destroy_process_group()
+
+
+#: Backends that create a group's communicators at its first collective (HCCL and NCCL set up rings, links and
+#: buffers then: seconds on a large node), not in ``init_process_group``.
+LAZY_COMMUNICATORS = ("hccl", "nccl")
+
+
+def create_communicators(backend: str, device: str, world_size: int) -> None:
+    """Complete one collective on the rank's device, so that a lazy backend's communicators exist before the
+    rank reports :data:`READY`: their set-up is paid at the pool's start, not inside a case's time budget."""
+    if backend not in LAZY_COMMUNICATORS:
+        return
+    import torch
+    import torch.distributed as dist
+
+    one = torch.ones(1, device=device)
+    dist.all_reduce(one)
+    if one.item() != world_size:  # .item() waits for the device
+        raise RuntimeError(f"{backend}: the first all-reduce of ones over {world_size} ranks gave {one.item()}")
 
 
 def _completed_since(begun: int) -> Callable[[], int]:
