@@ -10,8 +10,10 @@ On the node at hand, against the reference implementation
 2. ``suite``: the TP-1 suite (``--coc-tp 1 --coc-perf-figures``);
 3. ``explore``: a 60 s exploration at TP 2 (two ranks on one device where
    the node has one);
-4. ``shared``: the whole suite but the perf cases at TP 2, 4 and 8 with up to
-   8 ranks on each device over gloo (``--coc-ranks-per-device 8``);
+4. ``shared`` (GPUs): the whole suite but the perf cases at TP 2, 4 and 8 with
+   up to 8 ranks on each device over gloo (``--coc-ranks-per-device 8``);
+   ``tp`` (NPUs, where HCCL takes one rank per card and gloo no NPU tensors):
+   the same at the TP sizes the node's own cards hold, one rank per card;
 5. ``hangs``: device-side progress evidence: a rank whose host waits while its
    device works for several budgets passes, a deadlock on the device is
    declared at its budget (:func:`conformance.bench.hangs.on_device`);
@@ -21,7 +23,11 @@ On the node at hand, against the reference implementation
    (:mod:`coc_shared.chunk_efficiency`).
 
 On a CPU, the parts only an accelerator can run (4 and 5) are recorded as
-not run, saying why.  It writes one JSON (``--out``, default
+not run, saying why; so is the part of 4 another device kind runs.  A node
+whose accelerators this Python cannot see (``/dev/davinci*`` without an
+importable torch_npu, ``NPU_SIM`` set, ``/dev/nvidia*`` without a CUDA torch)
+fails the check at once, naming what it found: it never measures the CPU
+in their place.  It writes one JSON (``--out``, default
 ``reports/device-check.json``): the node's identity, each part's outcome and
 figures, the measurement under ``gemm_rows`` and the efficiency table under
 ``chunk_efficiency`` -- the file ``COC_GEMM_ROWS`` and ``COC_CHUNK_EFFICIENCY``
@@ -66,10 +72,15 @@ DEFAULT_OUT = Path("reports") / "device-check.json"
 ACCELERATOR_ROWS = (((1024, 1024), (4096, 4096), (4096, 12288)), 4096)
 CPU_ROWS = (((96, 64), (1024, 1024)), 2048)
 #: Every part, in the order it runs.
-PARTS = ("gemm_rows", "suite", "explore", "shared", "hangs", "efficiency")
-#: The TP sizes of the shared-device part, and the most ranks it puts on one device.
+PARTS = ("gemm_rows", "suite", "explore", "shared", "tp", "hangs", "efficiency")
+#: The TP sizes of the shared-device and one-rank-per-card parts, and the most ranks ``shared`` puts on one device.
 SHARED_TP = "2,4,8"
 SHARED_RANKS_PER_DEVICE = 8
+#: Where a node's accelerators show as device files, whether or not this Python can use them.
+DEV = Path("/dev")
+DEVICE_FILES = {"npu": "davinci[0-9]*", "cuda": "nvidia[0-9]*"}
+#: The emulated NPU node's switch: set, the node has NPUs.
+NPU_SIM = "NPU_SIM"
 #: Budget of the device hang cases, and how long the device-bound one runs (several budgets).
 HANG_BUDGET_FLOOR_S = 1.0
 DEVICE_BOUND_S = 6.0
@@ -140,28 +151,68 @@ def _pytest(args: Sequence[str], summary: Path, timeout_s: float, env: dict[str,
 
 
 def sessions(kind: DeviceKind, work: Path, explore_s: float) -> dict[str, tuple[list[str], Path, float]]:
-    """The pytest sessions of the check on ``kind``: part -> (arguments, its JSON summary, its time limit).  On a
-    CPU, no shared-device session: CPU ranks share the cores already, and CI runs every TP size."""
-    accelerator = kind.name != "cpu"
-    explore_ranks = ["--coc-ranks-per-device", "2"] if accelerator and kind.count < 2 else []
+    """The pytest sessions of the check on ``kind``: part -> (arguments, its JSON summary, its time limit).
+
+    TP > 1 runs where the node lets it: on GPUs up to eight ranks share each device over gloo (``shared``); on
+    NPUs, where HCCL takes one rank per card and gloo no NPU tensors, at the TP sizes the cards hold, one rank
+    per card (``tp``; the exploration at TP 1 on a one-card node).  On a CPU neither: CPU ranks share the cores
+    already, and CI runs every TP size.
+    """
+    shares = kind.name == "cuda"
+    explore_ranks = ["--coc-ranks-per-device", "2"] if shares and kind.count < 2 else []
+    explore_tp = "1" if kind.name == "npu" and kind.count < 2 else "2"
     found = {
         # The perf cases too, for their figures: no profile enforces a gate on a node met for the first time.
         "suite": (["--coc-tp", "1", "-n", "0", "--coc-perf-figures"], work / "suite.json", 240.0),
-        "explore": (["--coc-explore", f"{explore_s:g}", "--coc-tp", "2", "-n", "0", *explore_ranks,
+        "explore": (["--coc-explore", f"{explore_s:g}", "--coc-tp", explore_tp, "-n", "0", *explore_ranks,
                      "--coc-explore-dir", str(work / "explore")], work / "explore.json", explore_s + 180),
     }
-    if accelerator:
+    if shares:
         found["shared"] = (["--coc-ranks-per-device", str(SHARED_RANKS_PER_DEVICE), "--coc-tp", SHARED_TP,
                             "-m", "not perf", "-n", "4"], work / "shared.json", 600.0)
+    held = [tp for tp in SHARED_TP.split(",") if int(tp) <= kind.count]
+    if kind.name == "npu" and held:
+        # A TP-2 case holds two cards: more workers than pairs of cards only wait for leases.
+        found["tp"] = (["--coc-tp", ",".join(held), "-m", "not perf", "-n", str(kind.count // 2)],
+                       work / "tp.json", 600.0)
     return found
 
 
 #: Why a part did not run on a CPU.
 NOT_ON_CPU = {
     "shared": "CPU ranks already share the cores: nothing to share (CI runs the suite at every TP size on CPU)",
+    "tp": "CI runs the suite at every TP size on CPU",
     "hangs": "device events are inert on CPU ranks, whose evidence is CPU time and stacks "
              "(python -m conformance.bench hangs)",
 }
+
+
+def not_planned(kind: DeviceKind, part: str) -> str:
+    """Why ``part``, a session :func:`sessions` does not plan on an accelerator ``kind``, did not run."""
+    if part == "shared":
+        return (f"ranks cannot share a {kind.name} device (HCCL takes one rank per card, gloo no NPU tensors): "
+                "the tp part runs TP 2-8 on the node's own cards")
+    if part == "tp" and kind.name == "npu":
+        return f"one {kind.name} card: TP > 1 needs two, one rank per card"
+    return f"the shared part runs TP {SHARED_TP} on this node's {kind.name} devices"
+
+
+def unseen_accelerator(kind: DeviceKind) -> str | None:
+    """Why this check would measure the wrong device: the node has accelerators ``kind`` (what this Python
+    detected) is not, or None."""
+    if kind.name != "cpu":
+        return None
+    if os.environ.get(NPU_SIM, "") not in ("", "0"):
+        return (f"{NPU_SIM}={os.environ[NPU_SIM]} asks for the emulated NPU node, but this Python sees no NPU "
+                "(is the emulator installed in this environment?)")
+    for name, pattern in DEVICE_FILES.items():
+        found = sorted(str(f) for f in DEV.glob(pattern))
+        if found:
+            need = ("an importable torch_npu (the node's torch and torch_npu, CANN's set_env.sh sourced)"
+                    if name == "npu" else "a torch built with CUDA")
+            return (f"this node has {name} devices ({', '.join(found[:4])}{', ...' if len(found) > 4 else ''}) but "
+                    f"this Python sees none: it needs {need}; not measuring the CPU in their place")
+    return None
 
 
 def measure_rows(kind: DeviceKind, path: Path) -> dict[str, Any]:
@@ -246,6 +297,14 @@ def main(argv: list[str] | None = None) -> int:
         doc["torch"] = torch.__version__
     except ImportError:
         pass
+    node = doc["node"]
+    print(f"measuring {node['device']} {node['name']!r} x{node['devices']} ({node['backend']})", flush=True)
+    unseen = unseen_accelerator(kind)
+    if unseen:
+        doc.update(error=unseen, failed_parts=["node"])
+        out.write_text(json.dumps(doc, indent=1) + "\n")
+        print(f"device check failed: {unseen}", flush=True)
+        return 1
     work = out.with_suffix(".parts")  # each pytest session's own JSON summary, kept beside the check's
     work.mkdir(exist_ok=True)
     env: dict[str, str] = {}
@@ -265,6 +324,8 @@ def main(argv: list[str] | None = None) -> int:
             doc[part] = {"ran": False, "why": NOT_ON_CPU[part]}
         elif part == "hangs":
             doc[part] = hang_evidence(kind)
+        elif part not in planned:
+            doc[part] = {"ran": False, "why": not_planned(kind, part)}
         else:
             doc[part] = _pytest(*planned[part], env=env)
         shown = doc.get(part, {})

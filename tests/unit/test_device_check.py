@@ -4,6 +4,7 @@ hang cases."""
 
 from __future__ import annotations
 
+import configparser
 import json
 from pathlib import Path
 
@@ -13,9 +14,14 @@ from coc_shared import gemm_rows
 from conformance.bench import device, hangs
 from conformance.harness.case import Budget, CapturedError, RankOutcome
 from conformance.harness.case_errors import CaseTimeout, RankCrashed
-from conformance.harness.launchers.devices import DeviceKind, cpu
+from conformance.harness.launchers.devices import DeviceKind, cpu, shared
+from tests.support import ROOT
 
 ONE_GPU = DeviceKind("cuda", "nccl", "CUDA_VISIBLE_DEVICES", 1)
+
+
+def _npus(count: int) -> DeviceKind:
+    return DeviceKind("npu", "hccl", "ASCEND_RT_VISIBLE_DEVICES", count)
 
 
 def test_on_an_accelerator_it_runs_the_whole_suite_at_tp_2_to_8_sharing_the_device_and_explores_at_tp_2(
@@ -32,9 +38,85 @@ def test_on_an_accelerator_it_runs_the_whole_suite_at_tp_2_to_8_sharing_the_devi
     assert set(device.sessions(cpu(), tmp_path, 60.0)) == {"suite", "explore"}
 
 
+@pytest.mark.parametrize("kind", [_npus(8), _npus(4), _npus(1), ONE_GPU, DeviceKind("cuda", "nccl",
+                                  "CUDA_VISIBLE_DEVICES", 2), cpu()],
+                         ids=["8-npu", "4-npu", "1-npu", "1-gpu", "2-gpu", "cpu"])
+def test_every_session_it_plans_is_one_the_suite_accepts_on_that_node(kind: DeviceKind, tmp_path: Path) -> None:
+    """Ranks share a device only where the suite lets them (GPUs, over gloo): the suite refuses
+    --coc-ranks-per-device on an NPU (a usage error, exit 1), and a TP larger than the node is never asked."""
+    for args, _, _ in device.sessions(kind, tmp_path, 60.0).values():
+        if "--coc-ranks-per-device" in args:
+            shared(kind, int(args[args.index("--coc-ranks-per-device") + 1]))  # raises where it is refused
+            continue
+        assert all(int(tp) <= kind.count for tp in args[args.index("--coc-tp") + 1].split(","))
+
+
+def test_on_npus_it_runs_tp_2_to_8_one_rank_per_card(tmp_path: Path) -> None:
+    planned = device.sessions(_npus(8), tmp_path, 60.0)
+    assert set(planned) == {"suite", "explore", "tp"}
+    tp = planned["tp"][0]
+    assert tp[tp.index("--coc-tp") + 1] == "2,4,8" and tp[tp.index("-n") + 1] == "4" and "not perf" in tp
+    tp = device.sessions(_npus(4), tmp_path, 60.0)["tp"][0]
+    assert tp[tp.index("--coc-tp") + 1] == "2,4" and tp[tp.index("-n") + 1] == "2"
+    one = device.sessions(_npus(1), tmp_path, 60.0)
+    assert set(one) == {"suite", "explore"}
+    assert one["explore"][0][one["explore"][0].index("--coc-tp") + 1] == "1"
+
+
+@pytest.mark.parametrize("kind, part, why", [
+    (_npus(8), "shared", "HCCL takes one rank per card"),
+    (_npus(1), "tp", "one npu card"),
+    (ONE_GPU, "tp", "the shared part runs TP 2,4,8"),
+])
+def test_a_part_the_node_cannot_run_is_recorded_as_not_run(
+        kind: DeviceKind, part: str, why: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(device, "detect_device_kind", lambda: kind)
+    monkeypatch.setattr(device, "node_identity", lambda k: {"device": k.name, "name": "?", "backend": k.backend})
+    out = tmp_path / "device-check.json"
+    assert device.main(["--only", part, "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc[part]["ran"] is False and why in doc[part]["why"]
+
+
+@pytest.mark.parametrize("found, variables, why", [
+    ("davinci0", {}, "this node has npu devices (DEV/davinci0) but this Python sees none"),
+    ("nvidia0", {}, "this node has cuda devices (DEV/nvidia0) but this Python sees none"),
+    (None, {"NPU_SIM": "1"}, "NPU_SIM=1 asks for the emulated NPU node, but this Python sees no NPU"),
+])
+def test_a_node_whose_accelerators_this_python_cannot_see_fails_instead_of_measuring_the_cpu(
+        found: str | None, variables: dict[str, str], why: str, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    dev = tmp_path / "dev"
+    dev.mkdir()
+    if found:
+        (dev / found).touch()
+    monkeypatch.setattr(device, "DEV", dev)
+    monkeypatch.delenv("NPU_SIM", raising=False)
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(device, "detect_device_kind", lambda: cpu())
+    out = tmp_path / "device-check.json"
+    assert device.main(["--only", "shared", "--out", str(out)]) == 1
+    doc = json.loads(out.read_text())
+    assert doc["failed_parts"] == ["node"] and doc["error"].startswith(why.replace("DEV", str(dev)))
+    assert "shared" not in doc and "measuring cpu" in capsys.readouterr().out
+
+
+def test_tox_device_runs_on_the_nodes_own_torch_with_canns_environment() -> None:
+    tox = configparser.ConfigParser(interpolation=None)
+    tox.read(ROOT / "tox.ini")
+    env = tox["testenv:device"]
+    assert env.getboolean("system_site_packages")
+    assert not any(dep.strip().startswith("torch") for dep in env["deps"].splitlines())
+    passed = set(env["pass_env"].split())
+    assert {"ASCEND_*", "LD_LIBRARY_PATH", "PYTHONPATH", "NPU_SIM", "HCCL_*"} <= passed
+
+
 def test_on_a_cpu_the_accelerator_parts_are_recorded_as_not_run_and_the_gemm_rows_measured(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(device, "CPU_ROWS", (((96, 64), (256, 256)), 512))
+    monkeypatch.setattr(device, "DEV", tmp_path)
+    monkeypatch.delenv("NPU_SIM", raising=False)
     monkeypatch.delenv(gemm_rows.ENV, raising=False)
     out = tmp_path / "device-check.json"
     assert device.main(["--only", "gemm_rows", "--only", "shared", "--only", "hangs", "--out", str(out)]) == 0
