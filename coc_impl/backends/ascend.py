@@ -34,7 +34,11 @@ Documented limits (:data:`LIMITS`; a call outside them raises
   and reduce-scatter on Atlas A2 and A3; all-reduce, plain and w8A16, on
   Atlas A2 only (aclnnMatmulAllReduce, aclnnWeightQuantMatmulAllReduce).
 * TP size: all-reduce 1, 2, 4 or 8 (A2); reduce-scatter and all-gather 2, 4
-  or 8 on A2, 2, 4, 8, 16 or 32 on A3.
+  or 8 on A2, 2, 4, 8, 16 or 32 on A3 (``world_size`` of
+  ``docs/zh/custom_APIs/torch_npu/torch_npu-npu_mm_reduce_scatter_base.md`` and
+  ``torch_npu-npu_all_gather_base_mm.md``, Ascend/op-plugin 517f2e7d, as on every
+  release branch 7.1.0 to 26.1.0; the kernels' own argument check,
+  ``op_plugin/ops/opapi/MatmulReduceScatterBaseKernelNpuOpApi.cpp``, takes the same).
 * ``k``: ``256 <= k < 65535`` for reduce-scatter and all-gather; ``k, n <=
   65535`` for w8A16.
 * One communication domain: on Atlas A2 every MC2 op of a process must use the

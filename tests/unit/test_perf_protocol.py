@@ -174,6 +174,21 @@ def test_shipped_profiles_parse_and_detect():
     assert hardware.matching_profile("cuda", "NVIDIA H100", 8, "nccl") is None
 
 
+@pytest.mark.parametrize("name", ["Ascend910_9391", "Ascend910_9392", "Ascend910_9382", "Ascend910_9362"])
+def test_an_atlas_a3_node_has_its_profile_of_figures_only(name):
+    """A3 nodes run the 910B workloads at TP 8 and 16 as figures: no gain was measured there, so none is gated."""
+    node = {"device": "npu", "name": name, "backend": "hccl"}
+    for tp in (8, 16):
+        assert hardware.matching_profile("npu", name, tp, "hccl").name == "npu-a3"
+    assert hardware.node_profile(node).name == "npu-a3"
+    assert "this node has npu-a3" in hardware.why_not_here(hardware.by_name("unprofiled"), node, 8)
+    profile = hardware.by_name("npu-a3")
+    assert not profile.enforce and all(g is None for c in profile.cases for g in c.gates.values())
+    workloads = {(c.id, c.op, c.m, c.k, c.n) for c in hardware.by_name("npu-910b-tp8").cases}
+    assert workloads == {(c.id, c.op, c.m, c.k, c.n) for c in profile.cases if c.tp == 8}
+    assert hardware.matching_profile("npu", "Ascend910B3", 8, "hccl").name == "npu-910b-tp8"
+
+
 def test_mismatch_names_what_differs():
     match = hardware.by_name("npu-910b-tp8").match
     assert match.mismatch("npu", "Ascend910B1", 8, "hccl") == ""
