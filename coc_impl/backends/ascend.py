@@ -42,8 +42,9 @@ Documented limits (:data:`LIMITS`; a call outside them raises
 * ``k``: ``256 <= k < 65535`` for reduce-scatter and all-gather; ``k, n <=
   65535`` for w8A16.
 * One communication domain: on Atlas A2 every MC2 op of a process must use the
-  same HCCL communicator; the first MC2 call's group is kept, another group is
-  refused (``backend="portable"`` runs it).
+  same HCCL communicator; the group of the first MC2 call is kept while it
+  lives, another group is refused (``backend="portable"`` runs it); once that
+  group is destroyed, the next MC2 call's group takes its place.
 * Activations float16 or bfloat16 on an NPU device
   (:class:`CoCArgumentError`, also before the runtime is asked for).
 
@@ -372,8 +373,52 @@ def _antiquant_kwargs(call: ValidatedCall, x2: Tensor) -> dict[str, Any]:
 
 # --------------------------------------------------------------------------- checks
 
-#: The group of this process's first MC2 call, where the SoC allows one communication domain.
-_domain: weakref.ref[ProcessGroup] | None = None
+@dataclass(frozen=True)
+class _Domain:
+    """The group whose communicator this process's MC2 calls use, where the SoC allows one communication domain.
+
+    The rule is about live communicators: once the group is destroyed, the next MC2 call may claim another.
+    Destroying a group drops it from torch's registry of groups (``distributed_c10d._world.pg_map``), though
+    torch or the caller may keep the object; a group that was never registered there (one built directly)
+    lives as long as the object.
+    """
+
+    group: weakref.ref[ProcessGroup]
+    registered: bool
+
+    @classmethod
+    def of(cls, group: ProcessGroup) -> _Domain:
+        return cls(weakref.ref(group), _registered(group))
+
+    def live_group(self) -> ProcessGroup | None:
+        """The group, while it still holds its communicator; None once it is destroyed."""
+        group = self.group()
+        if group is None or (self.registered and not _registered(group)):
+            return None
+        return group
+
+
+def _registered(group: ProcessGroup) -> bool:
+    """Whether torch.distributed lists ``group`` as a live group."""
+    try:
+        from torch.distributed.distributed_c10d import _world
+
+        return group in _world.pg_map
+    except (ImportError, AttributeError, TypeError):  # a torch without the registry: the object's life decides
+        return False
+
+
+#: This process's communication domain for MC2, where the SoC allows one (:class:`_Domain`).
+_domain: _Domain | None = None
+
+
+def _domain_group() -> ProcessGroup | None:
+    """The live group of this process's MC2 domain, if one is claimed (a destroyed one is released)."""
+    global _domain
+    group = _domain.live_group() if _domain is not None else None
+    if group is None:
+        _domain = None
+    return group
 
 
 def _check_kernel_limits(call: ValidatedCall, runtime: _Runtime) -> None:
@@ -400,10 +445,11 @@ def _check_kernel_limits(call: ValidatedCall, runtime: _Runtime) -> None:
             )
     if call.antiquant is not None:
         _check_antiquant(call, runtime)
-    if family in limits.one_domain and _domain is not None and _domain() is not call.group:
+    held = _domain_group() if family in limits.one_domain else None
+    if held is not None and held is not call.group:
         raise CoCBackendUnavailable(
             f"{call.op}: on {family} every MC2 op of a process must use one communication domain "
-            f"({limits.doc}); this process's MC2 ops already run on another group than this one "
+            f"({limits.doc}); this process's MC2 ops already run on another live group than this one "
             f"(tp={call.tp}); backend='portable' runs it"
         )
 
@@ -429,11 +475,11 @@ def _check_antiquant(call: ValidatedCall, runtime: _Runtime) -> None:
 
 
 def _claim_domain(call: ValidatedCall, runtime: _Runtime) -> None:
-    """Keep the first MC2 call's group where the SoC allows one communication domain per process."""
+    """Keep the MC2 call's group where the SoC allows one communication domain per process and none is live."""
     global _domain
     family = soc_family(runtime.soc)
-    if _domain is None and family in LIMITS[call.op].one_domain:
-        _domain = weakref.ref(call.group)
+    if family in LIMITS[call.op].one_domain and _domain_group() is None:
+        _domain = _Domain.of(call.group)
 
 
 def _require_deterministic_algorithms(op: str) -> None:

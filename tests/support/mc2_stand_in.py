@@ -4,7 +4,7 @@ The three signatures are defined with ``torch.library``, so torch's own
 argument parser checks every call the Ascend binding makes, exactly as
 torch_npu's registered ops would: a misnamed, missing or extra positional
 argument is refused.  Each CPU kernel then asserts the documented limits (SoC,
-TP size, ``k``, ``m % tp``, dtypes, no bias, operand layouts, one
+TP size, ``k``, ``m % tp``, dtypes, no bias, operand layouts, one live
 communication domain on Atlas A2) and computes the documented result from its
 inputs, reading a per-group w8A16 scale the way the kernel does (through
 ``x2``'s transpose flag), so the binding's numbers are checked on a CPU too.
@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 import sys
 import types
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -85,8 +86,18 @@ class FakeGroup(dist.ProcessGroup):
     def _comm_name(self, global_rank: int) -> str:
         self.comm_name_ranks.append(global_rank)
         hcom = f"hcom-{self.name}"
-        sys.modules["torch_npu"].domains[hcom] = (self.rank(), self.size())
+        domains = sys.modules["torch_npu"].domains
+        domains[hcom] = (self.rank(), self.size())
+        weakref.finalize(self, domains.pop, hcom, None)  # a group's communicator dies with it
         return hcom
+
+    def destroy(self) -> None:
+        """What ``dist.destroy_process_group(group)`` does: the group leaves torch's registry of groups (the object
+        may live on) and its HCCL communicator is destroyed, freeing the process's communication domain."""
+        from torch.distributed.distributed_c10d import _world
+
+        _world.pg_map.pop(self, None)
+        sys.modules["torch_npu"].domains.pop(f"hcom-{self.name}", None)
 
 
 class FakeTorchNpu(types.ModuleType):
@@ -143,7 +154,8 @@ def _common(kernel: str, bound: dict[str, Any], fake: FakeTorchNpu) -> tuple[int
     _require(bound.get("world_size", tp) == tp, kernel, f"world_size {bound.get('world_size')} != group size {tp}")
     _require(tp in limits["tp"][family], kernel, f"TP sizes {limits['tp'][family]} on {family}, got {tp}")
     if family in limits["one_domain"]:
-        fake.domain_used = fake.domain_used or hcom
+        live = fake.domain_used in fake.domains  # a destroyed communicator frees the domain
+        fake.domain_used = fake.domain_used if live else hcom
         _require(fake.domain_used == hcom, kernel, f"one communication domain on {family}: {fake.domain_used}, {hcom}")
     x1, x2 = _x1(bound), bound["x2"]
     _require(str(x1.dtype).removeprefix("torch.") in limits["dtypes"], kernel, f"x1 dtype {x1.dtype}")

@@ -13,6 +13,7 @@ refuse them before the backend is reached."""
 from __future__ import annotations
 
 import functools
+import gc
 import importlib
 import importlib.abc
 import importlib.util
@@ -299,7 +300,8 @@ def test_the_stand_in_refuses_what_the_schema_does(fake_npu, case):
 
 
 def _direct(kernel, *args, **kwargs):
-    FakeGroup()._comm_name(0)  # registers domain "hcom-tp": rank 0 of 4
+    group = FakeGroup()
+    group._comm_name(0)  # registers domain "hcom-tp", rank 0 of 4, while the group lives
     return getattr(torch.ops.npu, kernel)(*args, **kwargs)
 
 
@@ -595,6 +597,44 @@ def test_one_communication_domain_on_atlas_a2(on_soc, soc):
     assert len(fake.calls) == 2
 
 
+def test_the_one_domain_rule_holds_for_live_groups_only(on_soc, monkeypatch):
+    """4. A2's one communication domain is about live communicators: once the first MC2 group is destroyed (torch
+    may keep the object), a new group's MC2 call runs; while both live, the second is refused, ``auto`` falling
+    back for it."""
+    from torch.distributed.distributed_c10d import _world
+
+    fake = on_soc(A2_SOC)
+    ran = []
+    monkeypatch.setattr(portable, "run", lambda call: ran.append(call.op) or "portable")
+    x, w, _ = _operands()
+    first, second, third = (FakeGroup(size=2, name=name) for name in ("first", "second", "third"))
+    for group in (first, second, third):
+        monkeypatch.setitem(_world.pg_map, group, ("hccl", None))  # created by init_process_group / new_group
+    ATB[RS](x, w, group=first)
+    with pytest.raises(CoCBackendUnavailable, match="another live group"):
+        ATB[RS](x, w, group=second)
+    assert AUTO[RS](x, w, group=second) == "portable"
+    first.destroy()  # the object lives on, its communicator does not
+    ATB[RS](x, w, group=second)
+    assert AUTO[AG](x, w, group=second) is not None and ran == [RS]
+    with pytest.raises(CoCBackendUnavailable, match="another live group"):
+        ATB[AG](x, w, group=third)
+    assert [call[0] for call in fake.calls] == ["npu_mm_reduce_scatter_base"] * 2 + ["npu_all_gather_base_mm"]
+
+
+def test_a_group_built_outside_torchs_registry_holds_the_domain_while_it_lives(on_soc):
+    fake = on_soc(A2_SOC)
+    x, w, _ = _operands()
+    first = FakeGroup(size=2, name="first")
+    ATB[RS](x, w, group=first)
+    with pytest.raises(CoCBackendUnavailable, match="another live group"):
+        ATB[RS](x, w, group=FakeGroup(size=2, name="second"))
+    del first  # its communicator dies with it
+    gc.collect()
+    ATB[RS](x, w, group=FakeGroup(size=2, name="third"))
+    assert len(fake.calls) == 2
+
+
 #: Calls the portable backend runs but MC2 does not take, on an Atlas A2 host.
 NOT_FOR_MC2 = {
     "float32": (AR, {"dtype": torch.float32}, {}, 4, "x must be float16 or bfloat16"),
@@ -629,7 +669,8 @@ def test_auto_falls_back_for_another_domain_and_soc(on_soc, monkeypatch):
     on_soc(A3_SOC)
     assert AUTO[AR](x, w, group=FakeGroup(size=2)) == "portable"
     fake = on_soc(A2_SOC)
-    AUTO[AR](x, w, group=FakeGroup(size=2, name="tp"))
+    tp = FakeGroup(size=2, name="tp")
+    AUTO[AR](x, w, group=tp)
     assert AUTO[AR](x, w, group=FakeGroup(size=2, name="other")) == "portable"
     assert ran == [AR, AR] and len(fake.calls) == 1
 
