@@ -100,3 +100,14 @@ class ReferenceCoC:
         from coc_impl.megatron_patch import patch_megatron
 
         return patch_megatron(config)
+
+
+class ReferenceCoCAuto(ReferenceCoC):
+    """The reference with ``backend="auto"``: every fused call torch_npu's MC² kernels take goes to them, any other
+    to the portable backend (``--coc-impl coc_impl.reference:ReferenceCoCAuto`` judges MC² on an NPU node; on
+    any other node it is the portable reference)."""
+
+    name = "reference-auto"
+
+    def __init__(self) -> None:
+        super().__init__(backend="auto")

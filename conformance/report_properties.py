@@ -16,6 +16,9 @@ if TYPE_CHECKING:  # the report builder reads these names where pytest is not in
 CHECKS = "coc_checks"
 #: Where the case's time went (:class:`~conformance.harness.runner.CaseTimings` as a dict).
 TIMINGS = "coc_timings"
+#: Which of torch_npu's fused kernels (MC²) the implementation's calls reached: calls by kernel, the most any rank
+#: made, summed over the case's runs (absent: none).
+FUSED_KERNELS = "coc_fused_kernels"
 #: When and where every case ran: its worker, when that worker's process and the case began, the worker's CPU time
 #: for it (the schedule simulation's input, ``conformance.bench.schedule``).
 CLOCK = "coc_clock"

@@ -230,6 +230,8 @@ class RankOutcome:
     error: CapturedError | None = None
     log: str = ""
     timings: dict[str, float] = field(default_factory=dict)
+    #: Calls of torch_npu's fused kernels the implementation's calls reached, by kernel (:mod:`.probes`).
+    fused_kernels: dict[str, int] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -240,7 +242,7 @@ def run_on_rank(
     task_fn: TaskFn, params: dict[str, Any], ctx: RankContext, *, capture_stdio: bool = True,
     carry: Callable[[], contextlib.AbstractContextManager[None]] | None = None,
 ) -> RankOutcome:
-    """Run one task on this rank, capturing its output, logs, timings and exception.
+    """Run one task on this rank, capturing its output, logs, timings, fused kernel calls and exception.
 
     Ranks that are threads of one process share ``sys.stdout``; they pass
     ``capture_stdio=False`` and only their threads' log records are kept.
@@ -248,8 +250,12 @@ def run_on_rank(
     (:func:`conformance.harness.rank_threads.rank_thread`; ``carry``: the
     context a helper thread of the rank runs the rank's code in).
     """
+    from conformance.harness.probes import FUSED_CALLS
+
     buffer = io.StringIO()
     ctx.timings = {}
+    me = threading.get_ident()  # the rank thread its recordings count for
+    fused = FUSED_CALLS.of_rank(me)
     with rank_threads.rank_thread(carry), _capture_output(buffer, capture_stdio):
         try:
             value = task_fn(ctx, **params)
@@ -257,7 +263,7 @@ def run_on_rank(
         except BaseException as exc:  # noqa: BLE001 - everything goes back to the test
             value, error = None, CapturedError.capture(exc)
     return RankOutcome(rank=ctx.rank, value=value, error=error, log=buffer.getvalue(),
-                       timings=dict(ctx.timings))
+                       timings=dict(ctx.timings), fused_kernels=FUSED_CALLS.since(fused, me))
 
 
 class _Tee(io.TextIOBase):

@@ -57,6 +57,7 @@ import inspect
 import random
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -83,6 +84,16 @@ _KINDS = (("all_reduce", ("allreduce", "all_reduce")),
           ("all_gather", ("allgather", "all_gather")),
           ("reduce_scatter", ("reduce_scatter",)),
           ("all_to_all", ("alltoall", "all_to_all")))
+#: torch_npu's fused matmul + communication kernels (MC²), as Ascend/op-plugin registers them
+#: (``op_plugin/config/op_plugin_functions.yaml``) under ``torch.ops.npu``: each call inside a recording (an
+#: implementation's calls) counts for its rank (:data:`FUSED_CALLS`), so a run says which fused backend ran.
+FUSED_KERNEL_NAMESPACE = "npu"
+FUSED_KERNELS = frozenset({
+    "npu_mm_all_reduce_base", "npu_mm_reduce_scatter_base", "npu_all_gather_base_mm",
+    "npu_quant_mm_reduce_scatter", "npu_all_gather_quant_mm", "npu_all_to_all_matmul", "npu_matmul_all_to_all",
+    "npu_all_to_all_quant_matmul", "npu_quant_matmul_all_to_all", "npu_alltoallv_gmm", "npu_gmm_alltoallv",
+    "npu_alltoallv_quant_gmm", "npu_quant_gmm_alltoallv",
+})
 #: Group states: resolved while it exists, resolved from an earlier recording (it no longer exists), unknown.
 LIVE, GONE, UNKNOWN = "live", "gone", "unknown"
 
@@ -734,6 +745,8 @@ def _dispatch(recording: _Recording, func: Any, args: Any, kwargs: Any) -> Any:
         return out
     else:
         out = func(*args, **kwargs)
+        if func.namespace == FUSED_KERNEL_NAMESPACE and func._opname in FUSED_KERNELS:
+            FUSED_CALLS.note(func._opname, recording.rank)
         if func.namespace not in ("aten", "prim", "prims") and _fused_name(func._opname):
             log.events.append(Event("matmul", shape=tuple(getattr(out, "shape", ()) or ()), label="fused",
                                     op=f"{func.namespace}.{func._opname}", operands=names))
@@ -933,3 +946,32 @@ class CompletionCount:
 
 
 COMPLETED = CompletionCount()
+
+
+class FusedCalls:
+    """Calls of torch_npu's fused kernels (:data:`FUSED_KERNELS`) inside recordings, per rank thread and kernel.
+
+    :func:`~conformance.harness.case.run_on_rank` reads what its task added
+    into the rank's outcome: the JSON summary then says, per case, which fused
+    kernels the implementation's calls reached (MC² on an NPU, or none).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_rank: dict[int | None, Counter[str]] = {}
+
+    def note(self, kernel: str, rank: int | None) -> None:
+        with self._lock:
+            self._by_rank.setdefault(rank, Counter())[kernel] += 1
+
+    def of_rank(self, rank: int | None) -> Counter[str]:
+        """The calls counted for rank thread ``rank`` so far (a copy)."""
+        with self._lock:
+            return Counter(self._by_rank.get(rank, ()))
+
+    def since(self, before: Counter[str], rank: int | None) -> dict[str, int]:
+        """The calls counted for ``rank`` since :meth:`of_rank` gave ``before``, by kernel."""
+        return {kernel: n for kernel, n in sorted((self.of_rank(rank) - before).items())}
+
+
+FUSED_CALLS = FusedCalls()

@@ -38,6 +38,9 @@ class CaseTimings:
     world: int = 0  #: the ranks the case needs (``caseids.needs``; 0: none)
     exclusive: bool = False  #: whether it holds the whole node (a perf case)
     extra: dict[str, float] = field(default_factory=dict)
+    #: Calls of torch_npu's fused kernels the implementation's calls reached, by kernel: the most any rank made,
+    #: summed over runs (which fused backend ran; reported apart from the timings).
+    fused_kernels: dict[str, int] = field(default_factory=dict)
 
     @property
     def checks(self) -> float:
@@ -45,8 +48,9 @@ class CaseTimings:
         return max(0.0, self.total - self.lease_wait - self.ranks)
 
     def as_dict(self) -> dict[str, Any]:
+        """The timings (:attr:`fused_kernels` left out)."""
         return {k: round(v, 4) if isinstance(v, float) else v for k, v in
-                {**asdict(self), "checks": self.checks}.items()}
+                {**asdict(self), "checks": self.checks}.items() if k != "fused_kernels"}
 
 
 class RankRunner:
@@ -136,6 +140,9 @@ class CaseRanks:
         cpu = [o.timings.get(CPU, 0.0) for o in outcomes]
         record.rank_cpu += sum(cpu)
         record.rank_cpu_max += max(cpu, default=0.0)
+        for kernel in sorted({k for o in outcomes for k in o.fused_kernels}):
+            record.fused_kernels[kernel] = (record.fused_kernels.get(kernel, 0)
+                                            + max(o.fused_kernels.get(kernel, 0) for o in outcomes))
         return outcomes
 
     def run(self, fn: TaskFn, world_size: int, *, timeout: float | None = None,

@@ -10,6 +10,9 @@ against Allure result files), so a lost result is visible.  ``run_id`` is the
 session's (:func:`conformance.roster.run_id`), which every Allure result of
 the run carries too: the report refuses a verdict from another run.
 
+A case whose implementation calls reached torch_npu's fused kernels (MC²)
+carries ``fused_kernels`` (calls by kernel), and the run their totals.
+
 Read by ``coc-gate``, ``coc-matrix`` and
 ``coc-expectations``; the format is :data:`SCHEMA`.  A case's ``outcome`` is
 ``passed``, ``failed``, ``error``, ``skipped``, ``known``, ``not-gated`` or
@@ -97,7 +100,7 @@ def record_of(report: pytest.TestReport) -> dict[str, Any]:
     if wasxfail is not None:
         record["reason"] = wasxfail
     for key, name in (("checks", report_properties.CHECKS), ("timings", report_properties.TIMINGS),
-                      ("clock", report_properties.CLOCK),
+                      ("fused_kernels", report_properties.FUSED_KERNELS), ("clock", report_properties.CLOCK),
                       ("failure", report_properties.FAILURE), ("expectation", report_properties.EXPECTATION),
                       ("explore", report_properties.EXPLORE)):
         value = property_of(report, name)
@@ -143,9 +146,11 @@ class SummaryWriter:
         outcomes = Counter(r["outcome"] for r in records)
         skips = Counter(r.get("skip_reason", "?") for r in records if r["outcome"] == "skipped")
         levels: Counter[str] = Counter()
+        fused: Counter[str] = Counter()
         for r in records:
             for check in r.get("checks", ()):
                 levels[f"{check['level']}:{outcome_of(check)}"] += 1
+            fused.update(r.get("fused_kernels", {}))
         missing = [n for n in self.roster.collected if n not in self.records]
         allure_dir = self.config.getoption("allure_report_dir", None)
         allure_results = (len(list(Path(allure_dir).glob("*-result.json")))
@@ -174,6 +179,7 @@ class SummaryWriter:
             "allure_results": allure_results,
             "outcomes": dict(outcomes),
             "levels": dict(levels),
+            "fused_kernels": dict(sorted(fused.items())),
             "skips_by_reason": dict(skips.most_common()),
             "cases": records,
         }

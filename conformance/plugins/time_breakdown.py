@@ -14,6 +14,10 @@ time before the case (``process_cpu``) and for it (``cpu``).  From consecutive c
 simulation (``conformance.bench.schedule``) learns each case's whole time on
 its worker (set-up, teardown and what lies between cases included) and the
 workers' start-up (interpreter, imports, collection).
+
+The same record counts which of torch_npu's fused kernels (MC²) the
+implementation's calls reached (``coc_fused_kernels``, apart from the
+timings); the totals close the terminal summary's first line.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from __future__ import annotations
 import functools
 import os
 import time
+from collections import Counter
 from collections.abc import Generator
 from pathlib import Path
 from typing import Any, cast
@@ -80,6 +85,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     record = item.stash.get(timings_key, None)
     if call.when == "call" and record is not None and record.runs:
         report.user_properties.append((report_properties.TIMINGS, record.as_dict()))
+        if record.fused_kernels:
+            report.user_properties.append((report_properties.FUSED_KERNELS, dict(record.fused_kernels)))
     begun = item.stash.get(_begun_key, None)
     if begun is not None and (call.when == "call" or (call.when == "setup" and not report.passed)):
         report.user_properties.append((report_properties.CLOCK, {
@@ -106,6 +113,9 @@ class TimeTally:
         self.config = config
         self.cases: list[tuple[str, dict[str, Any]]] = []
         self.started = time.monotonic()
+        #: torch_npu's fused kernel calls of every case (:data:`~conformance.report_properties.FUSED_KERNELS`).
+        self.fused: Counter[str] = Counter()
+        self.fused_cases = 0
 
     def pytest_sessionstart(self) -> None:
         self.started = time.monotonic()
@@ -125,6 +135,11 @@ class TimeTally:
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if report.when == "call" and (found := timings_of(report)) is not None:
             self.cases.append((report.nodeid, found))
+        fused = report_properties.property_of(report, report_properties.FUSED_KERNELS) if report.when == "call" \
+            else None
+        if fused:
+            self.fused.update(fused)
+            self.fused_cases += 1
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if not self.cases:
@@ -136,6 +151,10 @@ class TimeTally:
         terminalreporter.write_line(
             f"{len(self.cases)} distributed cases: " + ", ".join(f"{c} {totals[c]:.1f} s" for c in COLUMNS)
             + f"; {pools} run(s) waited for ranks to start; longest single lease wait {worst_wait:.2f} s")
+        if self.fused:
+            terminalreporter.write_line(
+                f"fused kernels the implementation reached, in {self.fused_cases} case(s): "
+                + ", ".join(f"{kernel} {n}" for kernel, n in sorted(self.fused.items())))
         slots, wall = self.slots(), time.monotonic() - self.started
         if slots and wall > 0:
             used = sum(slot_seconds(t) for _, t in self.cases)

@@ -378,3 +378,32 @@ def warns_from_its_backward(ctx: RankContext) -> dict[str, object]:
     with observed_warnings() as said:
         total = ctx.backward(backward)
     return {"said": sorted(said), "total": total}
+
+
+def calls_npu_named_kernels(ctx: RankContext, calls: int) -> None:
+    """Rank ``r`` calls torch_npu's MC² all-reduce kernel (a CPU stand-in) ``calls + r`` times inside a recording, as
+    an implementation's call does; once outside any recording (the suite's own work); and, recorded, an op of the
+    ``npu`` namespace that is no fused kernel and one of another namespace under the kernel's name.  Defines ops
+    under ``npu``: run it only on ranks of their own (no torch_npu there)."""
+    import torch
+
+    from conformance.harness.probes import record_collectives
+    from tests.support import fused_kernel_impl  # noqa: F401 - defines torch.ops.npu.npu_mm_all_reduce_base
+
+    global _OTHER_OPS
+    if _OTHER_OPS is None:
+        _OTHER_OPS = [torch.library.Library("npu", "FRAGMENT"), torch.library.Library("coc_not_npu", "DEF")]
+        _OTHER_OPS[0].define("npu_fast_gelu(Tensor x) -> Tensor")
+        _OTHER_OPS[0].impl("npu_fast_gelu", lambda x: x * 1.0, "CPU")
+        _OTHER_OPS[1].define("npu_mm_all_reduce_base(Tensor x1, Tensor x2, str hcom) -> Tensor")
+        _OTHER_OPS[1].impl("npu_mm_all_reduce_base", lambda x1, x2, hcom: x1 @ x2, "CPU")
+    x = torch.ones(2, 2)
+    torch.ops.npu.npu_mm_all_reduce_base(x, x, "hcom")
+    with record_collectives():
+        for _ in range(calls + ctx.rank):
+            torch.ops.npu.npu_mm_all_reduce_base(x, x, "hcom")
+        torch.ops.npu.npu_fast_gelu(x)
+        torch.ops.coc_not_npu.npu_mm_all_reduce_base(x, x, "hcom")
+
+
+_OTHER_OPS: list[object] | None = None
