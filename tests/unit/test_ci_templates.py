@@ -3,12 +3,14 @@
 A template is only read by its user's CI, long after a change here renamed a
 module, a console command or an option; these checks fail first instead.
 Commands come from every ``run:`` (GitHub Actions) and ``script:`` /
-``before_script:`` / ``after_script:`` (GitLab CI) entry.
+``before_script:`` / ``after_script:`` (GitLab CI) entry.  The NPU jobs' shells
+load CANN's environment before any Python, as their own lines show when run.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
 import re
 import shlex
 import subprocess
@@ -59,7 +61,7 @@ def _scripts(job: dict[str, Any]) -> Iterator[str]:
 
 def _commands(script: str) -> Iterator[list[str]]:
     """The simple commands of a shell script, as word lists (control words and operators dropped)."""
-    for line in re.split(r"\n|;|&&|\|\||\|", script):
+    for line in re.split(r"\n|;|&&|\|\||\|", script.replace("\\\n", " ")):
         words = shlex.split(line, comments=True)
         while words and words[0] in ("if", "then", "else", "fi", "do", "done", "!"):
             words = words[1:]
@@ -136,6 +138,62 @@ def test_template_runs_the_three_jobs(path: Path) -> None:
     assert npu, f"no NPU node job ({NPU_OPTIONS})"
     text = path.read_text()
     assert "ASCEND_RT_VISIBLE_DEVICES" in text and "npu-910b" in text and "allure-report" in text
+
+
+#: Where CANN is installed by default, and the script its environment comes from.
+CANN_DEFAULT, CANN_SET_ENV = "/usr/local/Ascend", "ascend-toolkit/set_env.sh"
+
+
+def _npu_jobs(path: Path) -> dict[str, dict[str, Any]]:
+    """The jobs of a template that run pytest on an NPU node (:data:`NPU_OPTIONS`)."""
+    jobs = _jobs(_load(path))
+    return {name: job for name, job in jobs.items()
+            if any(t == path.name and j == name and all(opt in args and args[args.index(opt) + 1] == value
+                                                         for opt, value in NPU_OPTIONS.items())
+                   for t, j, args in _pytest_runs())}
+
+
+def _shells(job: dict[str, Any]) -> list[str]:
+    """Each shell a job's commands run in: a GitHub step each; GitLab's before_script and script together, and
+    after_script apart."""
+    if "steps" in job:
+        return [step["run"] for step in job["steps"] if "run" in step]
+    joined = ["\n".join([*job.get("before_script", []), *job.get("script", [])]),
+              "\n".join(job.get("after_script", []))]
+    return [shell for shell in joined if shell.strip()]
+
+
+def _runs_python(words: list[str]) -> bool:
+    """Python, a console script of a Python package, or pytest (each imports torch, which loads torch_npu)."""
+    return Path(words[0]).name.startswith("python") or words[0] in ("pytest", "pip") or words[0].startswith("coc-")
+
+
+@pytest.mark.parametrize("path", TEMPLATES, ids=lambda p: p.name)
+def test_every_npu_shell_loads_cann_before_any_python(path: Path, tmp_path: Path) -> None:
+    """``import torch`` loads torch_npu (its ``torch.backends`` entry point), which needs CANN's environment: each
+    NPU job's shell that runs Python loads it first -- and NNAL's where installed -- from ``CANN_INSTALL_PATH``
+    (default the standard install), and where no CANN is installed says so and runs on.  The template's own lines
+    before its first Python command are run, against a stand-in CANN and against none."""
+    cann = tmp_path / "Ascend"
+    for script, exported in ((CANN_SET_ENV, "COC_TOOLKIT=loaded"), ("nnal/atb/set_env.sh", "COC_ATB=loaded")):
+        (cann / script).parent.mkdir(parents=True, exist_ok=True)
+        (cann / script).write_text(f"export {exported}\n")
+    jobs = _npu_jobs(path)
+    assert jobs, f"{path.name}: no NPU job"
+    for name, job in jobs.items():
+        assert (job.get("env") or job.get("variables") or {}).get("CANN_INSTALL_PATH") == CANN_DEFAULT, name
+        for shell in _shells(job):
+            lines = shell.replace("\\\n", " ").splitlines()
+            first = next((i for i, line in enumerate(lines) if any(_runs_python(w) for w in _commands(line))), None)
+            if first is None:
+                continue
+            prefix = "\n".join(lines[:first])
+            assert CANN_SET_ENV in prefix, f"{path.name} {name}: Python before CANN's environment is loaded:\n{shell}"
+            for root, expected in ((cann, "loaded loaded"), (tmp_path / "none", "No CANN under CANN_INSTALL_PATH=")):
+                done = subprocess.run(["bash", "-e", "-c", prefix + '\necho "$COC_TOOLKIT $COC_ATB"'],
+                                      env={"PATH": os.environ["PATH"], "CANN_INSTALL_PATH": str(root)},
+                                      capture_output=True, text=True, timeout=60)
+                assert done.returncode == 0 and expected in done.stdout, (name, root, done.stdout, done.stderr)
 
 
 def test_templates_install_a_pinned_package() -> None:
