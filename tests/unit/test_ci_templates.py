@@ -196,6 +196,20 @@ def test_every_npu_shell_loads_cann_before_any_python(path: Path, tmp_path: Path
                 assert done.returncode == 0 and expected in done.stdout, (name, root, done.stdout, done.stderr)
 
 
+#: What the NPU job judges first: the reference with MC² wherever torch_npu's kernels take the call.
+REFERENCE_WITH_MC2 = "coc_impl.reference:ReferenceCoCAuto"
+
+
+@pytest.mark.parametrize("path", TEMPLATES, ids=lambda p: p.name)
+def test_the_npu_job_judges_the_reference_with_mc2_before_the_implementation(path: Path) -> None:
+    from conformance.harness.impl_loader import load_implementation
+
+    runs = [args for template, job, args in _pytest_runs() if template == path.name and job in _npu_jobs(path)]
+    impls = [args[args.index("--coc-impl") + 1] for args in runs]
+    assert impls[0] == REFERENCE_WITH_MC2 and impls[-1] == "$COC_IMPL", impls
+    assert load_implementation(REFERENCE_WITH_MC2).backend == "auto"
+
+
 def test_templates_install_a_pinned_package() -> None:
     """Never the bare name: nothing is published under it."""
     for template, job, words in _invocations():
