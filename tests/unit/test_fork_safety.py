@@ -7,7 +7,11 @@ the stand-in itself; then no such call happened and it serves ranks.  A
 preload that sets an NPU device (the fault) makes it refuse, naming the
 runtime, instead of forking ranks that could not use their devices.  The
 same check asks ``torch.cuda.is_initialized()``, which only a CUDA machine
-can make true.
+can make true.  Since torch_npu 2.5, ``import torch`` loads torch_npu through
+its ``torch.backends`` entry point: stand-ins installed with one (torch_npu,
+and another package registering the ``npu`` device) are loaded by the fork
+server's own ``import torch``, start nothing, and an autoload that picks a
+device makes the server refuse.
 """
 
 from __future__ import annotations
@@ -106,6 +110,92 @@ def test_the_fork_server_refuses_when_a_preload_starts_the_npu_runtime(stand_in:
         zygote.ready(preload=("sets_npu_device",))
     zygote.close()
     assert _calls(stand_in) == ["set_device"]
+
+
+#: An NPU backend loaded by torch at ``import torch`` through its ``torch.backends`` entry point (torch_npu 2.5+),
+#: as torch_npu itself (the stand-in above) or as another package registering the PrivateUse1 device ``npu``.
+AUTOLOADED = {
+    "torch_npu": STAND_IN,
+    "npu_backend_stand_in": '''
+"""Another package's NPU: registers torch's PrivateUse1 device as ``npu`` and ``torch.npu``, recording runtime calls."""
+import json
+import os
+import types
+
+import torch
+
+_initialized = False
+
+
+def _record(name):
+    with open(os.environ["NPU_CALLS"], "a") as f:
+        f.write(json.dumps(name) + "\\n")
+
+
+def set_device(index):
+    global _initialized
+    _record("set_device")
+    _initialized = True
+
+
+npu = types.ModuleType("npu_backend_stand_in.npu")
+npu.set_device = set_device
+npu.is_initialized = lambda: _initialized
+torch.utils.rename_privateuse1_backend("npu")
+torch._register_device_module("npu", npu)
+''',
+}
+AUTOLOAD_ENTRY = '''
+
+def _autoload():
+    """torch's entry point; only records that it ran (in which process), unless told to pick a device (the fault)."""
+    _record(f"autoload in {os.getpid()}")
+    if os.environ.get("NPU_STAND_IN_AUTOLOAD_SETS_DEVICE"):
+        npu.set_device(0)
+'''
+
+
+@pytest.fixture(params=sorted(AUTOLOADED))
+def autoloaded(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An NPU backend installed with a ``torch.backends`` entry point where the fork server imports from; returns
+    the file its calls go to."""
+    package = request.param
+    (tmp_path / package).mkdir()
+    (tmp_path / package / "__init__.py").write_text(AUTOLOADED[package] + AUTOLOAD_ENTRY)
+    info = tmp_path / f"{package}-2.13.0.dist-info"
+    info.mkdir()
+    info.joinpath("METADATA").write_text(f"Metadata-Version: 2.1\nName: {package}\nVersion: 2.13.0\n")
+    info.joinpath("entry_points.txt").write_text(f"[torch.backends]\n{package} = {package}:_autoload\n")
+    calls = tmp_path / "npu_calls.jsonl"
+    calls.write_text("")
+    monkeypatch.setenv("NPU_CALLS", str(calls))
+    monkeypatch.delenv("TORCH_DEVICE_BACKEND_AUTOLOAD", raising=False)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return calls
+
+
+def test_an_npu_backend_autoloaded_at_import_torch_is_in_the_fork_server_and_starts_no_runtime(
+        autoloaded: Path) -> None:
+    zygote = Zygote()
+    try:
+        zygote.ready(preload=())
+        assert zygote.alive
+    finally:
+        zygote.close()
+    seen = _calls(autoloaded)
+    assert len(seen) == 1 and seen[0].startswith("autoload in ") and seen[0] != f"autoload in {os.getpid()}"
+
+
+def test_the_fork_server_refuses_when_an_autoloaded_npu_backend_started_its_runtime(
+        autoloaded: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NPU_STAND_IN_AUTOLOAD_SETS_DEVICE", "1")
+    zygote = Zygote()
+    try:
+        with pytest.raises(RankCrashed, match=r"refusing to fork ranks: .*started the (NPU|npu) runtime"):
+            zygote.ready(preload=())
+    finally:
+        zygote.close()
+    assert _calls(autoloaded)[1:] == ["set_device"]
 
 
 def test_the_pytest_process_counts_npus_and_names_them_without_starting_acl(

@@ -8,8 +8,9 @@ pool to be rebuilt.  The zygote pays them once per launcher: it imports
 (:func:`conformance.harness.launchers.worker.rank_main`).
 
 Forking is safe because the zygote never starts a thread, a device runtime
-(:data:`NO_DRIVER_CHECK`; torch_npu is not preloaded) or a process group: it
-only imports, and refuses to fork when an import started a device runtime
+(:data:`NO_DRIVER_CHECK`; torch_npu, loaded at ``import torch`` by its
+``torch.backends`` entry point, only imports) or a process group: it only
+imports, and refuses to fork when an import started a device runtime
 (:func:`runtimes_started`, ``docs/DESIGN.md#fork-safety``).  megatron-core
 is preloaded only when the session runs layer cases (:data:`MEGATRON`).  A
 child applies its environment (device visibility, set before any device
@@ -169,9 +170,12 @@ def runtimes_started() -> list[str]:
     """The device runtimes this process has started (``docs/DESIGN.md#fork-safety``): a child forked after
     that cannot use its device ("Cannot re-initialize CUDA/NPU in forked subprocess").
 
-    torch_npu is never preloaded (ranks import it after the fork, with their
-    ``ASCEND_RT_VISIBLE_DEVICES`` set); should a preload import it, it must
-    not have initialised ACL.
+    An NPU backend is loaded at ``import torch`` wherever it registers a
+    ``torch.backends`` entry point (torch_npu 2.5 and later), so it is in the
+    fork server whether or not anything preloads it: importing it must not
+    have initialised its runtime.  Asked of torch_npu whenever it is in
+    ``sys.modules``, and of the device module of whichever package registered
+    torch's PrivateUse1 device (``torch.npu``), however it was loaded.
     """
     started = []
     torch = sys.modules.get("torch")
@@ -181,6 +185,11 @@ def runtimes_started() -> list[str]:
     npu = getattr(torch_npu, "npu", None)
     if npu is not None and npu.is_initialized():
         started.append("the NPU runtime (torch_npu initialised ACL)")
+    name = torch._C._get_privateuse1_backend_name() if torch is not None else "privateuseone"
+    device = getattr(torch, name, None) if name != "privateuseone" else None
+    initialized = getattr(device, "is_initialized", None)
+    if device is not npu and callable(initialized) and initialized():
+        started.append(f"the {name} runtime (torch.{name} is initialised, {getattr(device, '__name__', name)})")
     return started
 
 
