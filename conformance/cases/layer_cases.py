@@ -163,7 +163,7 @@ def layer_task(ctx: RankContext, *, job: LayerJob) -> LayerOutcome:
                                   straggler=straggler, outcome=outcome if first else None)
 
             with observed_warnings() as said, record_collectives(straggler) as log, \
-                    poisoned_allocations(job.poison), ctx.timer(IMPL):
+                    poisoned_allocations(job.poison, ctx.device), ctx.timer(IMPL):
                 steps, error = call_capturing_errors(patched, log)
             seen.extend(said)
             if error is not None:

@@ -157,7 +157,7 @@ def _call(ctx: RankContext, state: _Calls) -> None:
                 if straggler is not None:
                     straggler()  # arrive late at the call itself
                 # not synchronised: the calls run back to back, and each result is copied as it was returned
-                with record_collectives(straggler) as log, poisoned_allocations(run.poison), \
+                with record_collectives(straggler) as log, poisoned_allocations(run.poison, ctx.device), \
                         ctx.timer(IMPL, synchronized=False):
                     result, error = call_capturing_errors(fn, args["x"], args["w"], args["bias"], **kwargs, **extra)
                 call.timelines.append(observed_collectives(log))

@@ -35,7 +35,7 @@ def quant_task(ctx: RankContext, *, run: QuantRun) -> OpCallResults:
             dist.all_reduce(ref, group=ctx.group)
             call.serial = ref if bias is None else ref + bias
         ctx.budget_from(time.perf_counter() - start)
-    with record_collectives() as log, poisoned_allocations(), ctx.timer(IMPL):
+    with record_collectives() as log, poisoned_allocations(device=ctx.device), ctx.timer(IMPL):
         result, call.error = call_capturing_errors(ctx.impl.matmul_all_reduce, x, w, bias, group=ctx.group, **kwargs)
     call.timelines.append(observed_collectives(log))
     if call.error is None:

@@ -14,7 +14,9 @@ A case whose implementation calls reached torch_npu's fused kernels (MC²)
 carries ``fused_kernels`` (calls by kernel), and the run their totals.
 
 Read by ``coc-gate``, ``coc-matrix`` and
-``coc-expectations``; the format is :data:`SCHEMA`.  A case's ``outcome`` is
+``coc-expectations``; the format is :data:`SCHEMA`.  ``determinism`` records what the
+run's determinism verdicts depended on (``HCCL_DETERMINISTIC`` and the like,
+torch's deterministic switches).  A case's ``outcome`` is
 ``passed``, ``failed``, ``error``, ``skipped``, ``known``, ``not-gated`` or
 ``not judged`` (it passed, and no check it recorded passed); a case skipped
 because the implementation does not offer what it needs carries a check
@@ -169,6 +171,7 @@ class SummaryWriter:
             "torch": _version("torch"),
             "megatron_core": _version("megatron-core"),
             "implementation_notes": implementation_notes(self.config),
+            "determinism": _determinism_settings(),
             "process_started": process_started(),
             "started": self.started,
             "duration": round(time.time() - self.started, 2),
@@ -218,6 +221,13 @@ def implementation_notes(config: pytest.Config) -> list[str]:
     except ImplementationLoadError:
         return []
     return [str(note) for note in getattr(impl, "notes", ()) or ()]
+
+
+def _determinism_settings() -> dict[str, str | None]:
+    """What the run's determinism verdicts depended on (read after the implementation was loaded)."""
+    from conformance.reporting.meta import determinism_settings
+
+    return determinism_settings()
 
 
 def _version(name: str) -> str:

@@ -233,5 +233,7 @@ class AllureHooks:
             "world_sizes": ", ".join(map(str, sorted(self.world_sizes))) or "none",
             **report_meta.base_environment(config.rootpath),
             "xdist_workers": str(getattr(config.option, "numprocesses", None) or 0),
+            # what determinism verdicts depended on: torch's switches, and the variables this run set
+            **{name: value for name, value in report_meta.determinism_settings().items() if value is not None},
         }
         report_meta.write(Path(config.option.allure_report_dir), environment)

@@ -96,6 +96,31 @@ def write(results_dir: Path, environment: Mapping[str, str]) -> None:
     _write_atomically(results_dir / "environment.properties", "\n".join(lines) + "\n")
 
 
+#: Environment variables a run's bits depend on (reduction orders, GEMM workspaces and math modes), read where
+#: the ranks take their environment from: HCCL's and LCCL's determinism switches, cuBLAS's workspace, NCCL's
+#: algorithm, protocol and channels, TF32 overrides, and the CPU GEMM's threads and MKL's reproducibility mode.
+DETERMINISM_VARIABLES = ("HCCL_DETERMINISTIC", "LCCL_DETERMINISTIC", "CUBLAS_WORKSPACE_CONFIG", "NCCL_ALGO",
+                         "NCCL_PROTO", "NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS", "NVIDIA_TF32_OVERRIDE",
+                         "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE", "OMP_NUM_THREADS", "MKL_CBWR")
+
+
+def determinism_settings(environ: Mapping[str, str] | None = None) -> dict[str, str | None]:
+    """What a run's determinism verdicts depended on: :data:`DETERMINISM_VARIABLES` (None: unset) and torch's own
+    switches as a rank starts with them (this process, the implementation loaded: the same imports in the same
+    environment).  The poisoned allocations switch deterministic algorithms on, warning only, around an
+    implementation's calls on a CPU or a GPU (``docs/DESIGN.md#harness``); that is not recorded here."""
+    import torch
+
+    environ = os.environ if environ is None else environ
+    found: dict[str, str | None] = {name: environ.get(name) for name in DETERMINISM_VARIABLES}
+    found["torch.use_deterministic_algorithms"] = (
+        ("on, warn only" if torch.is_deterministic_algorithms_warn_only_enabled() else "on")
+        if torch.are_deterministic_algorithms_enabled() else "off")
+    found["torch.float32_matmul_precision"] = torch.get_float32_matmul_precision()
+    found["torch.backends.cudnn.deterministic"] = str(bool(torch.backends.cudnn.deterministic)).lower()
+    return found
+
+
 def base_environment(rootdir: Path) -> dict[str, str]:
     """What every run shares: versions, host and source revision."""
     return {
