@@ -1,7 +1,10 @@
-"""Megatron's model-parallel state: set up once for a TP size, kept while it fits, torn down with its groups."""
+"""Megatron's model-parallel state: set up once for each TP size, kept and switched between, torn down with its
+groups."""
 
 from __future__ import annotations
 
+import copy
+import types
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -27,10 +30,49 @@ class TensorParallel:
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
 
 
-#: ``(tp, world size)`` of the parallel state this module initialised and keeps (None: none).
-_kept: tuple[int, int] | None = None
-#: The process groups megatron created for it (destroyed with it).
-_kept_groups: list[Any] = []
+@dataclass
+class _Kept:
+    """One TP size's parallel state: megatron's module variables as its last block left them, and the process
+    groups set up for it (destroyed with it)."""
+
+    variables: dict[str, Any]
+    groups: list[Any]
+    last_block: int = 0  #: the block (counted in :data:`_blocks`) that last used it
+
+
+def _variables() -> dict[str, Any]:
+    """``parallel_state``'s module variables: every release keeps its whole parallel state in its private globals
+    (groups, their ranks and sizes, the memory buffer), which ``initialize_model_parallel`` sets and
+    ``destroy_model_parallel`` sets back to ``None``."""
+    return {name: value for name, value in vars(parallel_state).items()
+            if name.startswith("_") and not name.startswith("__") and not callable(value)
+            and not isinstance(value, types.ModuleType)}
+
+
+def _restore(variables: dict[str, Any]) -> None:
+    for name, value in variables.items():
+        setattr(parallel_state, name, value)
+
+
+def _fresh(variables: dict[str, Any]) -> dict[str, Any]:
+    """``variables`` with containers of their own (a set-up may fill one in place)."""
+    return {name: copy.copy(value) if isinstance(value, (list, dict, set)) else value
+            for name, value in variables.items()}
+
+
+#: ``parallel_state``'s variables before any set-up: no parallel state (what another size's set-up starts from).
+_NONE = _fresh(_variables())
+#: ``(tp, world size)`` -> its parallel state, kept while the process lives (or until released).
+_kept: dict[tuple[int, int], _Kept] = {}
+#: The sizes whose state megatron's variables hold now (None: none of ours).
+_current: tuple[int, int] | None = None
+#: Blocks entered so far (every rank of a pool enters the same blocks, so it counts alike on every rank).
+_blocks = 0
+#: Blocks of other sizes after which a kept size is released.  Idle gloo groups are not free: each keeps a TCP
+#: loop thread using about 0.8 ms of CPU a second, so a pool of 8 ranks keeping three sizes idles on 0.48 of a core
+#: against 0.16 with one (measured on the 2-core machine); the suite runs its cases by TP size, so a size left is
+#: rarely taken up again but where sizes alternate.
+KEEP_BLOCKS = 8
 
 
 @contextmanager
@@ -43,22 +85,21 @@ def model_parallel(
     Needs an initialised default process group (gloo on CPU) whose world size
     is a multiple of ``tp_size`` (the rest is data parallel); pipeline and
     context parallel sizes are 1.  Initialising it creates a dozen process
-    groups, a large part of a small case's time, so with ``keep`` (default)
-    the state stays for the next block of the same sizes and is released only
-    when other sizes are asked for (or by :func:`release_model_parallel`).
-    For the whole block megatron builds and allocates on ``device`` (the
-    rank's: :func:`~coc_shared.megatron.placement.megatron_device`), and where
-    it draws weights there, its RNG tracker is seeded with ``seed``.
+    groups (each one collective over the world), a large part of a small
+    case's time, so with ``keep`` (default) the state of each TP size is kept:
+    a block of another size sets megatron's module variables aside and puts
+    back those of its own size (set up once), so ranks whose cases alternate
+    between sizes set each up only once (a size unused for
+    :data:`KEEP_BLOCKS` blocks is released).  ``keep=False`` (or
+    :func:`release_model_parallel`) releases every kept size.  For the whole
+    block megatron builds and allocates on ``device`` (the rank's:
+    :func:`~coc_shared.megatron.placement.megatron_device`), and where it
+    draws weights there, its RNG tracker is seeded with ``seed``.
     """
-    global _kept
     if not dist.is_initialized():
         raise RuntimeError("model_parallel needs torch.distributed.init_process_group() first")
-    sizes = (tp_size, dist.get_world_size())
     with megatron_device(device) as place:
-        if _kept != sizes or not parallel_state.model_parallel_is_initialized():
-            release_model_parallel()
-            _kept_groups[:] = _initialize(tp_size)
-            _kept = sizes
+        _switch((tp_size, dist.get_world_size()))
         try:
             seed_device_rng(place, seed)
             yield TensorParallel(
@@ -72,6 +113,38 @@ def model_parallel(
         finally:
             if not keep:
                 release_model_parallel()
+
+
+def _switch(sizes: tuple[int, int]) -> None:
+    """Make megatron's parallel state that of ``sizes`` (the kept one, or a new one set up from none), and release
+    the sizes no block used for :data:`KEEP_BLOCKS` blocks."""
+    global _current, _blocks
+    _blocks += 1
+    if _current is not None and not parallel_state.model_parallel_is_initialized():
+        release_model_parallel()  # megatron's state was destroyed under us: release its groups, start afresh
+    if _current != sizes:
+        _set_aside()
+        if sizes in _kept:
+            _restore(_kept[sizes].variables)
+        else:
+            _restore(_fresh(_NONE))
+            _kept[sizes] = _Kept({}, _initialize(sizes[0]))
+            _kept[sizes].variables = _variables()
+        _current = sizes
+    _kept[sizes].last_block = _blocks
+    for old in [s for s, kept in _kept.items() if _blocks - kept.last_block > KEEP_BLOCKS]:
+        _destroy(_kept.pop(old).groups)
+
+
+def _set_aside() -> None:
+    """Keep the current size's variables as its blocks left them (megatron forgets a state set up by someone
+    else: it refuses to set up over one)."""
+    global _current
+    if _current is not None:
+        _kept[_current].variables = _variables()
+    elif parallel_state.model_parallel_is_initialized():
+        parallel_state.destroy_model_parallel()
+    _current = None
 
 
 def _initialize(tp_size: int) -> list[Any]:
@@ -117,12 +190,14 @@ def _destroy(groups: list[Any]) -> None:
 
 
 def release_model_parallel() -> None:
-    """Destroy megatron's parallel state and the process groups it created (if any)."""
-    global _kept
-    _kept = None
-    if parallel_state.model_parallel_is_initialized():
-        # destroy_model_parallel() only forgets megatron's groups; destroy the
-        # process groups themselves too, or every use leaks their threads and sockets.
-        parallel_state.destroy_model_parallel()
-    _destroy(_kept_groups)
-    _kept_groups.clear()
+    """Destroy megatron's parallel state of every kept size and the process groups set up for it (if any)."""
+    _set_aside()
+    for kept in _kept.values():
+        _restore(kept.variables)
+        if parallel_state.model_parallel_is_initialized():
+            # destroy_model_parallel() only forgets megatron's groups (0.9-0.11 destroy their gloo groups too);
+            # destroy the process groups themselves, or every use leaks their threads and sockets.
+            parallel_state.destroy_model_parallel()
+        _destroy(kept.groups)
+    _kept.clear()
+    _restore(_fresh(_NONE))

@@ -93,6 +93,75 @@ def test_model_parallel_is_kept_for_the_next_block_and_released_on_request(pools
     assert pools(2).run(state_after_exit) == [(True, True, False, False)] * 2
 
 
+def alternating_sizes(rank: int, world: int) -> list[tuple[int, int, bool, int, bool]]:
+    """Blocks at TP ``world`` and TP 1 in turn, then a release and one more block: per block its TP and DP
+    sizes, whether its TP group is the one its size had before, the process groups created so far, and whether
+    megatron's mappings over its group give the right numbers."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    adapter.release_model_parallel()
+    real, created = dist.new_group, []
+
+    def counted(*args, **kwargs):
+        created.append(real(*args, **kwargs))
+        return created[-1]
+
+    seen: dict[int, object] = {}
+    blocks = []
+    dist.new_group = counted
+    try:
+        for tp in (world, 1, world, 1, "release", world):
+            if tp == "release":
+                adapter.release_model_parallel()
+                assert not any(group in dist.distributed_c10d._world.pg_map for group in created)
+                seen.clear()
+                continue
+            with adapter.model_parallel(tp) as par:
+                kept = seen.setdefault(tp, par.group) is par.group
+                column = build("column", False, PROBLEM, gather_output=True)
+                right = torch.allclose(column(PROBLEM.x.float())[0].double(), PROBLEM.y, **FP32)
+                blocks.append((par.size, parallel_state.get_data_parallel_world_size(), kept, len(created), right))
+    finally:
+        dist.new_group = real
+        adapter.release_model_parallel()
+    return blocks
+
+
+def test_each_tp_size_is_set_up_once_and_switched_back_to(pools) -> None:
+    """Cases of a pool alternate between TP sizes: each size's groups are set up once and put back, not made again
+    (each set-up is a dozen collective group creations); a release destroys every size's groups."""
+    for blocks in pools(2).run(alternating_sizes):
+        assert [b[:3] for b in blocks] == [(2, 1, True), (1, 2, True), (2, 1, True), (1, 2, True), (2, 1, True)]
+        assert all(right for *_, right in blocks), blocks
+        made = [b[3] for b in blocks]
+        assert 0 < made[0] < made[1] == made[2] == made[3] < made[4], made  # none made when switching back
+
+
+def a_size_left_behind(rank: int, world: int) -> list[bool]:
+    """Whether TP ``world``'s group still lives after each block at TP 1 that follows it."""
+    import torch.distributed as dist
+
+    from coc_shared.megatron import parallel
+
+    adapter.release_model_parallel()
+    with adapter.model_parallel(world) as par:
+        group = par.group
+    alive = []
+    for _ in range(parallel.KEEP_BLOCKS + 1):
+        with adapter.model_parallel(1):
+            alive.append(group in dist.distributed_c10d._world.pg_map)
+    adapter.release_model_parallel()
+    return alive
+
+
+def test_a_size_no_block_uses_any_more_is_released(pools) -> None:
+    """Idle gloo groups cost CPU: a size unused for KEEP_BLOCKS blocks is destroyed, on every rank alike."""
+    from coc_shared.megatron.parallel import KEEP_BLOCKS
+
+    assert pools(2).run(a_size_left_behind) == [[True] * KEEP_BLOCKS + [False]] * 2
+
+
 def leaving_and_last_join(rank: int, tp: int) -> tuple[float, float]:
     """When this rank left ``model_parallel``'s set-up, and when it finished joining its groups, the last
     group's join made slow on rank 1 (as a loaded rank is while gloo takes its peers' connections)."""
@@ -104,7 +173,7 @@ def leaving_and_last_join(rank: int, tp: int) -> tuple[float, float]:
 
     adapter.release_model_parallel()
     with adapter.model_parallel(tp):
-        count = len(parallel._kept_groups)
+        count = len(parallel._kept[tp, tp].groups)
     adapter.release_model_parallel()
     real, joined = dist.new_group, []
 
