@@ -27,6 +27,21 @@ from conformance.harness.progress import Evidence, ProgressWatch
 
 #: The shortest window of evidence: a test's budget of 0.5 s holds too few stack samples on a loaded machine.
 MIN_WINDOW_S = 2.0
+#: How long before the window a verdict reads opens a rank's evidence is sampled (the mark that opens it must find
+#: that evidence fresh, and the window must hold samples from its start).
+SAMPLING_LEAD_S = 1.0
+
+
+def sampling_starts(span: float) -> float:
+    """Seconds into a budget of ``span`` from which a rank's evidence must be sampled.
+
+    The first verdict, at the budget's end, reads the growth over the window
+    from the mark half a budget in (from the budget's start where half a
+    budget is shorter than :data:`MIN_WINDOW_S`), and later ones over windows
+    later still; no verdict reads what a rank showed before.  A case that ends
+    within half its budget, as all but slow ones do, is never sampled."""
+    opens = span / 2 if span / 2 >= MIN_WINDOW_S else 0.0
+    return max(0.0, opens - SAMPLING_LEAD_S)
 
 
 @dataclass(frozen=True)
@@ -63,6 +78,7 @@ class CaseClock:
         self._latest: dict[int, Evidence] = {}  #: each rank's latest reported evidence
         self._marks: list[_Mark] = []  #: evidence every half budget, the last budgets of it
         self._next_mark: float | None = None  #: when the next mark is due (before the deadline)
+        self._sample_from = float("inf")  #: when evidence starts to matter (:func:`sampling_starts`)
 
     def left(self) -> float:
         """Seconds until the current deadline, or the next mark before it."""
@@ -84,6 +100,10 @@ class CaseClock:
         if not self.loading and self._span is not None and self.deadline >= self.ceiling:
             self._start_budget(self._span, keep_later=False)
 
+    def wants_evidence(self) -> bool:
+        """Whether a verdict may read the ranks' evidence sampled now (:func:`sampling_starts`)."""
+        return time.monotonic() >= self._sample_from
+
     def report(self, rank: int, evidence: Evidence) -> None:
         """``rank``'s evidence of progress since its task began (its counters only grow)."""
         self._latest[rank] = evidence
@@ -92,6 +112,7 @@ class CaseClock:
         now = time.monotonic()
         earlier = self.deadline if keep_later and self.deadline < self.ceiling else 0.0
         self.deadline = min(self.ceiling, max(earlier, now + seconds))
+        self._sample_from = min(self._sample_from, now + sampling_starts(seconds))
         self._marks = []
         self._mark(now)
 

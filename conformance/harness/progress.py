@@ -338,35 +338,52 @@ class TaskSampler:
 
 
 class Reporter:
-    """A daemon thread that samples a rank's task thread every :data:`SAMPLE_EVERY_S` while a task runs.
+    """A daemon thread that samples a rank's task thread every :data:`SAMPLE_EVERY_S` once a verdict may read its
+    evidence, while a task runs.
 
-    It sends the rank's :class:`Evidence` when it differs from the last sent,
-    at most every :data:`SEND_EVERY_S`; a change not yet sent is sent at a
-    later sample, so the latest evidence always reaches the pool (none is
-    dropped), at most :data:`SEND_EVERY_S` late.
+    Sampling starts when the task's budget says (:meth:`sample_from`: a verdict
+    reads evidence only from about half the budget on,
+    :func:`conformance.harness.case_clock.sampling_starts`), so a case that
+    ends well within its budget costs no sample.  It sends the rank's
+    :class:`Evidence` when it differs from the last sent, at most every
+    :data:`SEND_EVERY_S`; a change not yet sent is sent at a later sample, so
+    the latest evidence always reaches the pool (none is dropped), at most
+    :data:`SEND_EVERY_S` late.
     """
 
     def __init__(self, send: Callable[[Evidence], None], lock: threading.Lock) -> None:
         self._send, self.lock = send, lock
         self._sampler: TaskSampler | None = None
+        self._from = float("inf")  #: when sampling starts (monotonic)
         self._last: Evidence | None = None
         self._sent_at = 0.0
+        self._wake = threading.Event()
         threading.Thread(target=self._run, name="coc-progress", daemon=True).start()
 
     def start(self, sampler: TaskSampler) -> None:
-        """Sample ``sampler``'s thread from now on (a task began)."""
+        """Sample ``sampler``'s thread once its budget says (a task began)."""
         with self.lock:
-            self._sampler, self._last = sampler, None
+            self._sampler, self._last, self._from = sampler, None, float("inf")
+
+    def sample_from(self, delay_s: float) -> None:
+        """Sample from ``delay_s`` seconds on (or from when an earlier call said, if sooner)."""
+        self._from = min(self._from, time.monotonic() + delay_s)
+        self._wake.set()
 
     def stop(self) -> None:
         """Stop sampling; call with :attr:`lock` held, so no report follows what the caller sends next."""
-        self._sampler = None
+        self._sampler, self._from = None, float("inf")
 
     def _run(self) -> None:
         while True:
+            wait = self._from - time.monotonic()
+            if wait > SAMPLE_EVERY_S:  # nothing to sample yet: sleep until then, or until a budget says otherwise
+                self._wake.wait(None if wait == float("inf") else wait)
+                self._wake.clear()
+                continue
             time.sleep(SAMPLE_EVERY_S)
             with self.lock:
-                if self._sampler is None:
+                if self._sampler is None or time.monotonic() < self._from:
                     continue
                 evidence = self._sampler.sample()
                 now = time.monotonic()

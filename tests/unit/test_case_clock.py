@@ -220,3 +220,14 @@ def test_after_the_budget_the_case_is_judged_every_half_budget() -> None:
     while clock.hung([0, 1]) is None and clock.deadline == first:
         time.sleep(min(0.01, clock.left()))
     assert 0.05 < clock.deadline - first <= 0.15, "the next verdict is due half a budget after the first"
+
+
+def test_evidence_is_wanted_from_where_the_first_verdicts_window_can_open() -> None:
+    from conformance.harness.case_clock import sampling_starts
+
+    clock = CaseClock(60)
+    assert not clock.wants_evidence()  # no budget: the ceiling reads no evidence
+    clock.budget(10.0)
+    assert not clock.wants_evidence() and sampling_starts(10.0) > 0
+    clock.budget(0.5)
+    assert clock.wants_evidence()

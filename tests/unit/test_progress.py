@@ -138,6 +138,7 @@ def test_the_latest_evidence_is_sent_even_when_it_changes_faster_than_reports() 
             return Evidence(completed=count[0])
 
     reporter.start(Counting(threading.get_ident(), lambda: 0))
+    reporter.sample_from(0.0)
     for _ in range(5):
         count[0] += 1  # five completions within one report interval
         time.sleep(SEND_EVERY_S / 10)
@@ -147,6 +148,34 @@ def test_the_latest_evidence_is_sent_even_when_it_changes_faster_than_reports() 
     with reporter.lock:
         reporter.stop()
     assert sent and sent[-1] == Evidence(completed=5), sent
+
+
+def test_a_rank_is_sampled_only_from_where_its_budget_says() -> None:
+    """A case that ends well within its budget costs no sample: none before a budget is declared, none before the
+    time the budget gives (:func:`sampling_starts`), every sample from then on."""
+    from conformance.harness.case_clock import MIN_WINDOW_S, SAMPLING_LEAD_S, sampling_starts
+
+    taken: list[float] = []
+
+    class Timed(TaskSampler):
+        def sample(self) -> Evidence:
+            taken.append(time.monotonic())
+            return Evidence(samples=len(taken))
+
+    reporter = Reporter(lambda e: None, threading.Lock())
+    reporter.start(Timed(threading.get_ident(), lambda: 0))
+    time.sleep(0.3)
+    assert taken == []  # no budget yet: no verdict reads evidence before one
+    began = time.monotonic()
+    reporter.sample_from(0.4)
+    time.sleep(0.3)
+    assert taken == []
+    time.sleep(0.5)
+    with reporter.lock:
+        reporter.stop()
+    assert taken and min(taken) >= began + 0.4 and len(taken) >= 2, taken
+    assert sampling_starts(10.0) == 5.0 - SAMPLING_LEAD_S  # the window the first verdict reads opens half way
+    assert sampling_starts(2 * MIN_WINDOW_S - 0.1) == 0.0 == sampling_starts(0.5)  # short budgets: from the start
 
 
 def test_a_rank_waiting_for_its_backward_is_sampled_on_the_thread_that_runs_it() -> None:

@@ -74,8 +74,9 @@ class ThreadedLauncher(StartsNothingAhead):
                 samplers = {r: _sampler(t) for r, t in enumerate(threads) if t.ident is not None}
                 while stuck := [r for r, t in enumerate(threads) if t.is_alive()]:
                     threads[stuck[0]].join(min(0.05, clock.left()))
-                    for r in stuck:
-                        clock.report(r, samplers[r].sample())
+                    if clock.wants_evidence():
+                        for r in stuck:
+                            clock.report(r, samplers[r].sample())
                     why = clock.hung([r for r in stuck if threads[r].is_alive()])
                     if why:
                         stacks = _thread_stacks(threads)

@@ -79,6 +79,7 @@ def rank_main(
     conn.send_bytes(READY)
 
     from conformance.harness import probes
+    from conformance.harness.case_clock import sampling_starts
     from conformance.harness.progress import Reporter, TaskSampler
 
     lock = threading.Lock()
@@ -89,6 +90,7 @@ def rank_main(
 
     def on_budget(seconds: float) -> None:
         send(BUDGET + repr(seconds).encode())
+        reporter.sample_from(sampling_starts(seconds))
 
     probes.count_completions()  # every collective completing is evidence, recorded or not
     reporter = Reporter(lambda e: conn.send_bytes(PROGRESS + json.dumps(e.as_json()).encode()), lock)
