@@ -17,10 +17,12 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:
+    import torch
 
 SCHEMA_VERSION = 1
 MANIFEST = "manifest.json"
@@ -65,12 +67,16 @@ class GoldenCase:
 
     @property
     def dtype(self) -> torch.dtype:
+        import torch
+
         return getattr(torch, self.params["dtype"])
 
     def tensor(self, name: str, dtype: torch.dtype | None = None,
                device: torch.device | str | None = None) -> torch.Tensor:
         """A fresh (writable) tensor, by default in the tensor's logical dtype; exact
         for inputs because they were stored after rounding to that dtype."""
+        import torch
+
         array = self.inputs.get(name, self.outputs.get(name))
         if array is None:
             raise KeyError(f"golden case {self.id!r} has no tensor {name!r}; "

@@ -8,12 +8,14 @@ compares replicas and repeated runs.  Both describe a difference the same way.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from conformance.contract.layouts import Split
+
+if TYPE_CHECKING:
+    pass
 
 
 def row_ranges(rows: Sequence[int], limit: int = 8) -> str:
@@ -53,6 +55,8 @@ def wrong_cells(wrong: Any, split: Split | None = None, tp: int = 1) -> str:
     replicated or partial tensor (or a split the size does not divide) names
     global rows and columns.
     """
+    import torch
+
     flags = np.asarray(wrong.cpu() if isinstance(wrong, torch.Tensor) else wrong, dtype=bool)
     vector = flags.ndim <= 1
     grid = flags.reshape(1, -1) if vector else flags.reshape(-1, flags.shape[-1])
@@ -79,6 +83,8 @@ def wrong_cells(wrong: Any, split: Split | None = None, tp: int = 1) -> str:
 
 def bitwise_equal(a: Any, b: Any) -> bool:
     """Same structure, shapes, dtypes and bits (``-0.0 != 0.0``; a NaN equals the same NaN)."""
+    import torch
+
     if isinstance(a, torch.Tensor):
         if not (isinstance(b, torch.Tensor) and a.shape == b.shape and a.dtype == b.dtype):
             return False
@@ -94,6 +100,8 @@ def bitwise_equal(a: Any, b: Any) -> bool:
 
 def describe_difference(a: Any, b: Any, split: Split | None = None, tp: int = 1) -> str:
     """How two values differ: element count, largest difference and where (:func:`wrong_cells`)."""
+    import torch
+
     if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
         if a.shape != b.shape or a.dtype != b.dtype:
             return f"{a.dtype}{list(a.shape)} vs {b.dtype}{list(b.shape)}"

@@ -10,8 +10,10 @@ exactly once, here.
 from __future__ import annotations
 
 from enum import Enum
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 
 class Split(Enum):

@@ -32,9 +32,11 @@ from __future__ import annotations
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
+
 
 #: Largest |value| of exact data, per dtype: products and sums over k stay exact
 #: (float16: 11 significand bits, bfloat16: 8, float32: 24).
@@ -66,6 +68,8 @@ class Problem:
 
 
 def _values(shape: tuple[int, ...], dtype: str, gen: torch.Generator, exact: bool) -> torch.Tensor:
+    import torch
+
     if exact:
         top = EXACT_MAX[dtype]
         return torch.randint(-top, top + 1, shape, generator=gen).to(getattr(torch, dtype))
@@ -74,6 +78,8 @@ def _values(shape: tuple[int, ...], dtype: str, gen: torch.Generator, exact: boo
 
 def global_operands(problem: Problem, replica: int = 0) -> dict[str, Any]:
     """``x``, ``w`` and ``bias`` (None without one) of ``problem`` for data-parallel ``replica``."""
+    import torch
+
     if problem.case_id is not None:
         import golden
 
@@ -102,6 +108,8 @@ def _spread(x: torch.Tensor, w: torch.Tensor, scale: float) -> tuple[torch.Tenso
     repeated negated one column past the middle; ``w``'s rows repeated alike: the two quarters' products cancel
     exactly, in every row and column.  One column past: no TP shard of the repeat is a shard of the first quarter
     negated, whose partial would cancel that shard's whatever its GEMM's rounding."""
+    import torch
+
     quarter, start = x.shape[1] // 4, x.shape[1] // 2 + 1
     x, w = x.clone(), w.clone()
     if quarter:
@@ -147,6 +155,8 @@ class QuantProblem:
 def quant_operands(problem: QuantProblem) -> dict[str, Any]:
     """``x``, int8 ``w``, ``scale`` and, where the problem has them, ``offset`` and ``bias`` (the same on every
     rank)."""
+    import torch
+
     gen = torch.Generator().manual_seed(problem.seed * 4099 + problem.group_size)
     dtype = getattr(torch, problem.dtype)
     rows = {"per_tensor": (1,), "per_channel": (problem.n,),
@@ -200,6 +210,8 @@ class LayerProblem:
 
 def layer_weights(problem: LayerProblem, step: int = 0) -> dict[str, Any]:
     """The global weights (and biases, None without) at the start of optimizer ``step``."""
+    import torch
+
     if problem.case_id is not None:
         import golden
 
@@ -218,6 +230,8 @@ def layer_weights(problem: LayerProblem, step: int = 0) -> dict[str, Any]:
 
 def layer_deltas(problem: LayerProblem, step: int) -> dict[str, Any]:
     """What optimizer step ``step`` adds to each weight (an eighth of the weights' scale)."""
+    import torch
+
     gen = torch.Generator().manual_seed(problem.seed * 31 + 1000 + step)
     return {name: (_values(shape, problem.dtype, gen, False).double() / 8).to(getattr(torch, problem.dtype))
             for name, shape in problem.weight_shapes().items()
@@ -226,6 +240,8 @@ def layer_deltas(problem: LayerProblem, step: int) -> dict[str, Any]:
 
 def layer_batch(problem: LayerProblem, micro: int, step: int = 0, replica: int = 0) -> dict[str, Any]:
     """``x [s, b, h_in]`` and ``dy [s, b, h_out]`` of one micro-batch of one step and replica."""
+    import torch
+
     if problem.case_id is not None:
         import golden
 

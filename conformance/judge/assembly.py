@@ -10,14 +10,15 @@ correct numbers, though a training run then drifts apart replica by replica.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Protocol, TypeVar
-
-import torch
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from conformance.contract.equality import bitwise_equal, describe_difference
 from conformance.contract.layouts import Split
 from conformance.judge.failures import ReplicaMismatch
 from conformance.judge.levels import Level
+
+if TYPE_CHECKING:
+    import torch
 
 
 class _RankOutcome(Protocol):
@@ -38,6 +39,8 @@ def by_replica(outcomes: Sequence[Outcome]) -> dict[int, list[Outcome]]:
 
 def assemble(pieces: Sequence[torch.Tensor], split: Split) -> torch.Tensor:
     """The global tensor from every rank's piece (inverse of :func:`shard`); rank 0's copy when replicated."""
+    import torch
+
     if split is Split.FULL:
         return pieces[0]
     if split is Split.PARTIAL:
@@ -67,7 +70,7 @@ def copies(pieces: Sequence[torch.Tensor], split: Split) -> list[tuple[str, torc
 
 
 #: A copy of a replicated tensor -> its worst ``|error| / bound`` (at most 1: within the error bound).
-WorstRatio = Callable[[torch.Tensor], float]
+WorstRatio = Callable[["torch.Tensor"], float]
 
 
 def check_identical_copies(pieces: Sequence[torch.Tensor], split: Split, name: str = "tensor",

@@ -24,9 +24,7 @@ fixed suite calls such a case a suite error, and the explorer builds none
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from conformance.contract.equality import bitwise_equal, describe_difference
 from conformance.contract.jobs import OpRun
@@ -34,6 +32,9 @@ from conformance.contract.layouts import OPERAND_SPLITS, shard
 from conformance.contract.problems import Problem, global_operands
 from conformance.contract.results import OpRunOutcome
 from conformance.judge.failures import DeterminismViolation
+
+if TYPE_CHECKING:
+    import torch
 
 
 def nothing_to_compare(*, runs: int, exact: bool) -> str:

@@ -10,6 +10,10 @@ from __future__ import annotations
 
 from conformance.judge.levels import Level
 
+#: Categories of failures that are no check's: a hang (timeout, crash, storm break), a known failure that passed
+#: (the expectations file), the suite's own error.
+HANG, UNEXPECTED_PASS, SUITE_ERROR = "hang", "unexpected pass", "suite error"
+
 
 class CheckFailure(AssertionError):
     """A conformance check found the implementation wrong (category in the report)."""

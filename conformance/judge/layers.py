@@ -13,10 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from conformance.contract.layouts import Split, layout
 from conformance.contract.problems import LayerProblem, layer_batch, layer_weights, main_grad_prefill
@@ -28,6 +27,9 @@ from conformance.judge.failures import ContractViolation, NumericMismatch, Wrong
 from conformance.judge.group_notes import group_note
 from conformance.judge.levels import Level
 from conformance.judge.verdicts import NotJudged
+
+if TYPE_CHECKING:
+    import torch
 
 
 def golden_problem(case_id: str) -> LayerProblem:
@@ -55,6 +57,8 @@ class Truth:
 
 
 def _f64(t: Any) -> torch.Tensor:
+    import torch
+
     return torch.from_numpy(numerics.as_float64(t))
 
 
@@ -144,6 +148,8 @@ def foreign_groups(outcomes: Sequence[LayerOutcome]) -> str:
 
 def _check_training(problem: LayerProblem, outcomes: Sequence[LayerOutcome], *, tp: int, chunks: int,
                     fusion: bool, run: int, autocast: str | None) -> None:
+    import torch
+
     splits = layout(problem.layer, problem.sequence_parallel)
     dtype = getattr(torch, autocast or problem.dtype)
     micro_count = 1 if problem.case_id is not None else len(problem.tokens)
@@ -238,6 +244,8 @@ class _CopyBound:
     fusion: bool
 
     def ratio(self, step: int, replica: int, name: str, micro: int | None, serial: Any) -> assembly.WorstRatio:
+        import torch
+
         def worst(copy: torch.Tensor) -> float:
             expected = truth(self.problem, step, replica, self.fusion)
             value, envelope = ((expected.micro[micro][name], expected.envelopes[micro][name]) if micro is not None

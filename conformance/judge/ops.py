@@ -14,10 +14,9 @@ the message says so (``docs/DESIGN.md#tp-subgroups``).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from conformance.contract.equality import bitwise_equal, describe_difference
 from conformance.contract.jobs import OpRun
@@ -29,6 +28,9 @@ from conformance.judge import assembly, checks, numerics
 from conformance.judge.assembly import assemble, by_replica, copies
 from conformance.judge.failures import ContractViolation, NumericMismatch, WrongError
 from conformance.judge.group_notes import group_note
+
+if TYPE_CHECKING:
+    import torch
 
 
 def roundings(tp: int) -> int:
@@ -103,6 +105,8 @@ def check_contract(run: OpRun, outcomes: Sequence[OpRunOutcome], in_place_ops: f
 
 
 def _check_type(op: str, result: Any, problem: Problem, tp: int, where: str) -> None:
+    import torch
+
     value = result
     if op == "all_gather_matmul_v2":
         if not (isinstance(result, (tuple, list)) and len(result) == 2):
@@ -128,6 +132,8 @@ def _check_type(op: str, result: Any, problem: Problem, tp: int, where: str) -> 
 
 
 def _kind(value: Any) -> str:
+    import torch
+
     if isinstance(value, torch.Tensor):
         return f"a tensor {list(value.shape)} {value.dtype} on {value.device}"
     return f"{type(value).__name__} {value!r}"[:120]
@@ -135,6 +141,8 @@ def _kind(value: Any) -> str:
 
 def check_numerics(run: OpRun, outcomes: Sequence[OpRunOutcome], *, exact: bool = False) -> None:
     """MUST: every call's result within the bound of its replica's float64 truth (bitwise when ``exact``)."""
+    import torch
+
     groups = by_replica(outcomes)
     split = OPERAND_SPLITS[run.op]["y"]
     for replica, ranks in groups.items():
@@ -180,6 +188,8 @@ def check_identical_copies(run: OpRun, outcomes: Sequence[OpRunOutcome]) -> int:
     Returns how many copies it compared with another (0: nothing was replicated, or no copy was a tensor on the
     CPU -- the result contract judges those).
     """
+    import torch
+
     split = OPERAND_SPLITS[run.op]["y"]
     groups = by_replica(outcomes)
     compared = 0
@@ -196,6 +206,8 @@ def check_identical_copies(run: OpRun, outcomes: Sequence[OpRunOutcome]) -> int:
 
 def _worst_ratio(run: OpRun, ranks: list[OpRunOutcome], i: int, replica: int) -> assembly.WorstRatio:
     """A copy of call ``i``'s replicated result -> its worst |error| / bound (for a replica mismatch's message)."""
+    import torch
+
     problem = run.problems[i]
 
     def ratio(copy: torch.Tensor) -> float:
@@ -227,6 +239,8 @@ def _check_exact(label: str, out: Any, truth: np.ndarray, dtype: str, split: Any
     """Bitwise: exact data has exactly one correct answer in every summation order -- up to the sign of a zero,
     which the order decides (``-0 + 0`` is ``+0``, a sum of ``-0`` terms ``-0``): adding ``+0`` makes every zero
     ``+0`` and changes nothing else."""
+    import torch
+
     expected = torch.from_numpy(np.asarray(truth)).to(getattr(torch, dtype))
     if not isinstance(out, torch.Tensor) or not bitwise_equal(out + 0, expected + 0):
         raise NumericMismatch(f"{label}: exact data must give exactly the exact result: "

@@ -46,6 +46,7 @@ import numpy as np
 from conformance.caseids import case_id
 from conformance.harness.case_errors import HANGS, WorkerLost
 from conformance.judge.expected import SKIP, UNJUDGED, Expectation
+from conformance.judge.failures import HANG, SUITE_ERROR, UNEXPECTED_PASS
 from conformance.judge.levels import Level
 from conformance.judge.perf import CI_LEVEL
 from conformance.judge.verdicts import FAILED as CHECK_FAILED
@@ -54,8 +55,6 @@ from conformance.judge.verdicts import JUDGED, NOT_JUDGED, NOT_OFFERED, outcome_
 #: Drop of the median paired gain (fraction of the serial time) that counts as a perf regression.
 PERF_THRESHOLD = 0.03
 FAILED = ("failed", "error")
-#: Failure categories the gate reads from either input (the suite writes them; Allure's messages name them).
-HANG, UNEXPECTED_PASS, SUITE_ERROR = "hang", "unexpected pass", "suite error"
 #: What a case that is not in a run counts as.
 MISSING = "missing"
 

@@ -30,7 +30,7 @@ from conformance.caseids import case_id
 from conformance.gating.expectations import Expectations, ExpectationsError, judge_checks
 from conformance.harness.case_errors import HANGS
 from conformance.judge.expected import Expectation
-from conformance.judge.run_diff import UNEXPECTED_PASS
+from conformance.judge.failures import UNEXPECTED_PASS
 
 expectations_key = pytest.StashKey[Expectations]()
 matched_key = pytest.StashKey[list[Expectation]]()

@@ -66,11 +66,11 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     report = yield
     if call.excinfo is not None and report.failed:
         from conformance.harness.case_errors import HANGS
-        from conformance.judge.failures import CheckFailure, SuiteError
+        from conformance.judge.failures import HANG, SUITE_ERROR, CheckFailure, SuiteError
 
         exc = call.excinfo.value
-        category = ("hang" if isinstance(exc, HANGS) else exc.category if isinstance(exc, CheckFailure)
-                    else "suite error" if isinstance(exc, SuiteError) else "error")
+        category = (HANG if isinstance(exc, HANGS) else exc.category if isinstance(exc, CheckFailure)
+                    else SUITE_ERROR if isinstance(exc, SuiteError) else "error")
         report.user_properties.append((report_properties.FAILURE, {
             "category": category, "type": type(exc).__name__, "message": str(exc)[:2000]}))
     return report

@@ -277,3 +277,28 @@ def test_megatron_is_preloaded_only_when_a_case_left_to_run_builds_its_state(pyt
         run = pytester.inline_run("-p", "conformance.plugin", "--collect-only", *args)
         session = run.getcall("pytest_collection_finish").session
         assert session.config.stash[needs_megatron_key] is expected
+
+
+COLLECT_AND_SAY = """
+import sys, pytest
+
+class Say:
+    def pytest_collection_finish(self, session):
+        print("collected", len(session.items), "imported", sorted(m for m in ("torch", "numpy") if m in sys.modules))
+
+pytest.main(["--collect-only", "-q", "-p", "no:cacheprovider", "--pyargs", "conformance.suite",
+             "--rootdir", sys.argv[1], "-c", sys.argv[1] + "/pyproject.toml"], plugins=[Say()])
+"""
+
+
+def test_collecting_the_suite_imports_no_torch(tmp_path: Path) -> None:
+    """Every ``-k`` selection pays collection: what only running a case needs (torch: over a second of imports) is
+    imported when a case runs."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", COLLECT_AND_SAY, str(ROOT)], cwd=tmp_path, capture_output=True,
+                          text=True)
+    said = [line for line in done.stdout.splitlines() if line.startswith("collected")]
+    assert said and int(said[0].split()[1]) > 100, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "'torch'" not in said[0], said[0]
