@@ -75,8 +75,8 @@ def pytest_configure(config: pytest.Config) -> None:
                             "(the rank processes preload megatron-core), as the explorer does")
     config.addinivalue_line("markers", "perf: performance gate (exclusive device lease)")
     config.addinivalue_line("markers", "large: large shapes, not in the default CPU run")
-    config.addinivalue_line("markers", "smoke: the per-change tier (every capability, mode, level and "
-                            "error kind at TP 2 and 8)")
+    config.addinivalue_line("markers", "smoke: the per-change tier (conformance/smoke_tier.json: cases that catch "
+                            "every fault of the proof table and hold every check, op and layer kind, and the corpus)")
     import importlib
 
     if not is_xdist_worker(config) and config.getoption(options.LAUNCHER) == "process":

@@ -1,4 +1,4 @@
-"""``python -m conformance.bench {overhead,coc,bounds,hangs,device,schedule} [options]``."""
+"""``python -m conformance.bench {overhead,coc,bounds,hangs,device,schedule,tiers} [options]``."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ BENCHMARKS = {
     "hangs": "conformance.bench.hangs",
     "device": "conformance.bench.device",
     "schedule": "conformance.bench.schedule",
+    "tiers": "conformance.bench.tier_choice",
 }
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 import pytest
 
@@ -61,16 +61,17 @@ def run_pytest(pytester: pytest.Pytester, shared_ranks: str,
 @pytest.fixture
 def run_suite(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch,
               run_pytest: Callable[..., pytest.RunResult]) -> Callable[..., SuiteRun]:
-    """Run ``conformance.suite.<module>`` (the whole suite for "") against ``impl`` (``module:attr``), as
-    :func:`run_pytest` does."""
+    """Run ``conformance.suite.<module>`` (the whole suite for "", or only its ``cases``, by case id) against
+    ``impl`` (``module:attr``), as :func:`run_pytest` does."""
 
-    def run(module: str, impl: str, *args: str, timeout: float = 600) -> SuiteRun:
+    def run(module: str, impl: str, *args: str, cases: Sequence[str] = (), timeout: float = 600) -> SuiteRun:
         pytester.chdir()
         env_path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
         monkeypatch.setenv("PYTHONPATH", env_path)
+        package = f"conformance.suite.{module}" if module else "conformance.suite"
+        targets = [f"{package}::{case.split('::', 1)[1]}" for case in cases] or [package]
         result = run_pytest(
-            "-p", "no:cacheprovider", "-q", "-rf",
-            "--pyargs", f"conformance.suite.{module}" if module else "conformance.suite",
+            "-p", "no:cacheprovider", "-q", "-rf", "--pyargs", *targets,
             "--coc-impl", impl, "--rootdir", str(ROOT), "-c", str(ROOT / "pyproject.toml"), *args, timeout=timeout,
         )
         output = result.stdout.str()

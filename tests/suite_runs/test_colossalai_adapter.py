@@ -2,8 +2,8 @@
 
 The sdist is fetched once with pip into a cache directory (or taken from
 ``COLOSSALAI_SRC``); where the registry cannot be reached the tests that need
-it skip, saying why.  With it: the op smoke tier at TP 2 with the shipped
-expectations is green, and without them the ring all-gather's wrong gathered
+it skip, saying why.  With it: the ops at TP 2 with the shipped
+expectations are green, and without them the ring all-gather's wrong gathered
 input fails MUST, naming the rows each rank gets wrong.
 """
 
@@ -21,7 +21,7 @@ import pytest
 
 from conformance.adapters import colossalai as adapter
 from tests.support import ROOT
-from tests.support.adapter_runs import SMOKE_TP2, adapter_run, assert_green, failed_checks
+from tests.support.adapter_runs import OPS_TP2, adapter_run, assert_green, failed_checks
 from tests.support.suite_run import SuiteRun
 
 IMPL = "conformance.adapters.colossalai:ColossalAIRing"
@@ -74,9 +74,9 @@ def test_without_source_the_adapter_says_how(monkeypatch: pytest.MonkeyPatch, tm
         adapter.operation_file()
 
 
-def test_op_smoke_tier_is_green_with_the_shipped_expectations(run_colossalai: Callable[..., SuiteRun],
+def test_ops_at_tp2_are_green_with_the_shipped_expectations(run_colossalai: Callable[..., SuiteRun],
                                                               tmp_path: Path) -> None:
-    run, summary = adapter_run(run_colossalai, tmp_path, "test_ops", IMPL, *SMOKE_TP2,
+    run, summary = adapter_run(run_colossalai, tmp_path, "test_ops", IMPL, *OPS_TP2,
                                "-n", "2", expectations=EXPECTATIONS)
     known = assert_green(run, summary)
     passed = [c["id"] for c in summary["cases"] if c["outcome"] == "passed"]

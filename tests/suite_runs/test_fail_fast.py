@@ -182,7 +182,7 @@ def test_a_rank_server_it_may_not_share_is_not_used_saying_why(run_suite: Callab
     """``--coc-rank-server`` naming no server (or one running other code, ``test_launchers``): the session warns
     and runs its cases on ranks of its own."""
     gone = tmp_path / "gone.sock"
-    run = run_suite("test_ops", DEFAULT_IMPL, "-m", "smoke", "-k", "op_matches_golden and matmul_all_reduce and tp2 "
+    run = run_suite("test_ops", DEFAULT_IMPL, "-k", "op_matches_golden and matmul_all_reduce and tp2 and float32 "
                     "and not wT", "--coc-rank-server", str(gone))
     assert run.ret == 0 and run.passed == 1, run.output[-3000:]
     assert re.search(rf"--coc-rank-server {re.escape(str(gone))}: not used, no rank server answers", run.output), \

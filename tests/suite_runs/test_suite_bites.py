@@ -1,15 +1,15 @@
 """The conformance suite fails broken implementations and passes correct ones.
 
 Each row of the proof table (:data:`tests.support.proofs.FAULT_TABLE`) runs one suite module against one fault of
-``tests/support/faulty_impls.py``, on the smoke tier (``-m smoke``) narrowed with
-``-k`` to the checks meant to catch it, and reads the run's JSON summary: the
-named check must come out as the row says -- failed, at its level and with its
-failure category, in at least one case, every case that failed it failed (a
-later refusal or skip never hides the failure), and no selected case may pass
--- or *not judged* where the fault leaves the check nothing to judge.  A row with
-``must_hold`` also proves that no MUST check failed: the fault is one a
-correct implementation may have.  Running on the smoke tier proves the
-per-change CI stage catches every fault of the table.
+``tests/support/faulty_impls.py``, on exactly the smoke tier's cases that the tier's kill table says catch it
+(``conformance/smoke_tier.json``, written by ``python -m conformance.bench tiers``), with ``-m smoke``, and reads the
+run's JSON summary: every one of them ran (a case the tier no longer holds would be deselected), and together they
+prove the row (:meth:`~tests.support.proofs.Proof.shown_by`): the named check came out as the row says -- failed,
+at its level and with its failure category, in at least one case, every case that failed it failed (a later refusal
+or skip never hides the failure), and no case passed -- or *not judged* where the fault leaves the check nothing to
+judge.  A row with ``must_hold`` also proves that no MUST check failed: the fault is one a correct implementation
+may have.  So the per-change CI stage catches every fault of the table, at the cases that say so, and a row the
+tier no longer catches fails here rather than drifting.
 
 :data:`CORRECT_VARIANTS` are implementations that differ from the reference
 without being wrong (of ``faulty_impls``, or ``module:attr``): the same checks
@@ -21,21 +21,17 @@ outcome and no check failed.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.support.proofs import FAULT_TABLE, MUST, Proof
+from conformance.judge.verdicts import outcome_of
+from conformance.tiers import smoke_tier
+from tests.support.proofs import FAULT_TABLE, FAULTS, MODULE_OPTIONS, Proof
 from tests.support.suite_run import SuiteRun
 
-FAULTS = "tests.support.faulty_impls"
 CORRECT = "tests.support.correct_variants"
-#: Extra options per suite module (hangs in configure are meant to be declared quickly).
-OPTIONS = {"test_config": ("--coc-tp", "2", "--coc-budget-floor", "8")}
-
 #: (suite module, correct implementation, -k selection, outcome every selected case must have)
 CORRECT_VARIANTS = [
     ("test_ops", "NoDeterministicMode", "deterministic and tp4", "skipped"),
@@ -59,39 +55,18 @@ CORRECT_VARIANTS = [
 ]
 
 
-def _outcome(check: dict[str, Any]) -> str:
-    return str(check.get("outcome") or ("passed" if check["passed"] else "failed"))
-
-
-def proven(proof: Proof, cases: list[dict[str, Any]]) -> list[str]:
-    """What the summary's ``cases`` fail to show of ``proof`` (empty when proven)."""
-    records = [(case["id"], check) for case in cases for check in case.get("checks", ())]
-    hits = [(cid, c) for cid, c in records if re.fullmatch(proof.check, c["name"]) and c["level"] == proof.level
-            and _outcome(c) == proof.outcome and (not proof.category or re.fullmatch(proof.category, c["category"]))]
-    problems = [] if hits else [f"no check {proof.check!r} at {proof.level} came out {proof.outcome}"
-                                + (f" with category {proof.category!r}" if proof.category else "") + ": "
-                                + "; ".join(f"{cid} {c['name']} [{c['level']}] {_outcome(c)} {c['category']}"
-                                            for cid, c in records)]
-    if proof.outcome == "failed":
-        problems += [f"{case['id']} passed" for case in cases if case["outcome"] == "passed"]
-        failed_it = {cid for cid, _ in hits}
-        problems += [f"{case['id']} failed {proof.check!r} yet came out {case['outcome']}" for case in cases
-                     if case["id"] in failed_it and case["outcome"] not in ("failed", "not-gated")]
-        if not cases:
-            problems.append("no case ran")
-    if proof.must_hold:
-        problems += [f"{cid}: MUST check {c['name']} failed: {c['message'][:300]}" for cid, c in records
-                     if c["level"] == MUST and _outcome(c) == "failed"]
-    return problems
-
-
 @pytest.mark.parametrize("proof", FAULT_TABLE, ids=[p.id for p in FAULT_TABLE])
 def test_suite_catches(run_suite: Callable[..., SuiteRun], tmp_path: Path, proof: Proof) -> None:
+    cases = smoke_tier().kills.get(proof.key)
+    assert cases, f"{proof.key}: no case of the smoke tier catches it (run `python -m conformance.bench tiers`)"
     summary = tmp_path / "coc-summary.json"
-    run = run_suite(proof.module, f"{FAULTS}:{proof.fault}", "-m", "smoke", "-k", proof.select,
-                    "--coc-summary", str(summary), *OPTIONS.get(proof.module, ()))
+    run = run_suite(proof.module, f"{FAULTS}:{proof.fault}", "-m", "smoke", "--coc-summary", str(summary),
+                    *MODULE_OPTIONS.get(proof.module, ()), cases=cases)
     assert summary.is_file(), f"{proof.fault}: no summary written:\n{run.output[-3000:]}"
-    problems = proven(proof, json.loads(summary.read_text())["cases"])
+    records = json.loads(summary.read_text())["cases"]
+    assert sorted(r["id"] for r in records) == sorted(cases), f"{proof.key}: the tier's cases that catch it did " \
+        f"not all run: {sorted(set(cases) - {r['id'] for r in records})}\n{run.output[-3000:]}"
+    problems = proof.shown_by(records)
     assert not problems, f"{proof.fault}: " + "\n".join(problems) + f"\n{run.output[-3000:]}"
 
 
@@ -106,10 +81,10 @@ def test_suite_passes_correct_variants(run_suite: Callable[..., SuiteRun], tmp_p
     cases = json.loads(summary.read_text())["cases"]
     assert cases and {c["outcome"] for c in cases} == {outcome}, \
         f"{variant}: {[(c['id'], c['outcome']) for c in cases]}\n{run.output[-3000:]}"
-    failed = [(c["id"], k["name"]) for c in cases for k in c.get("checks", ()) if _outcome(k) == "failed"]
+    failed = [(c["id"], k["name"]) for c in cases for k in c.get("checks", ()) if outcome_of(k) == "failed"]
     assert not failed, f"{variant}: failed checks {failed}"
     if outcome == "skipped":  # a mode the implementation lacks: recorded as not offered, never as passed
-        assert all(c.get("checks") and {_outcome(k) for k in c["checks"]} == {"not offered"} for c in cases), cases
+        assert all(c.get("checks") and {outcome_of(k) for k in c["checks"]} == {"not offered"} for c in cases), cases
 
 
 def test_a_check_with_nothing_to_compare_is_never_recorded_passed(run_suite: Callable[..., SuiteRun],
@@ -121,7 +96,7 @@ def test_a_check_with_nothing_to_compare_is_never_recorded_passed(run_suite: Cal
               "(op_matches_golden and tp2 and not wT and float32 and (matmul_all_reduce or matmul_reduce_scatter)) "
               "or corner_tp1", "--coc-summary", str(summary))
     cases = json.loads(summary.read_text())["cases"]
-    replicated = {c["id"]: [_outcome(k) for k in c["checks"] if k["name"] == "replicated results bitwise identical"]
+    replicated = {c["id"]: [outcome_of(k) for k in c["checks"] if k["name"] == "replicated results bitwise identical"]
                   for c in cases}
     judged = [cid for cid, outcomes in replicated.items() if "matmul_all_reduce" in cid and "tp2" in cid]
     assert judged and all(replicated[cid] == ["passed"] for cid in judged), replicated

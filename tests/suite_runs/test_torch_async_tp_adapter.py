@@ -1,7 +1,7 @@
 """The torch async-TP adapter (``conformance/adapters/torch_async_tp.py``) against the installed torch.
 
-Async-TP ships with torch, so this runs wherever the tests do: the op smoke
-tier at TP 2 is green with the shipped expectations (which know only that
+Async-TP ships with torch, so this runs wherever the tests do: the ops at
+TP 2 are green with the shipped expectations (which know only that
 async-TP has no CoC configuration), the fused ops pass their MUST checks, and
 an op async-TP lacks is skipped, never passed.
 """
@@ -13,15 +13,15 @@ from pathlib import Path
 
 from conformance.judge.verdicts import FAILED, outcome_of
 from tests.support import ROOT
-from tests.support.adapter_runs import SMOKE_TP2, adapter_run, assert_green
+from tests.support.adapter_runs import OPS_TP2, adapter_run, assert_green
 from tests.support.suite_run import SuiteRun
 
 IMPL = "conformance.adapters.torch_async_tp:TorchAsyncTP"
 EXPECTATIONS = ROOT / "conformance" / "adapters" / "torch_async_tp.expectations.toml"
 
 
-def test_op_smoke_tier_is_green(run_suite: Callable[..., SuiteRun], tmp_path: Path) -> None:
-    run, summary = adapter_run(run_suite, tmp_path, "test_ops", IMPL, *SMOKE_TP2, "-n", "2",
+def test_ops_at_tp2_are_green(run_suite: Callable[..., SuiteRun], tmp_path: Path) -> None:
+    run, summary = adapter_run(run_suite, tmp_path, "test_ops", IMPL, *OPS_TP2, "-n", "2",
                                expectations=EXPECTATIONS)
     assert not assert_green(run, summary), "no op case of async-TP is a known failure"
     by_op: dict[str, set[str]] = {}

@@ -1,8 +1,11 @@
 """The proof table: every named check of the suite, and the fault of ``tests/support/faulty_impls.py`` that proves it.
 
 A check is proven when a fault makes it come out as a row of :data:`FAULT_TABLE`
-says (``tests/suite_runs/test_suite_bites.py`` runs each row), and a case
-that failed it comes out failed (a failure is never lost to what follows it).  Every named
+says (:meth:`Proof.shown_by`), and a case that failed it comes out failed (a
+failure is never lost to what follows it).  ``tests/suite_runs/test_suite_bites.py``
+runs each row's fault on the smoke-tier cases that catch it, which
+``python -m conformance.bench tiers`` finds by running each fault on its whole
+module and stores with the tier (``conformance/smoke_tier.json``).  Every named
 check of the suite -- each ``verdicts.check`` name, and each test that judges
 without one -- has a row, or an entry in :data:`UNPROVEN` saying why not
 (``tests/unit/test_proofs.py`` holds the suite to that).
@@ -17,9 +20,13 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from conformance.judge.verdicts import outcome_of
 from tests.support import ROOT
 
+#: The module of the faults the rows name (``--coc-impl FAULTS:<fault>``).
+FAULTS = "tests.support.faulty_impls"
 SUITE = ROOT / "conformance" / "suite"
 
 MUST, SHOULD, STRUCTURE = "MUST", "SHOULD", "STRUCTURE"
@@ -28,6 +35,8 @@ EVERY_RANK = "test_config_error_on_every_rank_before_any_collective"
 NUMERICS = "numerics"
 TRAINING = "numerics of every step, micro-batch and replica"
 VALUES = "results are values"
+#: Extra options of every run of a suite module against a fault (hangs in configure are meant to be declared quickly).
+MODULE_OPTIONS = {"test_config": ("--coc-tp", "2", "--coc-budget-floor", "8")}
 
 
 @dataclass(frozen=True)
@@ -36,7 +45,9 @@ class Proof:
 
     module: str
     fault: str
-    select: str  #: -k selection of the checks expected to catch it
+    #: -k selection of the cases the row was written against (for the reader: the smoke tier's kill table says
+    #: which cases prove it)
+    select: str
     check: str  #: the check's name (a regex matched in full)
     level: str
     category: str = ""  #: the failure's category (a regex matched in full); "" for a check not judged
@@ -46,6 +57,35 @@ class Proof:
     @property
     def id(self) -> str:
         return f"{self.module}-{self.fault}"
+
+    @property
+    def key(self) -> str:
+        """The row as the smoke tier's kill table names it (a fault may prove several checks)."""
+        return f"{self.id}: {self.check} [{self.level} {self.outcome}]"
+
+    def shown_by(self, cases: list[dict[str, Any]]) -> list[str]:
+        """What the JSON summary's ``cases`` fail to show of this row (empty when they prove it): the check came
+        out as the row says in at least one case, every case that failed it came out failed, and (a failing
+        row) none passed; with :attr:`must_hold`, no MUST check failed."""
+        records = [(case["id"], check) for case in cases for check in case.get("checks", ())]
+        hits = [(cid, c) for cid, c in records if re.fullmatch(self.check, c["name"]) and c["level"] == self.level
+                and outcome_of(c) == self.outcome and (not self.category or re.fullmatch(self.category, c["category"]))]
+        problems = [] if hits else [f"no check {self.check!r} at {self.level} came out {self.outcome}"
+                                    + (f" with category {self.category!r}" if self.category else "") + ": "
+                                    + "; ".join(f"{cid} {c['name']} [{c['level']}] {outcome_of(c)} {c['category']}"
+                                                for cid, c in records)]
+        if self.outcome == "failed":
+            problems += [f"{case['id']} passed" for case in cases if case["outcome"] == "passed"]
+            failed_it = {cid for cid, _ in hits}
+            problems += [f"{case['id']} failed {self.check!r} yet came out {case['outcome']}" for case in cases
+                         if case["id"] in failed_it and case["outcome"] not in ("failed", "not-gated")]
+            if not cases:
+                problems.append("no case ran")
+        if self.must_hold:
+            problems += [f"{cid}: MUST check {c['name']} failed: {c['message'][:300]}" for cid, c in records
+                         if c["level"] == MUST and outcome_of(c) == "failed"]
+        return problems
+
 
 
 FAULT_TABLE = [
