@@ -79,11 +79,11 @@ def _addmm(raw_args, kwargs):
 
 def _handler(compute, plain_out: bool):
     """An op handler: the device GEMM where it applies, the CPU kernel otherwise; ``out=`` written in place."""
-    from npu_sim.tensor import sync_metadata, unwrap, wrap
+    from npu_sim.tensor import sync_metadata, unwrap_checked, wrap
 
     def handler(func, args, kwargs):
-        raw_args = [unwrap(a) for a in args]
-        raw_kwargs = {key: unwrap(value) for key, value in kwargs.items()}
+        raw_args = [unwrap_checked(a) for a in args]
+        raw_kwargs = {key: unwrap_checked(value) for key, value in kwargs.items()}
         out = kwargs.get("out") if plain_out else None
         result = compute(raw_args, {k: v for k, v in raw_kwargs.items() if k != "out"})
         if result is None:

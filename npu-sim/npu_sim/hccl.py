@@ -91,7 +91,7 @@ class HcclBackend(ProcessGroupGloo):
         mine = torch.tensor([failure is None, card, secrets.randbits(62)], dtype=torch.int64)
         everyone = [torch.empty_like(mine) for _ in range(self.group_size)]
         try:
-            ProcessGroupGloo.allgather(self, [everyone], [mine]).wait()
+            _SETUP_WAIT(ProcessGroupGloo.allgather(self, [everyone], [mine]))
         except BaseException:
             if failure is None:
                 cards.release(card)
@@ -124,6 +124,8 @@ class HcclBackend(ProcessGroupGloo):
             listener(communicator)
 
 
+#: dist.Work's wait as torch binds it: the set-up exchange is not a collective of the program's.
+_SETUP_WAIT = dist.Work.wait
 _REGISTRY_LOCK = threading.Lock()
 #: Live communicators by name (what MC2 kernels look ``hcom`` up in).
 _COMMUNICATORS: dict[str, Communicator] = {}

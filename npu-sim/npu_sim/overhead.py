@@ -7,6 +7,7 @@ dispatch into Python, unwrapping, the CPU kernel, wrapping the result.
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from collections.abc import Callable
@@ -51,8 +52,8 @@ def main() -> None:
     npu = cpu.to("npu")
     print(f"{'op':24s} {'cpu us':>9s} {'npu us':>9s} {'overhead us':>12s} {'ratio':>7s}")
     for name, op, calls in rows():
-        on_cpu = _per_call(lambda: op(cpu), calls) * 1e6
-        on_npu = _per_call(lambda: op(npu), calls) * 1e6
+        on_cpu = _per_call(functools.partial(op, cpu), calls) * 1e6
+        on_npu = _per_call(functools.partial(op, npu), calls) * 1e6
         print(f"{name:24s} {on_cpu:9.2f} {on_npu:9.2f} {on_npu - on_cpu:12.2f} {on_npu / on_cpu:7.2f}")
     x_cpu = torch.randn(32, 256)
     layers_cpu = [torch.randn(256, 256, requires_grad=True) for _ in range(4)]

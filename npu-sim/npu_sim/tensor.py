@@ -130,6 +130,26 @@ def unwrap(value: Any) -> Any:
     return value
 
 
+def unwrap_checked(value: Any) -> Any:
+    """:func:`unwrap`, refusing a tensor of another device beside npu ones, as a device kernel does.
+
+    A 0-dim CPU tensor passes: torch takes CPU scalars beside device tensors.
+    """
+    kind = type(value)
+    if kind is NpuTensor:
+        return value.raw
+    if isinstance(value, torch.Tensor):
+        if value.dim():
+            raise RuntimeError(f"Expected all tensors to be on the same device, but found at least two devices, "
+                               f"{DEVICE} and {value.device}!")
+        return value
+    if kind is list or kind is tuple:
+        return [unwrap_checked(item) for item in value]
+    if kind is torch.device:
+        return _CPU if value.type == "npu" else value
+    return value
+
+
 def _wrap_result(value: Any) -> Any:
     kind = type(value)
     if kind is torch.Tensor:
@@ -164,7 +184,7 @@ def sync_metadata(tensor: NpuTensor) -> None:
 class _Op:
     """What :func:`run` needs to know about one op, read once from its schema."""
 
-    __slots__ = ("handler", "returns", "sync", "device_arg", "generator")
+    __slots__ = ("handler", "returns", "sync", "device_arg", "generator", "unwrap")
 
     def __init__(self, func) -> None:
         schema = func._schema
@@ -191,9 +211,17 @@ class _Op:
         self.device_arg = any(arg.name == "device" for arg in arguments)
         self.generator = next(((i, arg.name, arg.kwarg_only) for i, arg in enumerate(arguments)
                                if str(arg.type) == "Optional[Generator]"), None)
+        # Copies cross devices by design, and indexing takes CPU indices; every other op takes npu tensors only.
+        self.unwrap = unwrap if func in _ACROSS_DEVICES else unwrap_checked
 
 
 _OPS: dict[Any, _Op] = {}
+_ACROSS_DEVICES = {
+    torch.ops.aten.copy_.default, torch.ops.aten._copy_from.default, torch.ops.aten._copy_from_and_resize.default,
+    torch.ops.aten.index.Tensor, torch.ops.aten.index_put_.default, torch.ops.aten.index_put.default,
+    torch.ops.aten._index_put_impl_.default, torch.ops.aten._unsafe_index.Tensor,
+    torch.ops.aten._unsafe_index_put.default,
+}
 
 
 def describe(func) -> _Op:
@@ -218,15 +246,20 @@ def _aliased(op: _Op, args: tuple, kwargs: dict, out: Any) -> Any:
     return results[0] if len(results) == 1 else tuple(results)
 
 
-def run(func, args: tuple, kwargs: dict) -> Any:
-    """Run one aten op on the emulated device (see the module docstring)."""
+def run(func, args: tuple, kwargs: dict, factory: bool = False) -> Any:
+    """Run one aten op on the emulated device (see the module docstring).
+
+    ``factory``: reached through the PrivateUse1 fallback (no npu tensor argument; a CPU one may give a
+    shape, as ``empty_like(cpu_tensor, device="npu")``'s does).
+    """
     op = _OPS.get(func) or describe(func)
     if runtime.STATE.bad_fork:
         runtime.raise_bad_fork()
     if op.handler is not None:
         return op.handler(func, args, kwargs)
-    raw_args = [unwrap(a) for a in args]
-    raw_kwargs = {key: unwrap(value) for key, value in kwargs.items()} if kwargs else {}
+    convert = unwrap if factory else op.unwrap
+    raw_args = [convert(a) for a in args]
+    raw_kwargs = {key: convert(value) for key, value in kwargs.items()} if kwargs else {}
     if op.generator is not None:
         _device_generator(op.generator, raw_args, raw_kwargs)
     out = func(*raw_args, **raw_kwargs)
@@ -266,7 +299,7 @@ def _fallback(func, *args, **kwargs):
     """PrivateUse1 kernels of ops with no wrapper argument: factories on ``npu`` start the runtime."""
     device = kwargs.get("device")
     runtime.check_device_index(device.index if device is not None else None)
-    return run(func, args, kwargs)
+    return run(func, args, kwargs, factory=True)
 
 
 _LIBRARIES: list[torch.library.Library] = []

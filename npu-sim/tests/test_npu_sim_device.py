@@ -14,10 +14,15 @@ def _basics():
 
     import torch
 
+    import npu_sim
+
+    npu_sim.activate()  # a second activation changes nothing
     cpu = torch.arange(6.0).reshape(2, 3)
     x = cpu.to("npu")
     factory = torch.zeros(2, 3, device="npu")
     facts = {
+        "from data": (str(torch.tensor([[0.0, 1, 2], [3, 4, 5]], device="npu").device),
+                      torch.equal(torch.tensor([[0.0, 1, 2], [3, 4, 5]], device="npu").cpu(), cpu)),
         "device": str(x.device),
         "factory": str(factory.device),
         "cpu back": x.cpu().device.type == "cpu" and torch.equal(x.cpu(), cpu),
@@ -41,12 +46,40 @@ def _basics():
 def test_tensors_live_on_npu_and_leave_it_only_by_copy():
     facts = in_npu_process(_basics)
     assert facts["device"] == facts["factory"] == facts["result on npu"] == "npu:0"
+    assert facts["from data"] == ("npu:0", True)
     assert facts["cpu back"] and facts["to cpu"] == "cpu"
     assert facts["item"] == 15.0
     assert facts["repr"].startswith("tensor([[0., 1., 2.],") and facts["repr"].endswith("device='npu:0')")
     assert facts["parameter"] and facts["parameter device"] == "npu:0"
     assert facts["numpy"].startswith("can't convert npu:0 device type tensor to numpy")
     assert facts["pickled"] == ("npu:0", True)
+
+
+def _mixing_devices():
+    import torch
+
+    x = torch.ones(3, device="npu")
+    outcomes = {}
+    for name, attempt in {
+        "add": lambda: x + torch.ones(3),
+        "matmul": lambda: torch.ones(2, 3, device="npu") @ torch.ones(3, 2),
+        "cat": lambda: torch.cat([x, torch.ones(3)]),
+        "cpu scalar": lambda: x + torch.tensor(2.0),
+        "cpu indices": lambda: x[torch.tensor([0, 2])],
+        "copy from cpu": lambda: x.copy_(torch.zeros(3)),
+    }.items():
+        try:
+            outcomes[name] = str(attempt().device)
+        except RuntimeError as error:
+            outcomes[name] = str(error)
+    return outcomes
+
+
+def test_an_op_refuses_a_cpu_tensor_beside_npu_ones():
+    outcomes = in_npu_process(_mixing_devices)
+    refusal = "Expected all tensors to be on the same device, but found at least two devices, npu:0 and cpu!"
+    assert outcomes["add"] == outcomes["matmul"] == outcomes["cat"] == refusal
+    assert outcomes["cpu scalar"] == outcomes["cpu indices"] == outcomes["copy from cpu"] == "npu:0"
 
 
 def _aliasing():

@@ -144,6 +144,42 @@ def test_a_collective_result_appears_when_it_is_waited_for(tmp_path):
         assert facts["gather after synchronize"] == ([0.0, 1.0], True)
 
 
+def _wrapped_work(rank, world):
+    import torch
+    import torch.distributed as dist
+
+    seen = []
+    originals = {name: getattr(dist.Work, name) for name in ("wait", "synchronize", "get_future")}
+
+    def wrapper(name):
+        def wrapped(self, *args, **kwargs):
+            result = originals[name](self, *args, **kwargs)
+            seen.append((name, type(self).__name__))
+            return result
+
+        return wrapped
+
+    for name in originals:
+        setattr(dist.Work, name, wrapper(name))
+    try:
+        value = torch.ones(2, device="npu")
+        dist.all_reduce(value, async_op=True).wait()
+        dist.all_reduce(value, async_op=True).synchronize()
+        future = dist.all_reduce(value, async_op=True).get_future()
+        outcome = (seen, value.cpu().tolist(), [t.cpu().tolist() for t in future.value()])
+    finally:
+        for name, original in originals.items():
+            setattr(dist.Work, name, original)
+    return outcome
+
+
+def test_wrappers_on_dist_work_see_every_wait(tmp_path):
+    """A hardware Work is torch's own dist.Work: what a probe wraps there sees its waits, as on a device."""
+    for seen, value, future in run_ranks(_wrapped_work, 2, tmp_path):
+        assert [name for name, _ in seen] == ["wait", "synchronize", "get_future"]
+        assert value == [8.0, 8.0] and future == [[8.0, 8.0]]
+
+
 # --------------------------------------------------------------------------- reduction order
 
 
