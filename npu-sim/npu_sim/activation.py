@@ -59,7 +59,7 @@ def activate() -> None:
 
         from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
-        from npu_sim import autocast, collectives, gemm, hccl, mc2, npu, rng, runtime, streams, tensor
+        from npu_sim import autocast, collectives, functional, gemm, hccl, mc2, npu, rng, runtime, streams, tensor
 
         _setup_privateuseone_for_python_backend("npu", backend_module=npu, hook=npu.Hooks(),
                                                 device_guard=npu.DeviceGuard())
@@ -67,6 +67,7 @@ def activate() -> None:
         tensor.HANDLERS.update(rng.handlers())
         tensor.HANDLERS[torch.ops.aten.record_stream.default] = streams.record_stream_handler
         tensor.NAMESPACE_HANDLERS["c10d"] = collectives.handle
+        tensor.NAMESPACE_HANDLERS["_c10d_functional"] = functional.handle
         tensor.NAMESPACE_HANDLERS["npu"] = mc2.handle
         tensor.install(torch.device("npu", 0))
         runtime.install()

@@ -138,8 +138,10 @@ class HcclWork(dist.Work):
 _NPU: list[torch.device] = []
 
 
-def _backend(boxed_group) -> hccl.HcclBackend:
-    group = dist.ProcessGroup.unbox(boxed_group)
+def _backend(group) -> hccl.HcclBackend:
+    """The hccl backend of ``group`` (a ProcessGroup, or one boxed by the dispatcher), its communicator created."""
+    if not isinstance(group, dist.ProcessGroup):
+        group = dist.ProcessGroup.unbox(group)
     if not _NPU:
         _NPU.append(torch.device("npu"))
     backend = group._get_backend(_NPU[0])
@@ -165,8 +167,9 @@ def _write(raw: torch.Tensor, data: torch.Tensor) -> None:
     raw.copy_(data.view(raw.dtype).view(raw.shape))
 
 
-def _redop(boxed_op) -> RedOp:
-    op = RedOp(boxed_op.op())
+def _redop(reduce_op) -> RedOp:
+    """The operator of a ReduceOp (boxed by the dispatcher) or a RedOpType."""
+    op = reduce_op if isinstance(reduce_op, RedOp) else RedOp(reduce_op.op())
     if op == RedOp.PREMUL_SUM:
         raise NotImplementedError("npu-sim does not model ReduceOp.PREMUL_SUM")
     return op

@@ -257,6 +257,12 @@ def run(func, args: tuple, kwargs: dict, factory: bool = False) -> Any:
         runtime.raise_bad_fork()
     if op.handler is not None:
         return op.handler(func, args, kwargs)
+    return run_on_host(func, args, kwargs, factory)
+
+
+def run_on_host(func, args: tuple, kwargs: dict, factory: bool = False) -> Any:
+    """:func:`run` without the op's handler: the op on ``raw``, its results wrapped."""
+    op = _OPS.get(func) or describe(func)
     convert = unwrap if factory else op.unwrap
     raw_args = [convert(a) for a in args]
     raw_kwargs = {key: convert(value) for key, value in kwargs.items()} if kwargs else {}

@@ -335,6 +335,38 @@ def test_every_collective_gives_its_result(tmp_path):
     assert zero["coalesced"][2] == 2.0 and one["coalesced"][2] == 5.0
 
 
+def _functional(rank, world):
+    import torch
+    import torch.distributed as dist
+    import torch.distributed._functional_collectives as funcol
+
+    group = dist.group.WORLD
+    npu = torch.ops._c10d_functional
+    value = torch.full((2,), rank + 1.0, device="npu")
+    issued = npu.all_reduce(value, "sum", group.group_name)
+    waited = npu.wait_tensor(issued)
+    return {
+        "all_reduce": (waited is issued, waited.cpu().tolist(), value.cpu().tolist()),
+        "funcol all_reduce": funcol.all_reduce(value, "sum", group).cpu().tolist(),
+        "all_gather": funcol.all_gather_tensor(value, 0, group).cpu().tolist(),
+        "reduce_scatter": funcol.reduce_scatter_tensor(torch.arange(4.0, device="npu") * (rank + 1), "sum", 0,
+                                                       group).cpu().tolist(),
+        "all_to_all": funcol.all_to_all_single(torch.tensor([10.0 * rank, 10.0 * rank + 1], device="npu"),
+                                               None, None, group).cpu().tolist(),
+        "broadcast": funcol.broadcast(value, 1, group).cpu().tolist(),
+    }
+
+
+def test_functional_collectives(tmp_path):
+    for rank, out in enumerate(run_ranks(_functional, 2, tmp_path)):
+        assert out["all_reduce"] == (True, [3.0, 3.0], [rank + 1.0] * 2), "a new tensor; the input is untouched"
+        assert out["funcol all_reduce"] == [3.0, 3.0]
+        assert out["all_gather"] == [1.0, 1.0, 2.0, 2.0]
+        assert out["reduce_scatter"] == ([0.0, 3.0] if rank == 0 else [6.0, 9.0])
+        assert out["all_to_all"] == ([0.0, 10.0] if rank == 0 else [1.0, 11.0])
+        assert out["broadcast"] == [2.0, 2.0]
+
+
 def _refusals(rank, world):
     import torch
     import torch.distributed as dist
