@@ -2,9 +2,9 @@
 
 What it installs, in order: the ``npu`` device (PrivateUse1 renamed, torch's Python device hooks and
 guard, ``torch.npu``), the tensor dispatch and the ops the device changes (GEMM, random ops,
-``record_stream``), the ``hccl`` backend and its collectives, the MC2 kernels, and the ``torch_npu``
-facade.  Activating twice is harmless; activating where a real torch_npu is installed is refused, so the
-emulator never stands in for the hardware's own stack.
+``record_stream``), autocast, the ``hccl`` backend with its collectives and torch's functional ones, the
+MC2 kernels, and the ``torch_npu`` facade.  Activating twice is harmless; activating where a real
+torch_npu is installed is refused, so the emulator never stands in for the hardware's own stack.
 """
 
 from __future__ import annotations

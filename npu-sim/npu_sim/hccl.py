@@ -31,6 +31,7 @@ import torch.distributed.distributed_c10d as c10d
 from torch._C._distributed_c10d import ProcessGroupGloo
 
 from npu_sim import cards, runtime, settings
+from npu_sim.work import TRANSFER_WAIT
 
 
 @dataclass
@@ -91,7 +92,7 @@ class HcclBackend(ProcessGroupGloo):
         mine = torch.tensor([failure is None, card, secrets.randbits(62)], dtype=torch.int64)
         everyone = [torch.empty_like(mine) for _ in range(self.group_size)]
         try:
-            _SETUP_WAIT(ProcessGroupGloo.allgather(self, [everyone], [mine]))
+            TRANSFER_WAIT(ProcessGroupGloo.allgather(self, [everyone], [mine]))  # not the program's collective
         except BaseException:
             if failure is None:
                 cards.release(card)
@@ -124,8 +125,6 @@ class HcclBackend(ProcessGroupGloo):
             listener(communicator)
 
 
-#: dist.Work's wait as torch binds it: the set-up exchange is not a collective of the program's.
-_SETUP_WAIT = dist.Work.wait
 _REGISTRY_LOCK = threading.Lock()
 #: Live communicators by name (what MC2 kernels look ``hcom`` up in).
 _COMMUNICATORS: dict[str, Communicator] = {}

@@ -2,7 +2,7 @@
 
 An :class:`NpuTensor` is a ``torch.Tensor`` subclass made with ``_make_wrapper_subclass`` on the ``npu``
 device (PrivateUse1, renamed), holding the CPU tensor ``raw`` that has its data.  Every aten op reaches
-:func:`run` twice-removed from the caller: as the subclass's ``__torch_dispatch__`` (the Python key, after
+:func:`run` by one of two routes: as the subclass's ``__torch_dispatch__`` (the Python key, after
 autograd, autocast and any ``TorchDispatchMode``) and, for ops with no tensor argument (factories with
 ``device="npu"``), as the PrivateUse1 fallback.  :func:`run` unwraps to ``raw``, runs the op on the CPU and
 wraps what it returns, so:
@@ -13,7 +13,9 @@ wraps what it returns, so:
 * ``untyped_storage()``, ``data_ptr()`` and ``storage_offset()`` answer for ``raw``, so code that compares
   storages to find aliases sees what the device would show;
 * ``.cpu()`` / ``.to("cpu")`` return a CPU copy, ``.numpy()`` fails as on any device, pickling carries a CPU
-  copy and rebuilds on ``npu`` (torch's own path for storage-less PrivateUse1 tensors).
+  copy and rebuilds on ``npu`` (torch's own path for storage-less PrivateUse1 tensors);
+* an op given a CPU tensor beside npu ones fails, as a device kernel does (CPU scalars, copies and CPU
+  indices pass, as torch allows them).
 
 Ops whose behaviour the device changes (GEMMs, collectives, MC2 kernels, random ops' generator) are looked
 up in :data:`HANDLERS` / :data:`NAMESPACE_HANDLERS`, which the modules modelling them fill.
