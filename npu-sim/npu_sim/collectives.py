@@ -71,6 +71,12 @@ def _write(raw: torch.Tensor, data: torch.Tensor) -> None:
     raw.copy_(data.view(raw.dtype).view(raw.shape))
 
 
+def _write_all(tensors, staged: list[torch.Tensor]) -> None:
+    """Write each staged buffer into its npu tensor (what completing a data-moving collective does)."""
+    for tensor, buffer in zip(tensors, staged):
+        _write(_raw(tensor), buffer)
+
+
 def _redop(reduce_op) -> RedOp:
     """The operator of a ReduceOp (boxed by the dispatcher) or a RedOpType."""
     op = reduce_op if isinstance(reduce_op, RedOp) else RedOp(reduce_op.op())
@@ -205,8 +211,7 @@ def _allgather(a: dict) -> Any:
 
     def finish():
         for lists, buffers in zip(outputs, staged):
-            for output, buffer in zip(lists, buffers):
-                _write(_raw(output), buffer)
+            _write_all(lists, buffers)
 
     return HcclWork(transfers, finish, outputs)
 
@@ -243,8 +248,7 @@ def _broadcast(a: dict) -> Any:
 
     def finish():
         if backend.group_rank != root:
-            for tensor, buffer in zip(tensors, staged):
-                _write(_raw(tensor), buffer)
+            _write_all(tensors, staged)
 
     return HcclWork(transfers, finish, tensors)
 
@@ -270,11 +274,7 @@ def _alltoall(a: dict) -> Any:
     staging = [torch.empty(_raw(t).numel() * t.element_size(), dtype=torch.uint8) for t in outputs]
     transfer = ProcessGroupGloo.alltoall(backend, staging, [_bytes(_raw(t)) for t in inputs])
 
-    def finish():
-        for output, buffer in zip(outputs, staging):
-            _write(_raw(output), buffer)
-
-    return HcclWork([transfer], finish, outputs)
+    return HcclWork([transfer], lambda: _write_all(outputs, staging), outputs)
 
 
 def _gather_to_root(a: dict) -> Any:
@@ -284,11 +284,7 @@ def _gather_to_root(a: dict) -> Any:
     staging = [torch.empty_like(data) for _ in outputs[0]] if outputs else []
     transfer = ProcessGroupGloo.gather(backend, staging, data, root)
 
-    def finish():
-        for output, buffer in zip(outputs[0] if outputs else [], staging):
-            _write(_raw(output), buffer)
-
-    return HcclWork([transfer], finish, outputs).boxed()
+    return HcclWork([transfer], lambda: _write_all(outputs[0] if outputs else [], staging), outputs).boxed()
 
 
 def _scatter(a: dict) -> Any:
@@ -311,11 +307,7 @@ def _recv(a: dict) -> Any:
     staging = [torch.empty(_raw(t).numel() * t.element_size(), dtype=torch.uint8) for t in tensors]
     transfer = ProcessGroupGloo.recv(backend, staging, a["src"], a["tag"])
 
-    def finish():
-        for tensor, buffer in zip(tensors, staging):
-            _write(_raw(tensor), buffer)
-
-    return HcclWork([transfer], finish, tensors).boxed()
+    return HcclWork([transfer], lambda: _write_all(tensors, staging), tensors).boxed()
 
 
 def _barrier(a: dict) -> Any:

@@ -120,36 +120,28 @@ def wrap(raw: torch.Tensor, requires_grad: bool = False) -> NpuTensor:
     return tensor
 
 
-def unwrap(value: Any) -> Any:
-    """``value`` with every wrapper replaced by its ``raw`` and the ``npu`` device by the CPU (lists one level deep)."""
-    kind = type(value)
-    if kind is NpuTensor:
-        return value.raw
-    if kind is list or kind is tuple:
-        return [unwrap(item) for item in value]
-    if kind is torch.device:
-        return _CPU if value.type == "npu" else value
-    return value
+def unwrap(value: Any, checked: bool = False) -> Any:
+    """``value`` with every wrapper replaced by its ``raw`` and the ``npu`` device by the CPU (lists one level deep).
 
-
-def unwrap_checked(value: Any) -> Any:
-    """:func:`unwrap`, refusing a tensor of another device beside npu ones, as a device kernel does.
-
-    A 0-dim CPU tensor passes: torch takes CPU scalars beside device tensors.
+    ``checked``: refuse a tensor of another device beside npu ones, as a device kernel does (a 0-dim CPU
+    tensor passes: torch takes CPU scalars beside device tensors).
     """
     kind = type(value)
     if kind is NpuTensor:
         return value.raw
-    if isinstance(value, torch.Tensor):
-        if value.dim():
-            raise RuntimeError(f"Expected all tensors to be on the same device, but found at least two devices, "
-                               f"{DEVICE} and {value.device}!")
-        return value
     if kind is list or kind is tuple:
-        return [unwrap_checked(item) for item in value]
+        return [unwrap(item, checked) for item in value]
     if kind is torch.device:
         return _CPU if value.type == "npu" else value
+    if checked and isinstance(value, torch.Tensor) and value.dim():
+        raise RuntimeError(f"Expected all tensors to be on the same device, but found at least two devices, "
+                           f"{DEVICE} and {value.device}!")
     return value
+
+
+def unwrap_checked(value: Any) -> Any:
+    """:func:`unwrap` refusing a tensor of another device beside npu ones."""
+    return unwrap(value, True)
 
 
 def _wrap_result(value: Any) -> Any:
