@@ -265,6 +265,10 @@ def test_without_a_measurement_the_reference_claims_the_cpu_only(monkeypatch: py
     ("matmul_all_reduce", "must name ops"),
     (("all_gather_matmul",), "must name ops"),
     ({"": ("matmul_all_reduce",)}, "keys must be device kinds"),
+    # keys that name no device kind ranks run on would judge nothing anywhere (issue 50)
+    ({"gpu": ("matmul_all_reduce",)}, "keys must be device kinds"),
+    ({"CUDA": ("matmul_all_reduce",)}, "keys must be device kinds"),
+    ({"cuda:0": ("matmul_all_reduce",)}, "keys must be device kinds"),
 ])
 def test_a_malformed_split_invariance_declaration_is_refused(raw: object, why: str) -> None:
     from conformance.protocol import DeclarationError, declarations
