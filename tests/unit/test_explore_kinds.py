@@ -251,7 +251,7 @@ def test_a_mode_raising_not_implemented_is_not_offered_and_no_longer_drawn(on_ra
     reason, no case needing it is drawn again, and the exploration passes."""
     ranks, scope = on_ranks("NoDeterministicMode")
     explorer = Explorer(ranks, seed=3, budget_s=4.0, scope=scope, kinds=(op_calls.KIND,))
-    deterministic = OpSpec((Call(64, 64, 32),), tp=2, deterministic=True, runs=2)
+    deterministic = OpSpec((Call(64, 96, 32),), tp=3, deterministic=True, runs=2)
     judged = explorer.judge(deterministic)
     assert judged.skipped and not judged.failures and not judged.judged, judged
     assert explorer.report.not_offered == {
