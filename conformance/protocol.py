@@ -61,9 +61,10 @@ Optional declarations (attributes of the implementation, all new in version 2;
     also *split-invariant*: bitwise the same whatever the tiling, the chunk
     count and the row split of the same call (torch_npu's "strong" and
     "batch" consistency levels).  Names of ops (on every device), or
-    ``{device kind: names}`` (a kind of :data:`DEVICE_KINDS`: ``"cpu"``, ``"cuda"``,
-    ``"npu"``; any other key is refused) where it holds on some devices only (a GEMM that gives a row the same bits at any row
-    count); the suite judges it on the ranks' device.  Default none: tilings
+    ``{device kind: names}`` (a kind of :data:`DEVICE_KINDS`: ``"cpu"``,
+    ``"cuda"``, ``"npu"``; any other key is refused) where it holds on some
+    devices only (a GEMM that gives a row the same bits at any row count);
+    the suite judges it on the ranks' device.  Default none: tilings
     are then judged by the error bound.  Added without a version bump: an
     implementation that declares nothing is judged as before, except that
     tilings of its deterministic mode no longer need to agree bitwise.
