@@ -430,6 +430,14 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
         shared = shared_rank_server(config)
         lines.append(f"coc-conformance: ranks on the rank server at {shared}" if shared else
                      f"coc-conformance: {options.RANK_SERVER} not used ({config.stash[_shared_key][1]})")
+    if not config.getoption(options.SAME_THREAD_BACKWARD):
+        from conformance.plugins.scheduling import runs_the_suite
+
+        if runs_the_suite(config):  # (torch is imported for it: not in every pytest session)
+            from conformance.harness.device_thread import unavailable
+
+            if unavailable():
+                lines.append(f"coc-conformance: {unavailable()}")
     if launcher == "torchrun":
         from conformance.harness.launchers.torchrun import stacks_path
 

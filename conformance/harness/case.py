@@ -112,11 +112,11 @@ class RankContext:
             self.timings[kind] = self.timings.get(kind, 0.0) + time.perf_counter() - start
 
     def backward(self, fn: Callable[[], Any]) -> Any:
-        """Run ``fn`` (a backward) as this rank's device runs one: on a CPU rank, on another thread carrying this
-        one's thread-local state (:func:`conformance.harness.device_thread.run_backward`)."""
+        """Run ``fn`` (a backward) as this rank's device runs one: on a CPU rank, on the rank's device thread,
+        carrying this one's thread-local state (:func:`conformance.harness.device_thread.run_backward`)."""
         from conformance.harness.device_thread import run_backward
 
-        return run_backward(fn, device=self.device, off_thread=self.device_thread_backward)
+        return run_backward(fn, device=self.device, off_thread=self.device_thread_backward, rank=self.rank)
 
 
 TaskFn = Callable[..., Any]

@@ -6,7 +6,8 @@ all-reduced asynchronously while the next is multiplied -- and waits for the
 blocks' collectives its own way before it returns.  Every wait here is one
 ``torch.distributed`` and ``torch.futures`` document, so the suite must pass
 each of them ("results are values" among its checks).  Deterministic and w8A16
-calls are the reference's.
+calls are the reference's.  Last, a layer patch keeping state on its
+backward's thread that a device's long-lived backward thread must not break.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 from coc_impl.deterministic import stable_product
 from coc_impl.reference import ReferenceCoC
 from coc_impl.validated_call import ValidatedCall
+from tests.support.faulty_impls import _BackwardThreadWorkspace
 
 
 class _WaitsItsOwnWay(ReferenceCoC):
@@ -97,3 +99,14 @@ class WaitsOnAHelperThread(_WaitsItsOwnWay):
         waiter = threading.Thread(target=lambda: [w.wait() for w in works], name="coc-variant-waiter")
         waiter.start()
         waiter.join()
+
+
+class BackwardThreadWorkspace(_BackwardThreadWorkspace):
+    """A per-thread workspace of the backward's weight operands, keyed by the weight's storage *and version*: an
+    update in place (the optimizer's step) is a new entry, so the device's one backward thread never reads a stale
+    one (``tests/support/faulty_impls.py``: ``StaleBackwardThreadWorkspace`` keys by storage alone)."""
+
+    name = "backward-thread-workspace"
+
+    def key(self, weight: Any) -> tuple[Any, ...]:
+        return weight.data_ptr(), tuple(weight.shape), weight._version

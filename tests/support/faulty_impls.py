@@ -1719,3 +1719,44 @@ class ClaimsSplitInvariance(RowCountRounding):
 
     name = "fault-claims-split-invariance"
     split_invariant_ops = ("matmul_all_reduce", "matmul_reduce_scatter")
+
+
+# --- state kept on the backward's thread (an accelerator runs every backward of a device on one thread) -------
+
+
+class _BackwardThreadWorkspace(_PatchedPipeline):
+    """The backward keeps each weight's product operand in a per-thread workspace (a ``threading.local``, as a
+    workspace pool per stream or thread is), found again by :meth:`key`; the forward uses the weight as is."""
+
+    target = "rows_times"
+
+    def key(self, weight: Any) -> tuple[Any, ...]:
+        raise NotImplementedError
+
+    def wrap(self, original: Any) -> Any:
+        import threading
+
+        import torch
+
+        workspace = threading.local()
+
+        def rows_times(right: Any, **kw: Any) -> Any:
+            if torch.is_grad_enabled():  # the forward
+                return original(right, **kw)
+            kept = workspace.__dict__.setdefault("operands", {})
+            key = self.key(right)
+            if key not in kept:
+                kept[key] = original(right.detach().clone(), **kw)
+            return kept[key]
+
+        return rows_times
+
+
+class StaleBackwardThreadWorkspace(_BackwardThreadWorkspace):
+    """Keyed by the weight's storage alone: on a device's one backward thread the operand of the first step is
+    used again after the optimizer updated the weight in place (a fresh thread per backward never shows it)."""
+
+    name = "fault-stale-backward-thread-workspace"
+
+    def key(self, weight: Any) -> tuple[Any, ...]:
+        return weight.data_ptr(), tuple(weight.shape)

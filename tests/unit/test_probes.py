@@ -93,3 +93,20 @@ def test_a_phase_with_a_helper_threads_matmul_is_not_judged_and_issued_no_collec
     assert timeline.other_threads == ()  # a refusal after it came before any collective
     with pytest.raises(NotJudged, match="aten.mm in helper thread 'helper'"):
         check_phase(timeline, "column/sp/forward", Chunked(), chunks=1, matmuls=PartMatmuls("w", (4, 4)))
+
+
+def test_a_recordings_nesting_of_entry_points_is_its_own_on_each_thread() -> None:
+    """Threads carrying one recording (the device thread, a callback's) each have their own nesting of
+    ``torch.distributed`` entry points: one thread inside ``all_reduce(async_op=False)`` never makes another
+    thread's collective look called through it (blocking, on its group)."""
+    import threading
+
+    from conformance.harness.probes import CollectiveLog, _Recording
+
+    recording = _Recording(CollectiveLog(), None, None)
+    recording.api_stack().append(("all_reduce", False, None))
+    seen: list[object] = []
+    other = threading.Thread(target=lambda: seen.append(list(recording.api_stack())))
+    other.start()
+    other.join()
+    assert seen == [[]] and recording.api_stack() == [("all_reduce", False, None)]
