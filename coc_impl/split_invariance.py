@@ -59,9 +59,8 @@ def split_invariant_devices() -> tuple[str, ...]:
     """The device kinds on which the deterministic ops are split-invariant (module docstring)."""
     measured = gemm_rows.configured()
     kinds = set()
-    if measured is None or measured.device != "cpu":
-        if cpu_rows().invariant(MIN_GEMM_ROWS):
-            kinds.add("cpu")
+    if (measured is None or measured.device != "cpu") and cpu_rows().invariant(MIN_GEMM_ROWS):
+        kinds.add("cpu")
     if measured is not None and measured.invariant(MIN_GEMM_ROWS):
         kinds.add(measured.device)
     return tuple(sorted(kinds))
