@@ -252,6 +252,25 @@ class _CopyBound:
         return worst
 
 
+def check_saved_gather(outcomes: Sequence[LayerOutcome]) -> None:
+    """SHOULD, ``recompute_all_gather=False``: the column backward does not all-gather its input again.  A
+    re-gather seen on any rank fails; none seen where some rank's backward did work the probes could not follow is
+    not judged (the re-gather may be there), never passed."""
+    from conformance.judge.structure import require_complete
+
+    timelines = [(rank, o.timelines.get("column/backward")) for rank, o in enumerate(outcomes)]
+    if not any(timeline is not None for _, timeline in timelines):
+        raise NotJudged("no rank recorded the column backward: no all-gather to look for")
+    for rank, timeline in timelines:
+        gathers = timeline.of_kind("all_gather") if timeline is not None else []
+        if gathers:
+            raise WrongError(f"rank {rank}: recompute_all_gather=False, yet the column backward all-gathered "
+                             f"its input again ({len(gathers)} all-gather(s))", level=Level.SHOULD)
+    for rank, timeline in timelines:
+        if timeline is not None:
+            require_complete(timeline, f"rank {rank}: the column backward")
+
+
 def check_values(outcomes: Sequence[LayerOutcome]) -> None:
     """MUST: kept outputs did not change, inputs were not mutated, outputs share no memory."""
     for rank, outcome in enumerate(outcomes):

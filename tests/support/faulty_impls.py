@@ -1760,3 +1760,73 @@ class StaleBackwardThreadWorkspace(_BackwardThreadWorkspace):
 
     def key(self, weight: Any) -> tuple[Any, ...]:
         return weight.data_ptr(), tuple(weight.shape)
+
+
+# --- work the probes cannot follow (a helper thread) beside a fault they can see -------------------------------
+
+
+def _helper_thread_matmul() -> None:
+    """A 2x2 matmul on a helper thread, started and joined: work no recording mode reaches."""
+    import threading
+
+    import torch
+
+    helper = threading.Thread(target=lambda: torch.ones(2, 2) @ torch.ones(2, 2), name="coc-helper")
+    helper.start()
+    helper.join()
+
+
+class SerialBackwardBesideAHelperMatmul(MlpSpBackwardGatherSerial):
+    """``MlpSpBackwardGatherSerial`` (the row SP backward, declared chunked, gathers serially), and a 2x2 matmul on
+    a helper thread in the column forward: that phase is not judged, the serial backward still fails (issue 50: the
+    first phase not judged ended the structure check, "not judged")."""
+
+    name = "fault-serial-backward-beside-a-helper-matmul"
+
+    def wrap(self, original: Any) -> Any:
+        import sys
+
+        import coc_impl.scripted as scripted
+
+        row_backward = inspect.unwrap(scripted._RowParallelMatmul.backward).__code__
+
+        def all_gather_matmul(x: Any, matmul: Any, blocks: Any, group: Any, **kw: Any) -> Any:
+            if sys._getframe(1).f_code is row_backward:
+                return _whole_blocking_gather(x, matmul, group)
+            _helper_thread_matmul()
+            return original(x, matmul, blocks, group, **kw)
+
+        return all_gather_matmul
+
+
+class RegathersOnAHelperThread(_PatchedPipeline):
+    """Ignores ``recompute_all_gather=False``, and gathers the input again for the weight gradient on a helper
+    thread, where no probe records it: the check cannot see the re-gather, so it must not pass (issue 50)."""
+
+    name = "fault-regathers-on-a-helper-thread"
+    target = "all_gather"
+
+    def patch_megatron(self, config: CoCConfig) -> Any:
+        from dataclasses import replace
+
+        return super().patch_megatron(replace(config, user_cfgs=replace(config.user_cfgs, recompute_all_gather=True)))
+
+    def wrap(self, original: Any) -> Any:
+        import threading
+
+        class Gathered:
+            def __init__(self, value: Any) -> None:
+                self.value = value
+
+            def wait(self) -> Any:
+                return self.value
+
+        def all_gather(x: Any, blocks: Any, group: Any, **kw: Any) -> Any:
+            box: dict[str, Any] = {}
+            helper = threading.Thread(target=lambda: box.update(out=original(x, blocks, group, **kw).wait()),
+                                      name="coc-regather")
+            helper.start()
+            helper.join()
+            return Gathered(box["out"])
+
+        return all_gather

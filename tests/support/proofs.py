@@ -173,6 +173,12 @@ FAULT_TABLE = [
           r".*: the refusal names m and p", SHOULD, ERROR, must_hold=True),
     Proof("test_layers", "FallsBackSilently", "uneven_token_counts and row-nosp and tp2",
           r".*: one fallback warning per layer", SHOULD, ERROR, must_hold=True),
+    # work on a thread the probes cannot follow leaves its phase not judged, never the others (issue 50), and
+    # a check reading collectives never passes on an incomplete timeline
+    Proof("test_layers", "SerialBackwardBesideAHelperMatmul",
+          "layer_matches_golden and mlp-sp and float32 and tp2-p2", "overlap structure", STRUCTURE, OVERLAP),
+    Proof("test_layers", "RegathersOnAHelperThread", "saved_all_gather and column and tp2",
+          "recompute_all_gather=False honoured", SHOULD, outcome="not judged", must_hold=True),
     # training steps
     Proof("test_training", "WrongGroupLayers", "layers_on_tp_subgroup and row-nosp and world4", TRAINING, MUST,
           NUMERIC),

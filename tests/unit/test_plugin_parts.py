@@ -277,3 +277,19 @@ def test_megatron_is_preloaded_only_when_a_case_left_to_run_builds_its_state(pyt
         run = pytester.inline_run("-p", "conformance.plugin", "--collect-only", *args)
         session = run.getcall("pytest_collection_finish").session
         assert session.config.stash[needs_megatron_key] is expected
+
+
+def test_a_test_that_is_no_conformance_check_keeps_its_own_exceptions(pytester: pytest.Pytester) -> None:
+    """``NotJudged`` or ``NotOffered`` raised by a test of the session that judges no implementation (the project's
+    own tests) fails it: the plugin records them only for conformance checks, and never turns them into a pass."""
+    pytester.makepyfile(test_own="""
+        from conformance.judge.verdicts import NotJudged, NotOffered
+
+        def test_not_judged():
+            raise NotJudged("a rule under test raised where it should not")
+
+        def test_not_offered():
+            raise NotOffered("the same")
+    """)
+    result = pytester.runpytest("-p", "conformance.plugin", "-q")
+    result.assert_outcomes(failed=2)
