@@ -248,6 +248,9 @@ def run_on_rank(
     (:func:`conformance.harness.rank_threads.rank_thread`; ``carry``: the
     context a helper thread of the rank runs the rank's code in).
     """
+    from conformance.harness import probes
+
+    probes.install()  # (once per process; a callback the task registers before it records is then watched)
     buffer = io.StringIO()
     ctx.timings = {}
     with rank_threads.rank_thread(carry), _capture_output(buffer, capture_stdio):

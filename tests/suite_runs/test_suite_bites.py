@@ -56,6 +56,9 @@ CORRECT_VARIANTS = [
      "passed"),
     *[("test_ops", f"{CORRECT}:{variant}", "results_are_values and matmul_all_reduce and tp2", "passed")
       for variant in ("WaitsThroughThen", "PollsFutureDone", "PollsWorkIsCompleted", "WaitsOnAHelperThread")],
+    # a collective launched and waited inside a then callback, the program waiting on the chained future (issue 50)
+    *[("test_ops", f"{CORRECT}:{variant}", "results_are_values and matmul_all_reduce and tp2", "passed")
+      for variant in ("ReducesInACallback", "ReducesInAnInlineCallback")],
     # a per-thread workspace of the backward keyed by the weight's version, on the device's one backward thread
     ("test_training", f"{CORRECT}:BackwardThreadWorkspace", "training_steps and column-nosp and tp2", "passed"),
 ]

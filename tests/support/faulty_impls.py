@@ -1830,3 +1830,35 @@ class RegathersOnAHelperThread(_PatchedPipeline):
             return Gathered(box["out"])
 
         return all_gather
+
+
+class CallbackFromBeforeTheRecording(_PatchedPipeline):
+    """Registers at ``configure`` (before any recording) a callback that multiplies, on a future a thread started
+    then completes during the next layer forward: that matmul is not in the phase's timeline, so its structure must
+    not be judged (issue 50: whether to watch a callback was decided when it was registered)."""
+
+    name = "fault-callback-from-before-the-recording"
+    target = "matmul_all_reduce"
+
+    def configure(self, argv: Sequence[str] | None, env: Mapping[str, str] | None, **kw: Any) -> CoCConfig:
+        import threading
+
+        import torch
+
+        later: Any = torch.futures.Future()
+        later.then(lambda _: torch.ones(2, 2) @ torch.ones(2, 2))
+        go = threading.Event()
+        self.go, self.completer = go, threading.Thread(target=lambda: (go.wait(), later.set_result(None)),
+                                                       name="coc-completer", daemon=True)
+        self.completer.start()
+        return super().configure(argv, env, **kw)
+
+    def wrap(self, original: Any) -> Any:
+        def pipeline(*args: Any, **kw: Any) -> Any:
+            completer = getattr(self, "completer", None)
+            if completer is not None and completer.is_alive():
+                self.go.set()
+                completer.join()
+            return original(*args, **kw)
+
+        return pipeline

@@ -88,6 +88,11 @@ def test_every_documented_wait_is_a_wait_whichever_thread_waits(pool: ProcessLau
         assert seen["callback only"] == [False]  # a callback runs because the future is done: no wait of the program
         assert seen["callback matmul"] == ([(3, 3)], ())  # the callback carries the recording's mode
         assert seen["helper matmul"] == ((), ("aten.mm in helper thread 'coc-helper'",))  # no collective
+        # waiting on the future a callback chains completes what the callback waited for, inline or not
+        assert seen["collective in a callback"] == seen["collective in an inline callback"] == [True, True], seen
+        # a callback registered before the recording that runs during it: watched (decided when it runs)
+        assert len(seen["callback registered before"]) == 1, seen  # type: ignore[arg-type]
+        assert "'coc-completer'" in seen["callback registered before"][0], seen  # type: ignore[index]
 
 
 def test_a_phase_with_a_helper_threads_matmul_is_not_judged_and_issued_no_collective() -> None:
