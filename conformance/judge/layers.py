@@ -182,11 +182,18 @@ def _label(where: str, micro: int, count: int) -> str:
 def _compare(name: str, pieces: list[Any], serial_pieces: list[Any] | None, truth: np.ndarray,
              envelope: tuple[np.ndarray, int], split: Split, dtype: Any, roundings: int, tp: int,
              where: str) -> None:
-    for holders, out in copies(pieces, split):
+    try:
+        held = copies(pieces, split)
+    except ContractViolation as failure:
+        raise ContractViolation(f"{f'{name} ({where})' if where else name}: {failure}") from None
+    for holders, out in held:
+        label = ", ".join(filter(None, (f"{name} ({where})" if where else name, holders)))
+        if out.numel() != np.size(truth):
+            raise NumericMismatch(f"{label}: the result has shape {list(out.shape)} ({out.numel()} elements), the "
+                                  f"expected one {list(np.shape(truth))} ({np.size(truth)})")
         serial = assemble(serial_pieces, split) if serial_pieces else out
         expected = np.asarray(truth).reshape(tuple(out.shape))
         magnitude = np.asarray(envelope[0]).reshape(tuple(out.shape))
-        label = ", ".join(filter(None, (f"{name} ({where})" if where else name, holders)))
         checks.check_close(label, out, expected, serial, (magnitude, envelope[1]), dtype, roundings=roundings,
                            split=split, tp=tp)
 

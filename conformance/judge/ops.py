@@ -147,7 +147,11 @@ def check_numerics(run: OpRun, outcomes: Sequence[OpRunOutcome], *, exact: bool 
                 if unusable:
                     raise NumericMismatch(f"{_label(run, i, replica, len(groups), j)}: cannot compare {unusable[0]} "
                                           "with the expected result (see the result contract)")
-                for holders, out in copies(pieces, split):
+                try:
+                    held = copies(pieces, split)
+                except ContractViolation as failure:
+                    raise ContractViolation(f"{_label(run, i, replica, len(groups), j)}: {failure}") from None
+                for holders, out in held:
                     serial = (assemble([_first(o.calls[i].serial, run.op) for o in ranks], split)
                               if ranks[0].calls[i].serial is not None else out)
                     label = ", ".join(filter(None, (_label(run, i, replica, len(groups), j), holders)))

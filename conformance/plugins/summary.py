@@ -64,7 +64,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         from conformance.judge.failures import CheckFailure, SuiteError
 
         exc = call.excinfo.value
+        failed = [c for c in property_of(report, report_properties.CHECKS) or () if outcome_of(c) == "failed"]
         category = ("hang" if isinstance(exc, HANGS) else exc.category if isinstance(exc, CheckFailure)
+                    else str(failed[0]["category"]) if property_of(report, report_properties.SUITE_ERROR_BESIDE)
                     else "suite error" if isinstance(exc, SuiteError) else "error")
         report.user_properties.append((report_properties.FAILURE, {
             "category": category, "type": type(exc).__name__, "message": str(exc)[:2000]}))
@@ -96,6 +98,9 @@ def record_of(report: pytest.TestReport) -> dict[str, Any]:
         record["skip_reason"] = str(report.longrepr[2]).removeprefix("Skipped: ")
     if wasxfail is not None:
         record["reason"] = wasxfail
+    beside = property_of(report, report_properties.SUITE_ERROR_BESIDE)
+    if beside is not None:
+        record["suite_error"] = beside
     for key, name in (("checks", report_properties.CHECKS), ("timings", report_properties.TIMINGS),
                       ("clock", report_properties.CLOCK),
                       ("failure", report_properties.FAILURE), ("expectation", report_properties.EXPECTATION),

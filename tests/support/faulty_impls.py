@@ -1862,3 +1862,16 @@ class CallbackFromBeforeTheRecording(_PatchedPipeline):
             return original(*args, **kw)
 
         return pipeline
+
+
+class ScatterPiecesOfTwoShapes(ReferenceCoC):
+    """matmul_reduce_scatter drops its last column on every rank but 0: the ranks' pieces are no shards of one
+    tensor (issue 50: assembling them raised, a suite error that dropped the failures recorded before it)."""
+
+    name = "fault-scatter-pieces-of-two-shapes"
+
+    def matmul_reduce_scatter(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
+        import torch.distributed as dist
+
+        out = super().matmul_reduce_scatter(x, w, bias, **kw)
+        return out if dist.get_rank(kw.get("group")) == 0 else out[:, :-1].contiguous()

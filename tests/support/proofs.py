@@ -108,6 +108,9 @@ FAULT_TABLE = [
           MUST, CONTRACT),
     Proof("test_ops", "ReturnsOnAnotherDevice", "op_matches_golden and matmul_all_reduce and tp2 and not wT", VALUES,
           MUST, CONTRACT),
+    # pieces that are no shards of one tensor fail the check that assembles them, never the suite (issue 50)
+    Proof("test_ops", "ScatterPiecesOfTwoShapes", "op_matches_golden and matmul_reduce_scatter and tp2 and not wT",
+          NUMERICS, MUST, CONTRACT),
     Proof("test_ops", "ReplicasRoundDifferently", "op_matches_golden and matmul_all_reduce and float32 and tp2 "
           "and not wT", "replicated results bitwise identical", SHOULD, NUMERIC, must_hold=True),
     # fused ops in the corners of the case space (each passes the regular corner)

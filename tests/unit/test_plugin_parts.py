@@ -293,3 +293,34 @@ def test_a_test_that_is_no_conformance_check_keeps_its_own_exceptions(pytester: 
     """)
     result = pytester.runpytest("-p", "conformance.plugin", "-q")
     result.assert_outcomes(failed=2)
+
+
+def test_a_suite_error_keeps_the_checks_before_it_and_the_case_is_the_worse_verdict(pytester: pytest.Pytester,
+                                                                                    tmp_path: Path) -> None:
+    """A bug of the suite after a failed MUST check: the case failed (the worse verdict), its checks kept, the
+    suite's error beside them; after a passed check only: an error of the run, the check kept (issue 50: the
+    failure recorded before it was dropped, and the headline blamed the suite)."""
+    pytester.makepyfile(test_bug="""
+        from conformance.judge.failures import ContractViolation
+        from conformance.judge.levels import Level
+
+        def test_failed_then_bug(verdicts):
+            with verdicts.check("results are values", Level.MUST):
+                raise ContractViolation("rank 1: expected a tensor [64, 48], got [64, 47]")
+            raise RuntimeError("a judge's own bug")
+
+        def test_passed_then_bug(verdicts):
+            with verdicts.check("results are values", Level.MUST):
+                pass
+            raise RuntimeError("a judge's own bug")
+    """)
+    summary = tmp_path / "summary.json"
+    result = pytester.runpytest("-p", "conformance.plugin", "--coc-summary", str(summary), "-q")
+    result.assert_outcomes(failed=1, errors=1)
+    cases = {c["id"].rsplit("::", 1)[-1]: c for c in json.loads(summary.read_text())["cases"]}
+    failed, error = cases["test_failed_then_bug"], cases["test_passed_then_bug"]
+    assert failed["outcome"] == "failed" and "a judge's own bug" in failed["suite_error"], failed
+    assert [(c["name"], c["outcome"]) for c in failed["checks"]] == [("results are values", "failed")]
+    assert failed["failure"]["category"] == "result contract", failed
+    assert error["outcome"] == "error" and error["failure"]["category"] == "suite error", error
+    assert [(c["name"], c["outcome"]) for c in error["checks"]] == [("results are values", "passed")]
