@@ -79,6 +79,9 @@ def pytest_configure(config: pytest.Config) -> None:
                             "error kind at TP 2 and 8)")
     import importlib
 
+    from conformance.harness.case import guard_exits
+
+    guard_exits()  # the implementation's code run in this process (configure, thread ranks) cannot end the run
     if not is_xdist_worker(config) and config.getoption(options.LAUNCHER) == "process":
         config.pluginmanager.register(_RankServerHooks(), "coc-rank-server")
     for name in SUB_PLUGINS:

@@ -85,6 +85,7 @@ def load_run(path: Path) -> Run:
                 doc = json.loads(candidate.read_text())
             except (OSError, json.JSONDecodeError) as exc:
                 raise RunError(f"{candidate}: {exc}") from None
+            _require_complete(candidate, doc)
             cases = {c["id"]: c for c in doc.get("cases", [])}
             for nodeid in doc.get("missing", []):  # collected, never reported: its worker was lost
                 cases.setdefault(case_id(nodeid), {"id": case_id(nodeid), "outcome": "error", "failure": {
@@ -99,6 +100,28 @@ def load_run(path: Path) -> Run:
     if path.is_dir() and any(path.glob("*-result.json")):
         return _allure_run(path)
     raise RunError(f"{path}: neither a coc-summary.json nor an Allure results directory")
+
+
+def _require_complete(path: Path, doc: Mapping[str, Any]) -> None:
+    """Refuse a summary its run never finished writing (``complete: false``: killed, interrupted or still running),
+    or one beside Allure results of another run: a verdict rests on a complete record of one run."""
+    run = str(doc.get("run_id") or "?")
+    if doc.get("complete") is False:
+        raise RunError(f"{path}: the summary of run {run} is incomplete (the run was killed, interrupted or is still "
+                       "running): no verdict rests on it")
+    from conformance.report_properties import RUN_LABEL
+
+    others = set()
+    for result in path.parent.glob("*-result.json"):
+        try:
+            labels = json.loads(result.read_text()).get("labels", ())
+        except (OSError, json.JSONDecodeError):
+            continue
+        others.update(str(label.get("value")) for label in labels if label.get("name") == RUN_LABEL)
+    others.discard(run)
+    if doc.get("run_id") and others:
+        raise RunError(f"{path}: the summary is of run {run}, the Allure results beside it of run(s) "
+                       f"{', '.join(sorted(others))}: not one run")
 
 
 def _allure_run(path: Path) -> Run:

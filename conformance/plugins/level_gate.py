@@ -69,7 +69,26 @@ def pytest_configure(config: pytest.Config) -> None:
         config.stash[gate_key] = Level.parse_many(options.gate_spec(config))
     except ValueError as exc:
         raise pytest.UsageError(f"{options.GATE}: {exc}") from None
+    refuse_reruns(config)
     config.pluginmanager.register(LevelTally(config), "coc-level-tally")
+
+
+def refuse_reruns(config: pytest.Config) -> None:
+    """A run of the suite asking pytest-rerunfailures to run failed cases again is a usage error: a failed attempt
+    is a verdict, and a rerun that skipped or passed would report it lost (skipped, exit 0) -- failures are
+    sticky across attempts too."""
+    from conformance.plugins.scheduling import runs_the_suite
+
+    asked = [config.getoption(name, None) for name in ("reruns", "force_reruns")]
+    try:
+        asked.append(config.getini("reruns"))
+    except ValueError:  # pytest-rerunfailures is not installed
+        pass
+    rerun = [str(value) for value in asked if value is not None and str(value).strip() not in ("", "0")]
+    if rerun and runs_the_suite(config):
+        raise pytest.UsageError(f"reruns ({', '.join(rerun)}; pytest-rerunfailures) are refused by coc-conformance: "
+                                "a failed attempt is a verdict, and a rerun would report it lost; run the suite "
+                                "without --reruns")
 
 
 #: Fixtures that make a test a conformance check (its outcome is counted by level).

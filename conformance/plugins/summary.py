@@ -17,7 +17,10 @@ Read by ``coc-gate``, ``coc-matrix`` and
 because the implementation does not offer what it needs carries a check
 ``not offered``.  ``expectations`` holds every entry of the expectations file
 the run was judged against (``coc-gate`` reads which losses of judgment are
-expected from it).
+expected from it).  The summary is written first when the session starts,
+``complete: false``, and again, ``complete: true``, when it ends (false still
+when it was interrupted): a run killed half way leaves a summary the gate and
+the report refuse, never an earlier run's.
 """
 
 from __future__ import annotations
@@ -141,9 +144,19 @@ class SummaryWriter:
         with open(self.lines, "a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
 
-    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        """The summary, provisional (``complete: false``), before any case runs: a run that never finishes leaves
+        no earlier run's summary where its own belongs, and the gate and the report give it no verdict."""
+        self._write(self._document(complete=False))
+
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        """The summary of every case reported, complete unless the session was interrupted or broke down."""
         if is_xdist_worker(self.config):
             return
+        stopped = exitstatus in (pytest.ExitCode.INTERRUPTED, pytest.ExitCode.INTERNAL_ERROR)
+        self._write(self._document(complete=not stopped))
+
+    def _document(self, *, complete: bool) -> dict[str, Any]:
         records = list(self.records.values())
         outcomes = Counter(r["outcome"] for r in records)
         skips = Counter(r.get("skip_reason", "?") for r in records if r["outcome"] == "skipped")
@@ -158,9 +171,10 @@ class SummaryWriter:
         from conformance.plugins.known_outcomes import expectations_key
 
         known = self.config.stash.get(expectations_key, None)
-        doc = {
+        return {
             "schema": SCHEMA,
             "run_id": run_id(self.config),
+            "complete": complete,
             "implementation": impl_spec(self.config),
             "launcher": self.config.getoption(options.LAUNCHER),
             "gate": options.gate_spec(self.config),
@@ -182,6 +196,8 @@ class SummaryWriter:
             "skips_by_reason": dict(skips.most_common()),
             "cases": records,
         }
+
+    def _write(self, doc: dict[str, Any]) -> None:
         tmp = self.path.with_name(self.path.name + f".{os.getpid()}.tmp")
         tmp.write_text(json.dumps(doc, indent=1))
         os.replace(tmp, self.path)

@@ -333,3 +333,27 @@ def test_losses_of_single_checks_missing_cases_and_suite_errors_are_red_but_a_sa
     assert sorted((x.case.split("::")[1], x.check, x.after) for x in result.lost) == [
         ("test_broke[x]", "numerics", "error"), ("test_gone[x]", "numerics", "missing"),
         ("test_uneven_token_counts[matmul_all_reduce-tp2]", "m=3: numerics", "missing")]
+
+
+def test_a_summary_its_run_never_finished_writing_gets_no_verdict(tmp_path: Path) -> None:
+    """The suite writes its summary ``complete: false`` when the session starts: a run killed half way in a
+    folder that held the last run's summary leaves that one, which the gate refuses (issue 50: GREEN, "No change");
+    and a summary beside Allure results of another run is not one run's record."""
+    baseline = _summary(tmp_path, "base", [_numeric("passed")])
+    current = _summary(tmp_path, "cur", [_numeric("passed")])
+    doc = json.loads((current / "coc-summary.json").read_text())
+    (current / "coc-summary.json").write_text(json.dumps({**doc, "run_id": "r2", "complete": False}))
+
+    def gate_(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "conformance.gating.gate", *args], cwd=ROOT, capture_output=True,
+                              text=True)
+
+    refused = gate_("--baseline", str(baseline), "--current", str(current))
+    assert refused.returncode == 2 and "is incomplete" in refused.stderr, refused.stderr
+    assert gate_("--current", str(current)).returncode == 2  # the templates' check after the suite
+    (current / "coc-summary.json").write_text(json.dumps({**doc, "run_id": "r2", "complete": True}))
+    assert gate_("--current", str(current)).returncode == 0
+    assert gate_("--baseline", str(baseline), "--current", str(current)).returncode == 0
+    (current / "x-result.json").write_text(json.dumps({"labels": [{"name": "coc_run", "value": "r1"}]}))
+    other = gate_("--current", str(current))
+    assert other.returncode == 2 and "not one run" in other.stderr, other.stderr
