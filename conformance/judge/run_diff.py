@@ -21,9 +21,14 @@ Red when the current run has
   whole-case ``skip``) is listed as expected, without turning it red.  The
   checks of an exploration are a sample of what it drew: one it did not
   draw this time is not lost (its case still is, when it goes unjudged);
-* a perf regression whose interval is clear of the threshold.
+* a perf regression whose interval is clear of the threshold;
+* a gate lowered from the baseline's (fewer levels fail the run);
+* an expectations entry of a full run that matches no case, or names no check
+  its cases recorded.
 
-Fixes and perf drops within the noise are listed without turning it red.
+Fixes, perf drops within the noise, new failing checks at levels the run does
+not gate, a raised gate and the stale entries of a partial run are listed
+without turning it red.
 
 Perf regressions compare the per-round *paired* gains of each CoC variant
 (``(serial - coc) / serial``, measured back to back) of the two runs: a
@@ -74,6 +79,10 @@ class Run:
     gate: frozenset[str] = frozenset(level.value for level in Level)  #: the levels whose failures failed a case
     #: The expectations file the run was judged against (its entries that say which losses are expected).
     expectations: tuple[Expectation, ...] = ()
+    gate_spec: str = ""  #: ``--coc-gate`` as the run's summary states it ("": unknown, e.g. Allure results)
+    #: Entries of its expectations file that matched no case, or named no check its cases recorded.
+    stale_expectations: tuple[str, ...] = ()
+    full_run: bool = False  #: whether it ran every case of the suite (then a stale entry is red)
 
 
 def load_run(path: Path) -> Run:
@@ -96,7 +105,9 @@ def load_run(path: Path) -> Run:
                 expected = tuple(Expectation(**entry) for entry in doc.get("expectations", ()))
             except (TypeError, ValueError) as exc:
                 raise RunError(f"{candidate}: gate or expectations: {exc}") from None
-            return Run(str(candidate), doc.get("implementation", "?"), cases, gated, expected)
+            return Run(str(candidate), doc.get("implementation", "?"), cases, gated, expected,
+                       str(doc.get("gate") or ""), tuple(map(str, doc.get("stale_expectations", ()))),
+                       bool(doc.get("full_run")))
     if path.is_dir() and any(path.glob("*-result.json")):
         return _allure_run(path)
     raise RunError(f"{path}: neither a coc-summary.json nor an Allure results directory")
@@ -227,6 +238,8 @@ class RunDiff:
     unexpected_passes: list[Mapping[str, Any]] = field(default_factory=list)
     #: Judgments the baseline made and the current run did not (expected ones too: see :attr:`Loss.expected`).
     lost: list[Loss] = field(default_factory=list)
+    #: Cases with failed checks (name, level) at levels the current run does not gate, not failed in the baseline.
+    ungated: list[tuple[Mapping[str, Any], list[tuple[str, str]]]] = field(default_factory=list)
     fixes: list[str] = field(default_factory=list)
     perf: list[PerfChange] = field(default_factory=list)
 
@@ -266,9 +279,28 @@ class RunDiff:
                               p.clear) for p in self.perf_regressions)),
             losses("Lost judgment the expectations file expects", [x for x in self.lost if x.expected is not None],
                    False),
+            Section("New failing checks at levels this run does not gate", ("new failed checks",), tuple(
+                Row(str(case["id"]), ("; ".join(f"{name} ({level})" for name, level in new),), False,
+                    changes(str(case["id"]))) for case, new in self.ungated)),
+            self._gates(),
+            Section("Stale expectations (entries matching no case or check of the run)", ("why",), tuple(
+                Row(entry.split(": ", 1)[0], (entry.split(": ", 1)[-1],), self.current.full_run)
+                for entry in self.current.stale_expectations)),
             Section("Fixes", (), tuple(Row(cid, (), False, changes(cid)) for cid in self.fixes)),
         ]
         return [section for section in sections if section.rows]
+
+    def _gates(self) -> Section:
+        """The levels each run gates, where they differ: red when the current run gates fewer (a failure at a level
+        it dropped no longer fails it), listed when it gates more."""
+        before, now = self.baseline.gate_spec, self.current.gate_spec
+        if not before or not now or self.baseline.gate == self.current.gate:
+            return Section("", (), ())
+        dropped = sorted(self.baseline.gate - self.current.gate)
+        why = (f"lowered: failures at {', '.join(dropped)} no longer fail the run" if dropped
+               else "raised: more levels fail the run")
+        return Section("The gate differs from the baseline's", ("baseline", "current", "why"),
+                       (Row("--coc-gate", (before, now, why), bool(dropped)),))
 
     @property
     def red(self) -> bool:
@@ -294,6 +326,10 @@ def diff_runs(baseline: Run, current: Run, *, threshold: float = PERF_THRESHOLD,
                     result.new_checks.append((case, new))
         elif outcome == "passed" and before in FAILED:
             result.fixes.append(cid)
+        ungated = frozenset(level.value for level in Level) - current.gate
+        new_ungated = sorted(failed_checks(case, ungated) - failed_checks(baseline.cases.get(cid, {}), ungated))
+        if new_ungated:
+            result.ungated.append((case, new_ungated))
         if cid in baseline.cases and "perf" in case and "perf" in baseline.cases[cid]:
             result.perf.extend(_perf_changes(cid, baseline.cases[cid]["perf"], case["perf"], threshold, seed))
     for cid, case in sorted(baseline.cases.items()):

@@ -168,9 +168,10 @@ class SummaryWriter:
         allure_dir = self.config.getoption("allure_report_dir", None)
         allure_results = (len(list(Path(allure_dir).glob("*-result.json")))
                           if allure_dir and Path(allure_dir).is_dir() else None)
-        from conformance.plugins.known_outcomes import expectations_key
+        from conformance.plugins.known_outcomes import expectations_key, stale_key
 
         known = self.config.stash.get(expectations_key, None)
+        stale, full = self.config.stash.get(stale_key, ([], False))
         return {
             "schema": SCHEMA,
             "run_id": run_id(self.config),
@@ -179,6 +180,8 @@ class SummaryWriter:
             "launcher": self.config.getoption(options.LAUNCHER),
             "gate": options.gate_spec(self.config),
             "expectations": [entry.as_dict() for entry in known.entries] if known is not None else [],
+            "stale_expectations": stale,
+            "full_run": full,
             "python": platform.python_version(),
             "torch": _version("torch"),
             "megatron_core": _version("megatron-core"),

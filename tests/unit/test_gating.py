@@ -357,3 +357,54 @@ def test_a_summary_its_run_never_finished_writing_gets_no_verdict(tmp_path: Path
     (current / "x-result.json").write_text(json.dumps({"labels": [{"name": "coc_run", "value": "r1"}]}))
     other = gate_("--current", str(current))
     assert other.returncode == 2 and "not one run" in other.stderr, other.stderr
+
+
+def _summary_doc(tmp_path: Path, name: str, cases: list[dict[str, Any]], **fields: Any) -> Path:
+    folder = _summary(tmp_path, name, cases)
+    doc = json.loads((folder / "coc-summary.json").read_text())
+    (folder / "coc-summary.json").write_text(json.dumps({**doc, **fields}))
+    return folder
+
+
+def _should(outcome: str, gated: bool) -> dict[str, Any]:
+    case = {"id": "test_layers.py::test_uneven_token_counts[row-nosp-tp2]", "area": "layers",
+            "outcome": outcome if outcome == "passed" else "failed" if gated else "not-gated",
+            "checks": [{"name": "m=7: one fallback warning per layer", "level": "SHOULD", "outcome": outcome,
+                        "passed": outcome == "passed"}]}
+    return case
+
+
+def test_the_gates_smaller_silences_are_listed(tmp_path: Path) -> None:
+    """A check outside the gate going from passed to failed is listed (not red); a gate lower than the baseline's
+    is red, a higher one listed; stale expectations entries are listed, red only in a run of the whole suite."""
+    baseline = _summary_doc(tmp_path, "base", [_should("passed", False)], gate="all")
+    quiet = _summary_doc(tmp_path, "quiet", [_should("failed", False)], gate="all")
+    lowered = _summary_doc(tmp_path, "lowered", [_should("failed", False)], gate="must")
+    result = run_diff.diff_runs(run_diff.load_run(baseline), run_diff.load_run(lowered))
+    titles = {section.title: section for section in result.sections}
+    ungated = titles["New failing checks at levels this run does not gate"]
+    assert ungated.rows[0].cells == ("m=7: one fallback warning per layer (SHOULD)",) and not ungated.red
+    gates = titles["The gate differs from the baseline's"]
+    assert gates.red and gates.rows[0].cells == ("all", "must", "lowered: failures at SHOULD, STRUCTURE no longer "
+                                                                "fail the run")
+    assert result.red and "No change" not in gate.markdown(result)
+    raised = run_diff.diff_runs(run_diff.load_run(lowered), run_diff.load_run(quiet))
+    assert not raised.red and any(s.title.startswith("The gate differs") for s in raised.sections)
+    for full in (False, True):
+        stale = _summary_doc(tmp_path, f"stale{full}", [_should("passed", True)], gate="all", full_run=full,
+                             stale_expectations=["known.toml:3: pattern 'x' matches no case of the run"])
+        diff = run_diff.diff_runs(run_diff.load_run(baseline), run_diff.load_run(stale))
+        (section,) = diff.sections
+        assert section.rows[0].case == "known.toml:3" and diff.red is full
+
+
+def test_an_expectations_entry_is_stale_when_it_matches_no_case_or_names_no_recorded_check() -> None:
+    from conformance.judge.expected import Expectation, stale
+
+    cases = {"test_ops.py::test_a[x]": ["numerics", "results are values"], "test_ops.py::test_b[y]": []}
+    entries = [Expectation("test_ops.py::test_a*", "fail", "r", check="numerics", source="e.toml:1"),
+               Expectation("test_ops.py::test_a*", "fail", "r", check="numerix", source="e.toml:5"),
+               Expectation("test_ops.py::test_b*", "fail", "r", check="anything", source="e.toml:9"),  # no checks
+               Expectation("test_gone.py::*", "skip", "r", source="e.toml:13")]
+    assert stale(entries, cases) == ["e.toml:5: check 'numerix' names no check its 1 case(s) recorded",
+                                     "e.toml:13: pattern 'test_gone.py::*' matches no case of the run"]

@@ -324,3 +324,31 @@ def test_a_suite_error_keeps_the_checks_before_it_and_the_case_is_the_worse_verd
     assert failed["failure"]["category"] == "result contract", failed
     assert error["outcome"] == "error" and error["failure"]["category"] == "suite error", error
     assert [(c["name"], c["outcome"]) for c in error["checks"]] == [("results are values", "passed")]
+
+
+def test_stale_expectations_warn_in_a_partial_run_and_fail_a_whole_one(pytester: pytest.Pytester, tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """An entry matching no case, or naming a check none of its cases recorded, is reported at the end of the run
+    and in the summary; it fails only a run of the whole suite (where it can only be stale)."""
+    from conformance.plugins import known_outcomes
+
+    pytester.makefile(".toml", known='[[expect]]\npattern = "test_x.py::test_known"\noutcome = "fail"\n'
+                                     'reason = "r"\ncheck = "numerix"\n\n[[expect]]\npattern = "test_gone.py::*"\n'
+                                     'outcome = "skip"\nreason = "r"\n')
+    pytester.makepyfile(test_x="""
+        from conformance.judge.levels import Level
+
+        def test_known(verdicts):
+            with verdicts.check("numerics", Level.MUST):
+                pass
+    """)
+    summary = tmp_path / "s.json"
+    args = ("-p", "conformance.plugin", "--coc-expectations", "known.toml", "--coc-summary", str(summary))
+    partial = pytester.runpytest(*args)
+    assert partial.ret == 0 and "coc-conformance: stale expectations" in partial.stdout.str()
+    doc = json.loads(summary.read_text())
+    assert doc["full_run"] is False and [entry.split(": ", 1)[1] for entry in doc["stale_expectations"]] == [
+        "check 'numerix' names no check its 1 case(s) recorded", "pattern 'test_gone.py::*' matches no case of the run"]
+    monkeypatch.setattr(known_outcomes.StaleEntries, "full_run", lambda self: True)
+    whole = pytester.runpytest(*args)
+    assert whole.ret == 1 and json.loads(summary.read_text())["full_run"] is True
