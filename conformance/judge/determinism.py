@@ -34,6 +34,7 @@ from conformance.contract.layouts import OPERAND_SPLITS, shard
 from conformance.contract.problems import Problem, global_operands
 from conformance.contract.results import OpRunOutcome
 from conformance.judge.failures import DeterminismViolation
+from conformance.judge.ops import returned_everywhere
 
 
 def nothing_to_compare(*, runs: int, exact: bool) -> str:
@@ -94,38 +95,52 @@ def cannot_fail(run: OpRun) -> str:
 
 
 def _results(run: OpRun, outcomes: Sequence[OpRunOutcome]) -> Iterator[tuple[str, tuple[int, ...] | None, list[Any]]]:
-    """``(where, tiling, that tiling's results run after run)`` for every rank, call and tiling."""
-    for rank, o in enumerate(outcomes):
-        for index, (call, problem) in enumerate(zip(o.calls, run.problems)):
+    """``(where, tiling, that tiling's results run after run)`` for every rank, call and tiling: the attempts that
+    came back on every rank (one that raised on some rank is judged by "the op ran on every rank")."""
+    for index, problem in enumerate(run.problems):
+        everywhere = set(returned_everywhere(outcomes, index))
+        for rank, o in enumerate(outcomes):
+            call = o.calls[index]
             where = f"{run.op} {problem.dtype} rank {rank}" + (f" call {index}" if index else "")
             for t, tiling in enumerate(run.tilings):
-                yield where, tiling, call.results[t * run.runs:(t + 1) * run.runs]
+                yield where, tiling, [call.results[j] for j in range(t * run.runs, (t + 1) * run.runs)
+                                      if j in everywhere]
 
 
 def _tiling(tiling: tuple[int, ...] | None) -> str:
     return "its own tiling" if tiling is None else f"tiling {list(tiling)}"
 
 
-def check_reproducible(run: OpRun, outcomes: Sequence[OpRunOutcome]) -> None:
-    """Deterministic: every run of a call under one tiling bitwise the first run."""
+def check_reproducible(run: OpRun, outcomes: Sequence[OpRunOutcome]) -> int:
+    """Deterministic: every run of a call under one tiling bitwise the first run.  Returns how many results it
+    compared with a first one (0: no tiling came back twice on every rank)."""
+    compared = 0
     for where, tiling, results in _results(run, outcomes):
         for i, other in enumerate(results[1:], start=1):
+            compared += 1
             if not bitwise_equal(results[0], other):
                 raise DeterminismViolation(f"{where}, {_tiling(tiling)}: run {i} differs bitwise from run 0 "
                                            f"({describe_difference(results[0], other)}); the same inputs, "
                                            "configuration and tiling must give the same bits whatever order the "
                                            "ranks arrive in")
+    return compared
 
 
-def check_split_invariant(run: OpRun, outcomes: Sequence[OpRunOutcome]) -> None:
-    """Split-invariant: every tiling's first result bitwise the first tiling's."""
+def check_split_invariant(run: OpRun, outcomes: Sequence[OpRunOutcome]) -> int:
+    """Split-invariant: every tiling's first result bitwise the first tiling's.  Returns how many tilings it
+    compared with a first one (0: fewer than two came back on every rank)."""
     firsts: dict[str, tuple[tuple[int, ...] | None, Any]] = {}
+    compared = 0
     for where, tiling, results in _results(run, outcomes):
+        if not results:
+            continue
         if where not in firsts:
             firsts[where] = (tiling, results[0])
             continue
         base_tiling, base = firsts[where]
+        compared += 1
         if not bitwise_equal(base, results[0]):
             raise DeterminismViolation(f"{where}: {_tiling(tiling)} differs bitwise from {_tiling(base_tiling)} "
                                        f"({describe_difference(base, results[0])}); split invariance "
                                        "(split_invariant_ops) promises the same bits for any tiling")
+    return compared

@@ -1890,3 +1890,56 @@ class ScatterPiecesOfTwoShapes(ReferenceCoC):
 
         out = super().matmul_reduce_scatter(x, w, bias, **kw)
         return out if dist.get_rank(kw.get("group")) == 0 else out[:, :-1].contiguous()
+
+
+# --- a wrong result beside a refusal in one case (issue 50: the refusal made the whole case "not offered") -----
+
+
+class WrongDefaultTilingRefusesBlocks(_EveryOp):
+    """Every op: under its own tiling its rows come back one row off (rolled by one); an explicit tiling
+    (``blocks=``) raises ``NotImplementedError``.  The cases that call both ended "not offered": skipped."""
+
+    name = "fault-wrong-default-tiling-refuses-blocks"
+
+    def through(self, op: str, x: Any, w: Any, bias: Any, kw: dict[str, Any]) -> Any:
+        import torch
+
+        if kw.get("blocks") is not None:
+            raise NotImplementedError("explicit tilings (blocks=) are not implemented")
+        result = super().through(op, x, w, bias, kw)
+        if isinstance(result, tuple):
+            return (torch.roll(result[0], 1, 0), result[1])
+        return torch.roll(result, 1, 0)
+
+
+class WrongLongMicroBatchRefusesShortOne(_PatchedRowForward):
+    """The row layer: its longer micro-batch comes back one row off (rolled by one), the shorter one (half its
+    tokens) raises ``NotImplementedError``: a training step of both ended "not offered", skipped (issue 50)."""
+
+    name = "fault-wrong-long-micro-batch-refuses-short-one"
+
+    def wrap(self, original: Any) -> Any:
+        import torch
+
+        longest: list[int] = []
+
+        def row_forward(x: Any, weight: Any, bias: Any, **kw: Any) -> Any:
+            tokens = x.shape[0]
+            longest[:] = [max([tokens, *longest])]
+            if tokens < longest[0]:
+                raise NotImplementedError(f"micro-batches of {tokens} tokens are not implemented")
+            return torch.roll(original(x, weight, bias, **kw), 1, 0)
+
+        return row_forward
+
+
+class RowLayerTypeError(_PatchedRowForward):
+    """The patched row layer raises a ``TypeError`` of its own on every rank: no refusal, a crash of its code."""
+
+    name = "fault-row-layer-type-error"
+
+    def wrap(self, original: Any) -> Any:
+        def row_forward(x: Any, weight: Any, bias: Any, **kw: Any) -> Any:
+            raise TypeError("unsupported operand type(s) for +: 'NoneType' and 'Tensor'")
+
+        return row_forward

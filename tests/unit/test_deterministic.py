@@ -355,8 +355,8 @@ def test_a_deterministic_case_that_cannot_fail_says_why(run, why: str) -> None:
 def _outcomes(results_per_rank: list[list[torch.Tensor]]):
     from conformance.contract.results import OpCallResults, OpRunOutcome
 
-    return [OpRunOutcome([OpCallResults(list(results))], 0, rank, tuple(range(len(results_per_rank))))
-            for rank, results in enumerate(results_per_rank)]
+    return [OpRunOutcome([OpCallResults(list(results), [None] * len(results))], 0, rank,
+                         tuple(range(len(results_per_rank)))) for rank, results in enumerate(results_per_rank)]
 
 
 def _judged(run, outcomes, declared: frozenset[str]) -> dict[str, tuple[str, str]]:
