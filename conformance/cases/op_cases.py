@@ -228,7 +228,8 @@ def _sharing(result: Any, me: tuple[int, int, int],
 def _straggler(ctx: RankContext, run: OpRun) -> Straggler | None:
     if run.straggler_s <= 0:
         return None
-    seed = zlib.crc32(f"{ctx.rank}/{run.op}/{run.tp}".encode())
+    seed = zlib.crc32(f"{ctx.rank}/{run.op}/{run.tp}".encode() + (f"/launch {run.launch}".encode() if run.launch
+                                                                   else b""))
     if run.straggler_rank is not None:
         return Straggler(run.straggler_s, seed) if ctx.rank == run.straggler_rank else None
     return Straggler(run.straggler_s, seed, probability=random.Random(seed).uniform(0.3, 0.9))

@@ -137,6 +137,9 @@ class RankTask:
     exclusive: bool = False
     budget: Budget | None = None
     device_thread_backward: bool = True  #: :attr:`RankContext.device_thread_backward` of its ranks
+    #: Run on ranks that ran no case before (a launcher whose ``relaunches`` is true starts new ones): what a
+    #: process fixes at its first call (a plan, a cache) is fixed anew, as in another job.
+    fresh: bool = False
 
     @property
     def name(self) -> str:

@@ -24,6 +24,7 @@ fixed suite calls such a case a suite error, and the explorer builds none
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from dataclasses import asdict
 from typing import Any
 
 import torch
@@ -144,3 +145,55 @@ def check_split_invariant(run: OpRun, outcomes: Sequence[OpRunOutcome]) -> int:
                                        f"({describe_difference(base, results[0])}); split invariance "
                                        "(split_invariant_ops) promises the same bits for any tiling")
     return compared
+
+
+def _firsts(run: OpRun, outcomes: Sequence[OpRunOutcome]) -> dict[tuple[int, int], list[Any]]:
+    """``(call, tiling)`` -> every rank's first result of it that came back on every rank."""
+    found: dict[tuple[int, int], list[Any]] = {}
+    for index in range(len(run.problems)):
+        everywhere = returned_everywhere(outcomes, index)
+        for t in range(len(run.tilings)):
+            first = next((j for j in everywhere if t * run.runs <= j < (t + 1) * run.runs), None)
+            if first is not None:
+                found[(index, t)] = [o.calls[index].results[first] for o in outcomes]
+    return found
+
+
+def check_across_launches(run: OpRun, first: Sequence[OpRunOutcome], again: Sequence[OpRunOutcome]) -> int:
+    """Deterministic across launches: the result of each call under each tiling on fresh ranks (another launch,
+    other arrival orders and late ranks) bitwise the first launch's.  Returns how many it compared (0: none came
+    back on every rank in both)."""
+    before, after = _firsts(run, first), _firsts(run, again)
+    compared = 0
+    for (index, t), results in before.items():
+        for rank, (one, other) in enumerate(zip(results, after.get((index, t), ()))):
+            compared += 1
+            if not bitwise_equal(one, other):
+                where = f"{run.op} {run.problems[index].dtype} rank {rank}" + (f" call {index}" if index else "")
+                raise DeterminismViolation(f"{where}, {_tiling(run.tilings[t])}: the result on fresh ranks (another "
+                                           f"launch) differs bitwise from the first launch's "
+                                           f"({describe_difference(one, other)}); the same inputs, configuration "
+                                           "and tiling must give the same bits in every launch, not only within one "
+                                           "process")
+    return compared
+
+
+def digests(run: OpRun, outcomes: Sequence[OpRunOutcome]) -> list[dict[str, Any]]:
+    """Each deterministic result's digest (every rank's first result of a call under a tiling, in rank order) with
+    what it depends on of the case: its inputs and configuration (the environment -- the implementation's code,
+    the device, torch -- is the run's).  ``coc-gate`` compares digests of two runs where all of that matches."""
+    import hashlib
+
+    found = []
+    for (index, t), results in _firsts(run, outcomes).items():
+        digest = hashlib.sha256()
+        for result in results:
+            digest.update(result.contiguous().view(torch.uint8).numpy().tobytes() if isinstance(result, torch.Tensor)
+                          else repr(result).encode())
+        problem = run.problems[index]
+        found.append({"op": run.op, "tp": run.tp, "layout": run.layout, "strides": run.strides,
+                      "transpose_weight": run.transpose_weight, "tiling": None if run.tilings[t] is None
+                      else list(run.tilings[t]), "problem": {k: v for k, v in asdict(problem).items()
+                                                             if k != "case_id"},
+                      "digest": digest.hexdigest()})
+    return found

@@ -17,7 +17,12 @@ from conformance.contract.results import OpRunOutcome
 from conformance.judge import checks
 from conformance.judge import ops as judge
 from conformance.judge.attempts import sort_attempts
-from conformance.judge.determinism import check_reproducible, check_split_invariant, nothing_to_compare
+from conformance.judge.determinism import (
+    check_across_launches,
+    check_reproducible,
+    check_split_invariant,
+    nothing_to_compare,
+)
 from conformance.judge.levels import Level
 from conformance.judge.ops import Attempt
 from conformance.judge.verdicts import NotJudged, Verdicts
@@ -226,3 +231,20 @@ def judge_deterministic(verdicts: Verdicts, judged: Sequence[tuple[OpRun, Sequen
                             "(split_invariant_ops): the tilings are judged by the error bound")
         if not sum(check_split_invariant(run, outcomes) for run, outcomes in declared):
             raise NotJudged("no two tilings came back on every rank: no tiling to compare with another")
+
+
+def judge_across_launches(verdicts: Verdicts, launches: Sequence[tuple[OpRun, Sequence[Sequence[OpRunOutcome]]]],
+                          *, why_not: str = "") -> None:
+    """``deterministic=True`` across launches (MUST): each ``(run, its outcomes in each launch)``, the later launches
+    on fresh ranks -- other processes, other arrival orders and late ranks -- gives the first launch's bits
+    (``conformance/judge/determinism.py``).  Not judged where the launcher starts no fresh ranks (``why_not``)
+    or nothing came back in two launches; nothing recorded for no run (all refused)."""
+    if not launches:
+        return
+    with verdicts.check("deterministic: bitwise across launches", Level.MUST):
+        if why_not:
+            raise NotJudged(why_not)
+        compared = sum(check_across_launches(run, outcomes[0], again) for run, outcomes in launches
+                       for again in outcomes[1:])
+        if not compared:
+            raise NotJudged("no tiling came back on every rank in two launches: nothing to compare")

@@ -22,6 +22,8 @@ Red when the current run has
   checks of an exploration are a sample of what it drew: one it did not
   draw this time is not lost (its case still is, when it goes unjudged);
 * a perf regression whose interval is clear of the threshold;
+* a deterministic result whose bits changed, where both runs are of the same
+  implementation code, device and torch (``digests``);
 * a gate lowered from the baseline's (fewer levels fail the run);
 * an expectations entry of a full run that matches no case, or names no check
   its cases recorded.
@@ -83,6 +85,8 @@ class Run:
     #: Entries of its expectations file that matched no case, or named no check its cases recorded.
     stale_expectations: tuple[str, ...] = ()
     full_run: bool = False  #: whether it ran every case of the suite (then a stale entry is red)
+    #: What its deterministic results depend on besides their case (the implementation's code, device, torch).
+    determinism_environment: Mapping[str, Any] = field(default_factory=dict)
 
 
 def load_run(path: Path) -> Run:
@@ -107,7 +111,7 @@ def load_run(path: Path) -> Run:
                 raise RunError(f"{candidate}: gate or expectations: {exc}") from None
             return Run(str(candidate), doc.get("implementation", "?"), cases, gated, expected,
                        str(doc.get("gate") or ""), tuple(map(str, doc.get("stale_expectations", ()))),
-                       bool(doc.get("full_run")))
+                       bool(doc.get("full_run")), dict(doc.get("determinism_environment") or {}))
     if path.is_dir() and any(path.glob("*-result.json")):
         return _allure_run(path)
     raise RunError(f"{path}: neither a coc-summary.json nor an Allure results directory")
@@ -240,6 +244,8 @@ class RunDiff:
     lost: list[Loss] = field(default_factory=list)
     #: Cases with failed checks (name, level) at levels the current run does not gate, not failed in the baseline.
     ungated: list[tuple[Mapping[str, Any], list[tuple[str, str]]]] = field(default_factory=list)
+    #: Cases whose deterministic results changed bits, each with the results that did (:func:`changed_digests`).
+    changed_bits: list[tuple[str, list[str]]] = field(default_factory=list)
     fixes: list[str] = field(default_factory=list)
     perf: list[PerfChange] = field(default_factory=list)
 
@@ -270,6 +276,9 @@ class RunDiff:
                 Row(str(case["id"]), ("; ".join(f"{name} ({level})" for name, level in new),), True,
                     changes(str(case["id"]))) for case, new in self.new_checks)),
             failures("Hangs and crashes", self.hangs),
+            Section("Deterministic results whose bits changed (same inputs, configuration, implementation code, "
+                    "device and torch)", ("results",), tuple(Row(cid, ("; ".join(changed),), True, changes(cid))
+                                                            for cid, changed in self.changed_bits)),
             failures("Unexpected passes (update the expectations file)", self.unexpected_passes),
             losses("Lost judgment (judged in the baseline, not now)", [x for x in self.lost if x.expected is None],
                    True),
@@ -334,7 +343,25 @@ def diff_runs(baseline: Run, current: Run, *, threshold: float = PERF_THRESHOLD,
             result.perf.extend(_perf_changes(cid, baseline.cases[cid]["perf"], case["perf"], threshold, seed))
     for cid, case in sorted(baseline.cases.items()):
         result.lost.extend(lost_judgment(case, current.cases.get(cid), current.expectations))
+    if baseline.determinism_environment and baseline.determinism_environment == current.determinism_environment:
+        for cid, case in sorted(current.cases.items()):
+            changed = changed_digests(baseline.cases.get(cid, {}), case)
+            if changed:
+                result.changed_bits.append((cid, changed))
     return result
+
+
+def changed_digests(before: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
+    """The deterministic results of a case (``digests``) whose bits differ between two runs of one environment,
+    each matched by everything it depends on of the case (op, TP, layout, tiling, inputs)."""
+    def keyed(case: Mapping[str, Any]) -> dict[str, tuple[str, Mapping[str, Any]]]:
+        return {json.dumps({k: v for k, v in d.items() if k != "digest"}, sort_keys=True): (str(d["digest"]), d)
+                for d in case.get("digests", ())}
+
+    old, new = keyed(before), keyed(now)
+    return [f"{d['op']} tp{d['tp']} {d['problem'].get('dtype', '')} "
+            + ("its own tiling" if d["tiling"] is None else f"tiling {d['tiling']}")
+            for key, (digest, d) in new.items() if key in old and old[key][0] != digest]
 
 
 def check_changes(before: Mapping[str, Any] | None, now: Mapping[str, Any]) -> tuple[str, ...]:

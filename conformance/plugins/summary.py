@@ -17,7 +17,8 @@ Read by ``coc-gate``, ``coc-matrix`` and
 because the implementation does not offer what it needs carries a check
 ``not offered``.  ``expectations`` holds every entry of the expectations file
 the run was judged against (``coc-gate`` reads which losses of judgment are
-expected from it).  The summary is written first when the session starts,
+expected from it); ``digests`` (per case) and ``determinism_environment``
+what ``coc-gate`` compares deterministic results across runs by.  The summary is written first when the session starts,
 ``complete: false``, and again, ``complete: true``, when it ends (false still
 when it was interrupted): a run killed half way leaves a summary the gate and
 the report refuse, never an earlier run's.
@@ -107,6 +108,7 @@ def record_of(report: pytest.TestReport) -> dict[str, Any]:
     for key, name in (("checks", report_properties.CHECKS), ("timings", report_properties.TIMINGS),
                       ("clock", report_properties.CLOCK),
                       ("failure", report_properties.FAILURE), ("expectation", report_properties.EXPECTATION),
+                      ("digests", report_properties.DIGESTS),
                       ("explore", report_properties.EXPLORE)):
         value = property_of(report, name)
         if value is not None:
@@ -158,6 +160,7 @@ class SummaryWriter:
 
     def _document(self, *, complete: bool) -> dict[str, Any]:
         records = list(self.records.values())
+        environment = determinism_environment(self.config) if any("digests" in r for r in records) else {}
         outcomes = Counter(r["outcome"] for r in records)
         skips = Counter(r.get("skip_reason", "?") for r in records if r["outcome"] == "skipped")
         levels: Counter[str] = Counter()
@@ -186,6 +189,7 @@ class SummaryWriter:
             "torch": _version("torch"),
             "megatron_core": _version("megatron-core"),
             "implementation_notes": implementation_notes(self.config),
+            "determinism_environment": environment,
             "process_started": process_started(),
             "started": self.started,
             "duration": round(time.time() - self.started, 2),
@@ -224,6 +228,22 @@ class SummaryWriter:
             for note in notes:
                 terminalreporter.write_line(note, yellow=True)
         terminalreporter.write_line(f"coc-conformance: summary written to {self.path}")
+
+
+def determinism_environment(config: pytest.Config) -> dict[str, Any]:
+    """What every deterministic result of the run depends on besides its case (``digests``): the implementation
+    and its code, the ranks' device and backend, torch.  ``coc-gate`` compares two runs' digests only where these
+    match."""
+    from conformance.harness.impl_loader import code_digest
+    from conformance.harness.launchers.devices import cpu, detect_device_kind, node_identity
+
+    if config.getoption(options.LAUNCHER) == "threaded":
+        kind = cpu(config.getoption(options.CPU_SLOTS))
+    else:
+        kind = detect_device_kind(config.getoption(options.CPU_SLOTS), config.getoption(options.BACKEND),
+                                  config.getoption(options.RANKS_PER_DEVICE))
+    return {"implementation": impl_spec(config), "implementation_code": code_digest(impl_spec(config)),
+            **node_identity(kind), "torch": _version("torch")}
 
 
 def implementation_notes(config: pytest.Config) -> list[str]:

@@ -408,3 +408,30 @@ def test_an_expectations_entry_is_stale_when_it_matches_no_case_or_names_no_reco
                Expectation("test_gone.py::*", "skip", "r", source="e.toml:13")]
     assert stale(entries, cases) == ["e.toml:5: check 'numerix' names no check its 1 case(s) recorded",
                                      "e.toml:13: pattern 'test_gone.py::*' matches no case of the run"]
+
+
+def test_a_deterministic_result_whose_bits_changed_between_runs_is_red_where_nothing_else_changed(
+        tmp_path: Path) -> None:
+    """Digests of the same case, inputs and tiling are compared where the two runs are of one implementation code,
+    device and torch: other bits are red; another environment compares nothing (its bits may differ)."""
+    env = {"implementation": "x:Y", "implementation_code": "c1", "device": "cpu", "name": "EPYC", "backend": "gloo",
+           "torch": "2.13.0"}
+
+    def case(digest: str) -> dict[str, Any]:
+        return {"id": "test_ops.py::test_deterministic_is_bitwise_reproducible[matmul_all_reduce-float32-tp4]",
+                "area": "ops", "outcome": "passed", "checks": [{"name": "numerics", "level": "MUST", "passed": True}],
+                "digests": [{"op": "matmul_all_reduce", "tp": 4, "layout": "contiguous", "strides": "contiguous",
+                             "transpose_weight": False, "tiling": None, "problem": {"m": 64, "dtype": "float32"},
+                             "digest": digest}]}
+
+    baseline = _summary_doc(tmp_path, "base", [case("aa")], determinism_environment=env)
+    same = _summary_doc(tmp_path, "same", [case("aa")], determinism_environment=env)
+    other_bits = _summary_doc(tmp_path, "bits", [case("bb")], determinism_environment=env)
+    other_code = _summary_doc(tmp_path, "code", [case("bb")],
+                              determinism_environment={**env, "implementation_code": "c2"})
+    assert not run_diff.diff_runs(run_diff.load_run(baseline), run_diff.load_run(same)).sections
+    changed = run_diff.diff_runs(run_diff.load_run(baseline), run_diff.load_run(other_bits))
+    (section,) = changed.sections
+    assert changed.red and section.title.startswith("Deterministic results whose bits changed")
+    assert section.rows[0].cells == ("matmul_all_reduce tp4 float32 its own tiling",)
+    assert not run_diff.diff_runs(run_diff.load_run(baseline), run_diff.load_run(other_code)).sections
