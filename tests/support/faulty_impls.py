@@ -165,16 +165,16 @@ class _EveryOp(ReferenceCoC):
         return self.through("all_gather_matmul_v2", x, w, bias, kw)
 
 
-class ArrivalOrderReduction(ReferenceCoC):
-    """Claims ``deterministic=True`` but sums the ranks' partials in the order they arrive."""
+class _ReorderedDeterministicSum(ReferenceCoC):
+    """``deterministic=True`` on ``matmul_all_reduce``: the ranks' float32 partials gathered and summed in the order
+    :meth:`ordered` gives (the reference sums them in rank order)."""
 
-    name = "fault-arrival-order"
+    def ordered(self, parts: list[Any], group: Any) -> list[Any]:
+        raise NotImplementedError
 
     def matmul_all_reduce(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
         if not kw.pop("deterministic", False):
             return super().matmul_all_reduce(x, w, bias, **kw)
-        import random
-
         import torch
         import torch.distributed as dist
 
@@ -185,12 +185,23 @@ class ArrivalOrderReduction(ReferenceCoC):
         partial = x.float() @ wk.float()
         gathered = torch.empty((tp * partial.shape[0], partial.shape[1]))
         dist.all_gather_into_tensor(gathered, partial, group=group)
-        parts = list(gathered.view(tp, *partial.shape))
-        random.shuffle(parts)  # whichever rank's block "arrived" first
+        parts = self.ordered(list(gathered.view(tp, *partial.shape)), group)
         total = parts[0].clone()
         for part in parts[1:]:
             total += part
         return (total if bias is None else total + bias.float()).to(x.dtype)
+
+
+class ArrivalOrderReduction(_ReorderedDeterministicSum):
+    """Claims ``deterministic=True`` but sums the ranks' partials in the order they arrive."""
+
+    name = "fault-arrival-order"
+
+    def ordered(self, parts: list[Any], group: Any) -> list[Any]:
+        import random
+
+        random.shuffle(parts)  # whichever rank's block "arrived" first
+        return parts
 
 
 class V2GatheredWrongOrder(ReferenceCoC):
@@ -1974,7 +1985,7 @@ def _next_plan(group: Any) -> int:
     return int(plan[0])
 
 
-class PlanFixedPerProcess(ReferenceCoC):
+class PlanFixedPerProcess(_ReorderedDeterministicSum):
     """``deterministic=True`` sums the ranks' partials in an order fixed at the first deterministic call of the
     process and kept, as an autotuner that times once and caches its plan: the same bits run after run in one
     process, other bits on fresh ranks (each new set of ranks takes the next rotation of the ranks)."""
@@ -1982,26 +1993,11 @@ class PlanFixedPerProcess(ReferenceCoC):
     name = "fault-plan-fixed-per-process"
     plans: dict[tuple[int, ...], int] = {}  #: per process: the group's ranks -> its rotation
 
-    def matmul_all_reduce(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
-        if not kw.pop("deterministic", False):
-            return super().matmul_all_reduce(x, w, bias, **kw)
-        import torch
+    def ordered(self, parts: list[Any], group: Any) -> list[Any]:
         import torch.distributed as dist
 
-        kw.pop("blocks", None)
-        group = kw["group"]
-        tp = dist.get_world_size(group)
         key = tuple(dist.get_process_group_ranks(group))
         if key not in self.plans:
-            self.plans[key] = _next_plan(group) % tp
-        wk = w.T if kw.get("transpose_weight") else w
-        partial = x.float() @ wk.float()
-        gathered = torch.empty((tp * partial.shape[0], partial.shape[1]))
-        dist.all_gather_into_tensor(gathered, partial, group=group)
-        parts = list(gathered.view(tp, *partial.shape))
+            self.plans[key] = _next_plan(group) % len(parts)
         rotation = self.plans[key]
-        parts = parts[rotation:] + parts[:rotation]
-        total = parts[0].clone()
-        for part in parts[1:]:
-            total += part
-        return (total if bias is None else total + bias.float()).to(x.dtype)
+        return parts[rotation:] + parts[:rotation]
