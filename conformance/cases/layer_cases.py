@@ -328,7 +328,7 @@ def _train(problem: LayerProblem, job: LayerJob, par: Any, batches: list[list[di
                 if not torch.equal(x.detach(), batch["x"]):
                     outcome.mutated.append(f"step {step} micro-batch {i}: input 'x' (written by the layer)")
             for i, (y, copy) in enumerate(zip(ys, returned)):
-                if y is None:
+                if y is None or copy is None:
                     continue
                 if not torch.equal(y.detach(), copy):
                     outcome.changed_after_return.append(f"step {step} micro-batch {i}: y")

@@ -144,7 +144,7 @@ class DeviceThread:
         job.done.wait()
         if job.error is not None:
             raise job.error
-        return job.value  # type: ignore[no-any-return]
+        return job.value
 
     def _serve(self) -> None:
         while True:

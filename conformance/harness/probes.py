@@ -567,7 +567,8 @@ def _callback(callback: Any, chain: _Chain | None) -> Any:
     def run(future: Any) -> Any:
         ident = threading.get_ident()
         outer = _in_callback.get(ident)
-        _in_callback[ident] = inside = []
+        inside: list[tuple[CollectiveLog, tuple[int, ...]]] = []
+        _in_callback[ident] = inside
         try:
             if _current() is None and registered_in is not None and registered_in in _live:
                 with _mode_of(registered_in):

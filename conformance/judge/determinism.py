@@ -190,10 +190,9 @@ def digests(run: OpRun, outcomes: Sequence[OpRunOutcome]) -> list[dict[str, Any]
         for result in results:
             digest.update(result.contiguous().view(torch.uint8).numpy().tobytes() if isinstance(result, torch.Tensor)
                           else repr(result).encode())
-        problem = run.problems[index]
+        problem, tiling = run.problems[index], run.tilings[t]
         found.append({"op": run.op, "tp": run.tp, "layout": run.layout, "strides": run.strides,
-                      "transpose_weight": run.transpose_weight, "tiling": None if run.tilings[t] is None
-                      else list(run.tilings[t]), "problem": {k: v for k, v in asdict(problem).items()
-                                                             if k != "case_id"},
+                      "transpose_weight": run.transpose_weight, "tiling": None if tiling is None else list(tiling),
+                      "problem": {k: v for k, v in asdict(problem).items() if k != "case_id"},
                       "digest": digest.hexdigest()})
     return found

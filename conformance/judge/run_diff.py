@@ -126,7 +126,7 @@ def _require_complete(path: Path, doc: Mapping[str, Any]) -> None:
                        "running): no verdict rests on it")
     from conformance.report_properties import RUN_LABEL
 
-    others = set()
+    others: set[str] = set()
     for result in path.parent.glob("*-result.json"):
         try:
             labels = json.loads(result.read_text()).get("labels", ())
