@@ -31,7 +31,7 @@ import torch
 
 from conformance.contract.equality import bitwise_equal, describe_difference
 from conformance.contract.jobs import OpRun
-from conformance.contract.layouts import OPERAND_SPLITS, shard
+from conformance.contract.layouts import OPERAND_SPLITS, Split, shard
 from conformance.contract.problems import Problem, global_operands
 from conformance.contract.results import OpRunOutcome
 from conformance.judge.failures import DeterminismViolation
@@ -48,14 +48,21 @@ def nothing_to_compare(*, runs: int, exact: bool) -> str:
     return ""
 
 
+#: The rows of a call :func:`blind_to` multiplies.
+ROWS_JUDGED = 128
+
+
 def blind_to(problem: Problem, op: str, tp: int) -> str:
     """What of a reordering ``problem``'s data cannot show ("" when it shows both): its TP partials (float32, as a
     deterministic reduction keeps them) summed in rank order give, in its dtype, the bits of every other order tried
     (the reverse, each rotation) -- or of partials whose ``k`` sum was cut in two halves (as a GEMM may round a
-    tile)."""
+    tile).  Judged on the first :data:`ROWS_JUDGED` rows: a row's sums are its own, and spread data puts its
+    cancelling terms in every row alike (the explorer asks it of large calls, again and again while it shrinks)."""
     if tp < 3:  # one partial, or two: ``a + b == b + a``
         return "the TP sum in any order"
     operands = global_operands(problem)
+    if OPERAND_SPLITS[op]["x"] is not Split.SEQ:  # rows are not what the ranks split
+        operands = {**operands, "x": operands["x"][:ROWS_JUDGED]}
     shards = [(shard(operands["x"], OPERAND_SPLITS[op]["x"], r, tp).float(),
                shard(operands["w"], OPERAND_SPLITS[op]["w"], r, tp).float()) for r in range(tp)]
     parts = [x @ w for x, w in shards]
