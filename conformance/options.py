@@ -171,8 +171,9 @@ def add_options(parser: pytest.Parser) -> None:
     group.addoption(
         SAME_THREAD_BACKWARD, action="store_true", default=False,
         help="Run a CPU rank's backward on the thread that called it, as torch does for CPU tensors. By default it "
-        "runs on another thread carrying the caller's thread-local state (grad mode, autocast, dispatch modes), "
-        "as the autograd engine runs every accelerator's backward, so code that breaks there fails on CPU too.",
+        "runs on the rank's one long-lived device thread, carrying the caller's thread-local state (grad mode, "
+        "autocast, dispatch modes), as the autograd engine runs every accelerator's backward, so code that breaks "
+        "there fails on CPU too.",
     )
     group.addoption(
         MAX_LIVE_RANKS, type=_positive(int), default=None, metavar="N",

@@ -79,6 +79,9 @@ def pytest_configure(config: pytest.Config) -> None:
                             "error kind at TP 2 and 8)")
     import importlib
 
+    from conformance.harness.case import guard_exits
+
+    guard_exits()  # the implementation's code run in this process (configure, thread ranks) cannot end the run
     if not is_xdist_worker(config) and config.getoption(options.LAUNCHER) == "process":
         config.pluginmanager.register(_RankServerHooks(), "coc-rank-server")
     for name in SUB_PLUGINS:
@@ -430,6 +433,14 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
         shared = shared_rank_server(config)
         lines.append(f"coc-conformance: ranks on the rank server at {shared}" if shared else
                      f"coc-conformance: {options.RANK_SERVER} not used ({config.stash[_shared_key][1]})")
+    if not config.getoption(options.SAME_THREAD_BACKWARD):
+        from conformance.plugins.scheduling import runs_the_suite
+
+        if runs_the_suite(config):  # (torch is imported for it: not in every pytest session)
+            from conformance.harness.device_thread import unavailable
+
+            if unavailable():
+                lines.append(f"coc-conformance: {unavailable()}")
     if launcher == "torchrun":
         from conformance.harness.launchers.torchrun import stacks_path
 

@@ -61,9 +61,10 @@ Optional declarations (attributes of the implementation, all new in version 2;
     also *split-invariant*: bitwise the same whatever the tiling, the chunk
     count and the row split of the same call (torch_npu's "strong" and
     "batch" consistency levels).  Names of ops (on every device), or
-    ``{device kind: names}`` (``"cpu"``, ``"cuda"``, ``"npu"``) where it holds
-    on some devices only (a GEMM that gives a row the same bits at any row
-    count); the suite judges it on the ranks' device.  Default none: tilings
+    ``{device kind: names}`` (a kind of :data:`DEVICE_KINDS`: ``"cpu"``,
+    ``"cuda"``, ``"npu"``; any other key is refused) where it holds on some
+    devices only (a GEMM that gives a row the same bits at any row count);
+    the suite judges it on the ranks' device.  Default none: tilings
     are then judged by the error bound.  Added without a version bump: an
     implementation that declares nothing is judged as before, except that
     tilings of its deterministic mode no longer need to agree bitwise.
@@ -72,10 +73,10 @@ Optional declarations (attributes of the implementation, all new in version 2;
 from __future__ import annotations
 
 __all__ = [
-    "CAPABILITIES", "DETERMINISTIC_OPS", "ERROR_KINDS", "FUSED_OPS", "MATMULS", "PHASE_COLLECTIVES", "PROTOCOL_VERSION",
-    "SUPPORTED_VERSIONS", "Chunked", "CoCImplementation", "DeclarationError", "Declarations", "EffectiveConfig",
-    "NotOverlapped", "OverlapStrategy", "OverlapsMatmul", "ParallelNum", "declarations", "overlap_key",
-    "parse_strategy",
+    "CAPABILITIES", "DETERMINISTIC_OPS", "DEVICE_KINDS", "ERROR_KINDS", "FUSED_OPS", "MATMULS", "PHASE_COLLECTIVES",
+    "PROTOCOL_VERSION", "SUPPORTED_VERSIONS", "Chunked", "CoCImplementation", "DeclarationError", "Declarations",
+    "EffectiveConfig", "NotOverlapped", "OverlapStrategy", "OverlapsMatmul", "ParallelNum", "declarations",
+    "overlap_key", "parse_strategy",
 ]
 
 from collections.abc import Mapping, Sequence
@@ -288,6 +289,8 @@ FUSED_OPS: tuple[str, ...] = ("matmul_all_reduce", "matmul_reduce_scatter", "all
 CAPABILITIES: tuple[str, ...] = (*FUSED_OPS, "patch_megatron")
 #: The ops with a ``deterministic=True`` mode (the reductions).
 DETERMINISTIC_OPS: tuple[str, ...] = ("matmul_all_reduce", "matmul_reduce_scatter")
+#: The device kinds ranks run on (``torch.device(...).type``), the keys a per-device declaration may use.
+DEVICE_KINDS: tuple[str, ...] = ("cpu", "cuda", "npu")
 
 
 @dataclass(frozen=True)
@@ -345,9 +348,10 @@ def declarations(impl: Any, device: str = "cpu") -> Declarations:
 def _split_invariant(name: str, raw: Any, device: str) -> frozenset[str]:
     """``split_invariant_ops`` on ``device``: names of ops, or ``{device kind: names}``."""
     per_device = dict(raw) if isinstance(raw, Mapping) else {device: raw}
-    if not all(isinstance(kind, str) and kind for kind in per_device):
-        raise DeclarationError(f"{name}: split_invariant_ops keys must be device kinds ('cpu', 'cuda', 'npu'), "
-                               f"got {sorted(map(repr, per_device))}")
+    unknown = [kind for kind in per_device if kind not in DEVICE_KINDS]
+    if isinstance(raw, Mapping) and unknown:  # "gpu", "CUDA", "cuda:0" would judge nothing on any device
+        raise DeclarationError(f"{name}: split_invariant_ops keys must be device kinds {DEVICE_KINDS} (a device's "
+                               f"type, lower case, no index), got {sorted(map(repr, unknown))}")
     for kind, ops in per_device.items():
         if isinstance(ops, str) or not set(ops or ()) <= set(DETERMINISTIC_OPS):
             raise DeclarationError(f"{name}: split_invariant_ops[{kind!r}] must name ops of {DETERMINISTIC_OPS}, "

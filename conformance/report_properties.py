@@ -28,6 +28,11 @@ FAILURE = "coc_failure"
 NOT_GATED = "coc_not_gated"
 #: A bug of the suite itself (its message): the case is reported as an error, not as a failed check.
 SUITE_ERROR = "coc_suite_error"
+#: A bug of the suite that stopped a case after a check of a gating level failed (its message): the case is that
+#: failure (the worse verdict), the suite's error recorded beside it.
+SUITE_ERROR_BESIDE = "coc_suite_error_beside"
+#: Each deterministic result's digest and what it depends on of the case (``judge/determinism.digests``).
+DIGESTS = "coc_digests"
 #: The expectations entry the case matched.
 EXPECTATION = "coc_expectation"
 #: A perf case's measured figures (JSON) and whether its gate was enforced here.

@@ -27,6 +27,7 @@ from conformance.contract.results import OpRunOutcome
 from conformance.harness.case import CapturedError
 from conformance.judge import assembly, checks, numerics
 from conformance.judge.assembly import assemble, by_replica, copies
+from conformance.judge.attempts import RAISED, sort_attempt
 from conformance.judge.failures import ContractViolation, NumericMismatch, WrongError
 from conformance.judge.group_notes import group_note
 
@@ -53,28 +54,57 @@ def truth_of(problem: Problem, replica: int) -> tuple[np.ndarray, tuple[np.ndarr
     return y, (magnitude, problem.k), x
 
 
-def call_errors(outcomes: Sequence[OpRunOutcome]) -> list[CapturedError | None]:
-    """What every call made raised on every rank (None where it returned; a call after one that raised is never
-    made, and is left out: it neither raised nor returned)."""
-    return [c.error for o in outcomes for c in o.calls if c.timelines or c.error is not None]
+#: (call, attempt of it): the problem's index, and its tiling and repeat (tiling * runs + run).
+Attempt = tuple[int, int]
 
 
-def check_ran(run: OpRun, outcomes: Sequence[OpRunOutcome]) -> None:
-    """MUST: every call returned on every rank."""
-    for rank, outcome in enumerate(outcomes):
-        for i, call in enumerate(outcome.calls):
-            if call.error is not None:
-                problem = run.problems[i]
-                raise WrongError(f"{run.op} m={problem.m} k={problem.k} n={problem.n} {problem.dtype} call {i}: "
-                                 f"rank {rank} raised {call.error.describe()}\n{call.error.traceback}")
+def attempts_of(outcomes: Sequence[OpRunOutcome]) -> dict[Attempt, list[CapturedError | None]]:
+    """Every attempt of a run (``(call, attempt)``, in order) -> what it raised on each rank (None: returned)."""
+    found: dict[Attempt, list[CapturedError | None]] = {}
+    for o in outcomes:
+        for i, call in enumerate(o.calls):
+            for j, error in enumerate(call.errors):
+                found.setdefault((i, j), []).append(error)
+    return found
+
+
+def attempt_label(run: OpRun, attempt: Attempt, *, repeat: bool = True) -> str:
+    """``"call 1, tiling [1, 61, 2], repeat 2"``: which call of ``run`` an attempt is (its parts that vary; the
+    repeat left out unless ``repeat``)."""
+    i, j = attempt
+    tiling = run.tilings[j // run.runs]
+    parts = [f"call {i}" if len(run.problems) > 1 else "",
+             ("its own tiling" if tiling is None else f"tiling {list(tiling)}") if len(run.tilings) > 1 else "",
+             f"repeat {j % run.runs}" if run.runs > 1 and repeat else ""]
+    return ", ".join(p for p in parts if p) or "the call"
+
+
+def returned_everywhere(ranks: Sequence[OpRunOutcome], call: int) -> list[int]:
+    """The attempts of call ``call`` that returned on every one of ``ranks``."""
+    count = min((len(o.calls[call].errors) for o in ranks), default=0)
+    return [j for j in range(count) if all(o.calls[call].errors[j] is None for o in ranks)]
+
+
+def check_ran(run: OpRun, outcomes: Sequence[OpRunOutcome], excused: frozenset[Attempt] = frozenset()) -> None:
+    """MUST: every attempt returned on every rank -- but those ``excused`` (refusals the case allows, judged as
+    refusals) and those every rank refused with ``NotImplementedError`` (not offered)."""
+    for attempt, errors in attempts_of(outcomes).items():
+        if attempt in excused or sort_attempt(errors) != RAISED:
+            continue
+        rank, error = next((r, e) for r, e in enumerate(errors) if e is not None)
+        problem = run.problems[attempt[0]]
+        raise WrongError(f"{run.op} m={problem.m} k={problem.k} n={problem.n} {problem.dtype} "
+                         f"{attempt_label(run, attempt)}: rank {rank} raised {error.describe()}\n{error.traceback}")
 
 
 def check_contract(run: OpRun, outcomes: Sequence[OpRunOutcome], in_place_ops: frozenset[str] = frozenset()) -> None:
-    """MUST: each result is a value of the right type, shape, dtype and device; inputs untouched."""
+    """MUST: each result a rank got back is a value of the right type, shape, dtype and device; inputs untouched."""
     for rank, outcome in enumerate(outcomes):
         for i, (problem, call) in enumerate(zip(run.problems, outcome.calls)):
             where = f"{run.op} call {i} (m={problem.m}), rank {rank}"
             for j, result in enumerate(call.results):
+                if call.errors[j] is not None:  # it raised: nothing came back
+                    continue
                 if call.wrong_device[j]:
                     raise ContractViolation(f"{where}: {call.wrong_device[j]}")
                 _check_type(run.op, result, problem, run.tp, where)
@@ -92,7 +122,7 @@ def check_contract(run: OpRun, outcomes: Sequence[OpRunOutcome], in_place_ops: f
             if call.mutated:
                 raise ContractViolation(f"{where}: the op changed its inputs: "
                                         + "; ".join(f"{name}: {how}" for name, how in call.mutated.items()))
-            pending = [c for t in call.timelines for c in t.collectives if c.pending]
+            pending = [c for t, e in zip(call.timelines, call.errors) if e is None for c in t.collectives if c.pending]
             if pending:
                 raise ContractViolation(f"{where}: returned with {len(pending)} asynchronous collective(s) never "
                                         f"waited for ({[c.kind for c in pending]}): the result is not complete "
@@ -140,14 +170,17 @@ def check_numerics(run: OpRun, outcomes: Sequence[OpRunOutcome], *, exact: bool 
     for replica, ranks in groups.items():
         for i, problem in enumerate(run.problems):
             y, envelope, x = truth_of(problem, replica)
-            runs = len(ranks[0].calls[i].results)
-            for j in range(runs):
+            for j in returned_everywhere(ranks, i):
                 pieces = [_first(o.calls[i].results[j], run.op) for o in ranks]
                 unusable = [_kind(p) for p in pieces if not isinstance(p, torch.Tensor) or p.device.type != "cpu"]
                 if unusable:
                     raise NumericMismatch(f"{_label(run, i, replica, len(groups), j)}: cannot compare {unusable[0]} "
                                           "with the expected result (see the result contract)")
-                for holders, out in copies(pieces, split):
+                try:
+                    held = copies(pieces, split)
+                except ContractViolation as failure:
+                    raise ContractViolation(f"{_label(run, i, replica, len(groups), j)}: {failure}") from None
+                for holders, out in held:
                     serial = (assemble([_first(o.calls[i].serial, run.op) for o in ranks], split)
                               if ranks[0].calls[i].serial is not None else out)
                     label = ", ".join(filter(None, (_label(run, i, replica, len(groups), j), holders)))
@@ -185,7 +218,7 @@ def check_identical_copies(run: OpRun, outcomes: Sequence[OpRunOutcome]) -> int:
     compared = 0
     for replica, ranks in groups.items():
         for i in range(len(run.problems)):
-            for j in range(len(ranks[0].calls[i].results)):
+            for j in returned_everywhere(ranks, i):
                 pieces = [_first(o.calls[i].results[j], run.op) for o in ranks]
                 if all(isinstance(p, torch.Tensor) and p.device.type == "cpu" for p in pieces):  # else the contract
                     compared += assembly.check_identical_copies(pieces, split, _label(run, i, replica, len(groups),

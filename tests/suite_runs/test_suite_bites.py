@@ -56,6 +56,11 @@ CORRECT_VARIANTS = [
      "passed"),
     *[("test_ops", f"{CORRECT}:{variant}", "results_are_values and matmul_all_reduce and tp2", "passed")
       for variant in ("WaitsThroughThen", "PollsFutureDone", "PollsWorkIsCompleted", "WaitsOnAHelperThread")],
+    # a collective launched and waited inside a then callback, the program waiting on the chained future (issue 50)
+    *[("test_ops", f"{CORRECT}:{variant}", "results_are_values and matmul_all_reduce and tp2", "passed")
+      for variant in ("ReducesInACallback", "ReducesInAnInlineCallback")],
+    # a per-thread workspace of the backward keyed by the weight's version, on the device's one backward thread
+    ("test_training", f"{CORRECT}:BackwardThreadWorkspace", "training_steps and column-nosp and tp2", "passed"),
 ]
 
 
@@ -127,3 +132,18 @@ def test_a_check_with_nothing_to_compare_is_never_recorded_passed(run_suite: Cal
     assert judged and all(replicated[cid] == ["passed"] for cid in judged), replicated
     never = [cid for cid in replicated if "matmul_reduce_scatter" in cid or "corner_tp1" in cid]
     assert len(never) >= 5 and all(replicated[cid] == [] for cid in never), replicated
+
+
+def test_a_wrong_result_beside_a_refusal_is_not_conformant_at_must_in_the_report(run_suite: Callable[..., SuiteRun],
+                                                                                 tmp_path: Path) -> None:
+    """One row off under its own tiling, explicit tilings refused with ``NotImplementedError``: the run fails and
+    its report's verdict is NOT CONFORMANT at MUST (issue 50: "2 skipped", exit 0, a CONFORMANT report)."""
+    from conformance.reporting.build import verdict
+
+    summary = tmp_path / "coc-summary.json"
+    run = run_suite("test_ops", f"{FAULTS}:WrongDefaultTilingRefusesBlocks", "-k",
+                    "(exact_layout or deterministic) and matmul_reduce_scatter and float32 and (tp2 or tp4)",
+                    "--coc-summary", str(summary))
+    doc = json.loads(summary.read_text())
+    assert run.ret == 1 and doc["outcomes"] == {"failed": 2}, (doc["outcomes"], run.output[-3000:])
+    assert verdict(doc, {})["verdict"].startswith("NOT CONFORMANT at MUST"), verdict(doc, {})

@@ -6,7 +6,8 @@ all-reduced asynchronously while the next is multiplied -- and waits for the
 blocks' collectives its own way before it returns.  Every wait here is one
 ``torch.distributed`` and ``torch.futures`` document, so the suite must pass
 each of them ("results are values" among its checks).  Deterministic and w8A16
-calls are the reference's.
+calls are the reference's.  Last, a layer patch keeping state on its
+backward's thread that a device's long-lived backward thread must not break.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 from coc_impl.deterministic import stable_product
 from coc_impl.reference import ReferenceCoC
 from coc_impl.validated_call import ValidatedCall
+from tests.support.faulty_impls import _BackwardThreadWorkspace
 
 
 class _WaitsItsOwnWay(ReferenceCoC):
@@ -97,3 +99,58 @@ class WaitsOnAHelperThread(_WaitsItsOwnWay):
         waiter = threading.Thread(target=lambda: [w.wait() for w in works], name="coc-variant-waiter")
         waiter.start()
         waiter.join()
+
+
+class ReducesInACallback(ReferenceCoC):
+    """The first block's all-reduce launched, the rest multiplied meanwhile, then all-reduced and waited inside a
+    ``then`` callback of the first block's future; the program waits on the future ``then`` returns (issue 50:
+    "results are values" failed it, its collective "pending")."""
+
+    name = "reduces-in-a-callback"
+
+    def callback_runs_inline(self) -> bool:
+        """Whether the first block's future is done before ``then`` (the callback then runs at once, on this
+        thread: as device backends run it)."""
+        return False
+
+    def matmul_all_reduce(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
+        import torch.distributed as dist
+
+        call = ValidatedCall.validate("matmul_all_reduce", x, w, bias, **kw)  # the reference's errors
+        if call.deterministic or call.antiquant is not None or call.m < 2:
+            return super().matmul_all_reduce(x, w, bias, **kw)
+        product = stable_product(call.w.t() if call.transpose_weight else call.w)
+        first = call.blocks[0] if call.blocks else call.m // 2
+        out = x.new_empty((call.m, call.n))
+        out[:first].copy_(product(x[:first]))
+        future = dist.all_reduce(out[:first], group=call.group, async_op=True).get_future()
+        out[first:].copy_(product(x[first:]))  # in flight with the first block's all-reduce
+        if self.callback_runs_inline():
+            while not future.done():
+                time.sleep(0.0005)
+
+        def the_rest(_: Any) -> None:
+            dist.all_reduce(out[first:], group=call.group, async_op=True).wait()
+
+        future.then(the_rest).wait()
+        return call.add_bias(out)
+
+
+class ReducesInAnInlineCallback(ReducesInACallback):
+    """:class:`ReducesInACallback` with the callback run inline: its future is done before ``then`` is called."""
+
+    name = "reduces-in-an-inline-callback"
+
+    def callback_runs_inline(self) -> bool:
+        return True
+
+
+class BackwardThreadWorkspace(_BackwardThreadWorkspace):
+    """A per-thread workspace of the backward's weight operands, keyed by the weight's storage *and version*: an
+    update in place (the optimizer's step) is a new entry, so the device's one backward thread never reads a stale
+    one (``tests/support/faulty_impls.py``: ``StaleBackwardThreadWorkspace`` keys by storage alone)."""
+
+    name = "backward-thread-workspace"
+
+    def key(self, weight: Any) -> tuple[Any, ...]:
+        return weight.data_ptr(), tuple(weight.shape), weight._version

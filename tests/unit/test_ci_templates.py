@@ -291,3 +291,32 @@ def test_every_run_with_results_builds_its_report_with_history() -> None:
         assert "$BASELINE" in smoke[0] and "--baseline" in known, f"{template}: {smoke}"
         text = (ROOT / "ci-templates" / template).read_text()
         assert 'BASELINE="--baseline baseline"' in text, template
+
+
+def _gate_check(words: list[str]) -> str | None:
+    """The folder ``coc-gate --current DIR`` (no baseline) checks, for either way of running it; else None."""
+    module = _python_module(words)
+    args = words[1:] if words[0] == "coc-gate" else module[1] if module and module[0] == "conformance.gating.gate" \
+        else None
+    if args is None or "--baseline" in args or "--current" not in args:
+        return None
+    return args[args.index("--current") + 1]
+
+
+def test_every_run_of_the_suite_is_followed_by_a_check_of_its_summary() -> None:
+    """A session that ends without a complete summary (killed, or ``os._exit(0)`` in its process) never passes its
+    job: each job that runs the suite with ``--coc-summary`` checks that summary's folder next (``coc-gate
+    --current``), as a command of its own after the run."""
+    checked = 0
+    for path in TEMPLATES:
+        for name, job in _jobs(_load(path)).items():
+            commands = [words for script in _scripts(job) for words in _commands(script)]
+            for index, words in enumerate(commands):
+                module = _python_module(words)
+                args = module[1] if module and module[0] == "pytest" else []
+                if "--coc-summary" not in args:
+                    continue
+                folder = str(Path(args[args.index("--coc-summary") + 1]).parent)
+                assert folder in [_gate_check(later) for later in commands[index + 1:]], f"{path.name} {name}"
+                checked += 1
+    assert checked >= 8, checked

@@ -277,3 +277,78 @@ def test_megatron_is_preloaded_only_when_a_case_left_to_run_builds_its_state(pyt
         run = pytester.inline_run("-p", "conformance.plugin", "--collect-only", *args)
         session = run.getcall("pytest_collection_finish").session
         assert session.config.stash[needs_megatron_key] is expected
+
+
+def test_a_test_that_is_no_conformance_check_keeps_its_own_exceptions(pytester: pytest.Pytester) -> None:
+    """``NotJudged`` or ``NotOffered`` raised by a test of the session that judges no implementation (the project's
+    own tests) fails it: the plugin records them only for conformance checks, and never turns them into a pass."""
+    pytester.makepyfile(test_own="""
+        from conformance.judge.verdicts import NotJudged, NotOffered
+
+        def test_not_judged():
+            raise NotJudged("a rule under test raised where it should not")
+
+        def test_not_offered():
+            raise NotOffered("the same")
+    """)
+    result = pytester.runpytest("-p", "conformance.plugin", "-q")
+    result.assert_outcomes(failed=2)
+
+
+def test_a_suite_error_keeps_the_checks_before_it_and_the_case_is_the_worse_verdict(pytester: pytest.Pytester,
+                                                                                    tmp_path: Path) -> None:
+    """A bug of the suite after a failed MUST check: the case failed (the worse verdict), its checks kept, the
+    suite's error beside them; after a passed check only: an error of the run, the check kept (issue 50: the
+    failure recorded before it was dropped, and the headline blamed the suite)."""
+    pytester.makepyfile(test_bug="""
+        from conformance.judge.failures import ContractViolation
+        from conformance.judge.levels import Level
+
+        def test_failed_then_bug(verdicts):
+            with verdicts.check("results are values", Level.MUST):
+                raise ContractViolation("rank 1: expected a tensor [64, 48], got [64, 47]")
+            raise RuntimeError("a judge's own bug")
+
+        def test_passed_then_bug(verdicts):
+            with verdicts.check("results are values", Level.MUST):
+                pass
+            raise RuntimeError("a judge's own bug")
+    """)
+    summary = tmp_path / "summary.json"
+    result = pytester.runpytest("-p", "conformance.plugin", "--coc-summary", str(summary), "-q")
+    result.assert_outcomes(failed=1, errors=1)
+    cases = {c["id"].rsplit("::", 1)[-1]: c for c in json.loads(summary.read_text())["cases"]}
+    failed, error = cases["test_failed_then_bug"], cases["test_passed_then_bug"]
+    assert failed["outcome"] == "failed" and "a judge's own bug" in failed["suite_error"], failed
+    assert [(c["name"], c["outcome"]) for c in failed["checks"]] == [("results are values", "failed")]
+    assert failed["failure"]["category"] == "result contract", failed
+    assert error["outcome"] == "error" and error["failure"]["category"] == "suite error", error
+    assert [(c["name"], c["outcome"]) for c in error["checks"]] == [("results are values", "passed")]
+
+
+def test_stale_expectations_warn_in_a_partial_run_and_fail_a_whole_one(pytester: pytest.Pytester, tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """An entry matching no case, or naming a check none of its cases recorded, is reported at the end of the run
+    and in the summary; it fails only a run of the whole suite (where it can only be stale)."""
+    from conformance.plugins import known_outcomes
+
+    pytester.makefile(".toml", known='[[expect]]\npattern = "test_x.py::test_known"\noutcome = "fail"\n'
+                                     'reason = "r"\ncheck = "numerix"\n\n[[expect]]\npattern = "test_gone.py::*"\n'
+                                     'outcome = "skip"\nreason = "r"\n')
+    pytester.makepyfile(test_x="""
+        from conformance.judge.levels import Level
+
+        def test_known(verdicts):
+            with verdicts.check("numerics", Level.MUST):
+                pass
+    """)
+    summary = tmp_path / "s.json"
+    args = ("-p", "conformance.plugin", "--coc-expectations", "known.toml", "--coc-summary", str(summary))
+    partial = pytester.runpytest(*args)
+    assert partial.ret == 0 and "coc-conformance: stale expectations" in partial.stdout.str()
+    doc = json.loads(summary.read_text())
+    assert doc["full_run"] is False and [entry.split(": ", 1)[1] for entry in doc["stale_expectations"]] == [
+        "check 'numerix' names no check its 1 case(s) recorded", "pattern 'test_gone.py::*' matches no case of the run"]
+    monkeypatch.setattr(known_outcomes.StaleEntries, "full_run", lambda self: True)
+    whole = pytester.runpytest(*args)
+    assert whole.ret == 1 and json.loads(summary.read_text())["full_run"] is True
