@@ -315,7 +315,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
     try:
         check()
-        declarations(load_implementation(impl_spec(config)))
+        declarations(load_implementation(impl_spec(config)), computed=False)
         _check_shared_devices(config)
     except (ImplementationLoadError, DeclarationError, UnsupportedMegatron, SharedDevicesError) as exc:
         raise pytest.UsageError(str(exc)) from None

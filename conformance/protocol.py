@@ -72,6 +72,8 @@ Optional declarations (attributes of the implementation, all new in version 2;
 
 from __future__ import annotations
 
+import inspect
+
 __all__ = [
     "CAPABILITIES", "DETERMINISTIC_OPS", "DEVICE_KINDS", "ERROR_KINDS", "FUSED_OPS", "MATMULS", "PHASE_COLLECTIVES",
     "PROTOCOL_VERSION", "SUPPORTED_VERSIONS", "Chunked", "CoCImplementation", "DeclarationError", "Declarations",
@@ -317,9 +319,14 @@ class DeclarationError(TypeError):
     """An implementation's declarations do not follow this protocol."""
 
 
-def declarations(impl: Any, device: str = "cpu") -> Declarations:
+def declarations(impl: Any, device: str = "cpu", *, computed: bool = True) -> Declarations:
     """Read and validate ``impl``'s optional declarations (module docstring), for ranks on ``device`` (a device
-    kind: what a per-device declaration is read for)."""
+    kind: what a per-device declaration is read for).
+
+    ``computed=False`` leaves out a declaration the implementation computes when it is read (a property of its
+    class: the reference measures its machine's GEMM to say where it is split-invariant), so a session can
+    refuse malformed plain declarations up front at no cost; the cases that judge by it read it whole.
+    """
     name = getattr(impl, "name", type(impl).__name__)
     version = getattr(impl, "protocol_version", 1)
     if version not in SUPPORTED_VERSIONS:
@@ -341,8 +348,15 @@ def declarations(impl: Any, device: str = "cpu") -> Declarations:
     unknown = in_place - set(CAPABILITIES)
     if unknown:
         raise DeclarationError(f"{name}: in_place_ops names unknown ops {sorted(unknown)}")
-    split = _split_invariant(name, getattr(impl, "split_invariant_ops", None) or (), device)
+    split = _split_invariant(name, _declared(impl, "split_invariant_ops", computed) or (), device)
     return Declarations(version, errors, overlap, fused_overlap, fused, in_place, split)
+
+
+def _declared(impl: Any, attribute: str, computed: bool) -> Any:
+    """``impl``'s ``attribute``, or None where it is computed on reading (a property) and ``computed`` is off."""
+    if not computed and isinstance(inspect.getattr_static(type(impl), attribute, None), property):
+        return None
+    return getattr(impl, attribute, None)
 
 
 def _split_invariant(name: str, raw: Any, device: str) -> frozenset[str]:

@@ -320,6 +320,43 @@ def test_a_malformed_split_invariance_declaration_is_refused(raw: object, why: s
         declarations(Declares())
 
 
+
+def test_a_session_start_refuses_plain_declarations_without_computing_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The session's up-front check reads plain declarations and leaves a computed one (the reference measures its
+    GEMM, importing torch) to the cases that judge by it: every pytest session loads the plugin."""
+    import conformance.plugin as plugin
+    from conformance.protocol import DeclarationError, declarations
+
+    reads: list[str] = []
+
+    class Measures:
+        name = "measures"
+
+        @property
+        def split_invariant_ops(self) -> dict[str, tuple[str, ...]]:
+            reads.append("measured")
+            return {"cpu": ("matmul_all_reduce",)}
+
+    assert not declarations(Measures(), computed=False).split_invariant_ops and reads == []
+    assert declarations(Measures()).split_invariant_ops == {"matmul_all_reduce"} and reads == ["measured"]
+
+    class PlainAndMalformed:
+        name = "plain"
+        split_invariant_ops = {"gpu": ("matmul_all_reduce",)}
+
+    with pytest.raises(DeclarationError, match="keys must be device kinds"):
+        declarations(PlainAndMalformed(), computed=False)
+    seen: list[bool] = []
+    monkeypatch.setattr("conformance.protocol.declarations", lambda impl, **kw: seen.append(kw.get("computed", True)))
+    monkeypatch.setattr("coc_shared.megatron_range.check", lambda: None)
+    config = type("Config", (), {"getoption": lambda self, name, default=None: None, "workerinput": None})()
+    monkeypatch.setattr(plugin, "is_xdist_worker", lambda config: False)
+    monkeypatch.setattr(plugin, "impl_spec", lambda config: "coc_impl.reference:ReferenceCoC")
+    monkeypatch.setattr(plugin, "_check_shared_devices", lambda config: None)
+    plugin.pytest_sessionstart(type("Session", (), {"config": config})())
+    assert seen == [False]
+
+
 def _det_run(tp: int, dtype: str = "float32", **changes: object):
     from conformance.contract.jobs import OpRun
     from conformance.contract.problems import Problem
