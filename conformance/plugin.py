@@ -64,7 +64,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     options.add_options(parser)
 
 
+@pytest.hookimpl(tryfirst=True)  # before anything starts a process or imports torch (the suite's fork server)
 def pytest_configure(config: pytest.Config) -> None:
+    if config.getoption(options.EMULATE_NPU):
+        _emulate_npu()
     config.addinivalue_line("markers", "coc_requires(*capabilities): skip unless the "
                             "implementation under test provides these ops")
     config.addinivalue_line("markers", "coc_level(level): the requirement level (MUST, SHOULD, "
@@ -90,12 +93,24 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.register(AllureHooks(config), "coc-allure-hooks")
 
 
+def _emulate_npu() -> None:
+    """``--coc-emulate-npu``: the emulated NPU node in this process and every one it starts, or a usage error."""
+    from conformance.harness.launchers.devices import EmulatedNpuError, emulate_npu
+
+    try:
+        emulate_npu()
+    except EmulatedNpuError as exc:
+        raise pytest.UsageError(f"{options.EMULATE_NPU}: {exc}") from None
+
+
 @pytest.hookimpl(optionalhook=True, tryfirst=True)  # before xdist's own, which always answers
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
     """``-n auto`` on the suite: workers that fit the node (``scheduling.auto_workers``); elsewhere, or with
     ``PYTEST_XDIST_AUTO_NUM_WORKERS`` set, xdist's own."""
     from conformance.plugins.scheduling import auto_workers, runs_the_suite
 
+    if config.getoption(options.EMULATE_NPU):  # xdist asks before pytest_configure: the node it asks about
+        _emulate_npu()
     if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS") or config.getoption(options.LAUNCHER) != "process" \
             or not runs_the_suite(config):
         return None
