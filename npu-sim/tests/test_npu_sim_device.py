@@ -1,12 +1,12 @@
 """The npu device in one process: tensors, views and in-place ops, storages, printing and pickling, the
 GEMM's shape-dependent rounding, the autograd device thread, autocast, random numbers, streams and events.
 
-Each test body runs in a fresh child process with the emulator active (npusim_ranks.in_npu_process).
+Each test body runs in a fresh child process with the emulator active (npu_sim.testing.in_npu_process).
 """
 
 from __future__ import annotations
 
-from npusim_ranks import in_npu_process
+from npu_sim.testing import in_npu_process
 
 
 def _basics():

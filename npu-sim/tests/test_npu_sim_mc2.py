@@ -4,7 +4,7 @@ x2's layout and the w8A16 scales as the kernel reads them, the CANN pages' refus
 from __future__ import annotations
 
 import torch
-from npusim_ranks import in_npu_process, run_ranks
+from npu_sim.testing import in_npu_process, run_ranks
 
 from npu_sim import contract
 
