@@ -55,6 +55,26 @@ def test_tensors_live_on_npu_and_leave_it_only_by_copy():
     assert facts["pickled"] == ("npu:0", True)
 
 
+def _tensors_from_data_under_a_dispatch_mode():
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Passes(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    with Passes():
+        made = torch.tensor([[0.0, 1.5], [2.0, 3.0]], dtype=torch.float32, device="npu")
+        strided = torch.tensor([1, 2, 3], device="npu")
+    return str(made.device), made.cpu().tolist(), strided.cpu().tolist()
+
+
+def test_tensors_from_data_under_a_dispatch_mode():
+    """torch.tensor(..., device="npu") under a TorchDispatchMode (a profiler's, a probe's) allocates and copies as on
+    any device (the allocation went to a Python fallback torch cannot run under a mode: "func != nullptr")."""
+    assert in_npu_process(_tensors_from_data_under_a_dispatch_mode) == ("npu:0", [[0.0, 1.5], [2.0, 3.0]], [1, 2, 3])
+
+
 def _mixing_devices():
     import torch
 
