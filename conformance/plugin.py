@@ -10,7 +10,7 @@ a small plugin module registered here (``conformance.plugins.*`` and, with
 from __future__ import annotations
 
 __all__ = ["SUB_PLUGINS", "coc_declarations", "coc_impl", "coc_impl_spec", "coc_ranks", "default_max_live_ranks",
-           "rank_runner", "rank_server_address", "shared_rank_server"]
+           "rank_backend", "rank_runner", "rank_server_address", "shared_rank_server"]
 
 import os
 from collections.abc import Generator
@@ -124,6 +124,18 @@ def _process_kind(config: pytest.Config) -> DeviceKind:
 
     return detect_device_kind(config.getoption(options.CPU_SLOTS), config.getoption(options.BACKEND),
                               config.getoption(options.RANKS_PER_DEVICE))
+
+
+def rank_backend(config: pytest.Config) -> str | None:
+    """The collective backend the cases' ranks run on: the process launcher's (by device, or ``--coc-backend``),
+    torch's threaded group, or the one torchrun's ranks are given (None: torch's default for their device)."""
+    launcher = config.getoption(options.LAUNCHER)
+    if launcher == "threaded":
+        return "threaded"
+    if launcher == "torchrun":
+        given: str | None = config.getoption(options.BACKEND)
+        return given
+    return _process_kind(config).backend
 
 
 def _make_launcher(config: pytest.Config) -> tuple[Launcher, Any]:

@@ -42,6 +42,22 @@ def test_every_fused_op_runs_on_mc2_where_its_kernel_takes_the_call(run_suite_on
     assert "fused kernels by op: all_gather_matmul npu_all_gather_base_mm 3 in 3 of 3 case(s)" in run.output
 
 
+def test_a_layers_default_mode_on_arrival_order_reductions_is_not_judged_for_determinism(
+        run_suite_on_npus: Callable[..., SuiteRun], tmp_path: Path) -> None:
+    """HCCL reduces in arrival order unless HCCL_DETERMINISTIC asks otherwise: a layer's default mode cannot be
+    judged bitwise reproducible there (it failed the reference on every layer case); with it set, it is."""
+    select = ("-k", "layer_is_deterministic and row-nosp and float32")
+    for environ, outcome in (({}, "not judged"), ({"HCCL_DETERMINISTIC": "true"}, "passed")):
+        summary = tmp_path / f"summary-{outcome}.json"
+        run = run_suite_on_npus("test_layers", AUTO, *select, "--coc-summary", str(summary), environ=environ)
+        cases = _summary(run, summary)["cases"]
+        assert run.ret == 0 and len(cases) == 1 and cases[0]["outcome"] == outcome, run.output[-3000:]
+        check = cases[0]["checks"][0]
+        assert check["name"] == "test_layer_is_deterministic" and check["outcome"] == outcome, check
+        if outcome == "not judged":
+            assert "HCCL_DETERMINISTIC is true or strict (unset here)" in check["message"], check
+
+
 def test_the_measured_chunk_count_runs_on_the_layers_device(run_suite_on_npus: Callable[..., SuiteRun],
                                                             tmp_path: Path) -> None:
     """``parallel_num auto`` measures with the layer's NPU tensors over its HCCL group (it measured CPU tensors)."""
