@@ -330,17 +330,18 @@ def every_wait_style(ctx: RankContext) -> dict[str, object]:
     seen: dict[str, object] = {}
     for how, wait in styles.items():
         with record_collectives() as log:
-            works = [dist.all_reduce(torch.ones(4), group=ctx.group, async_op=True) for _ in range(2)]
+            works = [dist.all_reduce(torch.ones(4, device=ctx.device), group=ctx.group, async_op=True)
+                     for _ in range(2)]
             wait(works)
         seen[how] = [c.waited is not None for c in log.calls]
     with record_collectives() as log:  # a callback only: the program never waited
-        work = dist.all_reduce(torch.ones(4), group=ctx.group, async_op=True)
+        work = dist.all_reduce(torch.ones(4, device=ctx.device), group=ctx.group, async_op=True)
         work.get_future().then(lambda f: f.value())
         time.sleep(0.05)
     seen["callback only"] = [c.waited is not None for c in log.calls]
     work.wait()
     with record_collectives() as log:  # the callback multiplies, on whichever thread completes the future
-        work = dist.all_reduce(torch.ones(4), group=ctx.group, async_op=True)
+        work = dist.all_reduce(torch.ones(4, device=ctx.device), group=ctx.group, async_op=True)
         work.get_future().then(lambda f: torch.ones(3, 3) @ torch.ones(3, 3)).wait()
     timeline = observed_collectives(log)
     seen["callback matmul"] = ([e.shape for e in log.events if e.what == "matmul"],

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from conformance.contract.results import ObservedCollective, ObservedCollectives
@@ -85,6 +87,27 @@ def test_every_documented_wait_is_a_wait_whichever_thread_waits(pool: ProcessLau
         assert seen["callback only"] == [False]  # a callback runs because the future is done: no wait of the program
         assert seen["callback matmul"] == ([(3, 3)], ())  # the callback carries the recording's mode
         assert seen["helper matmul"] == ((), ("aten.mm in helper thread 'coc-helper'",))  # no collective
+
+
+def _every_wait_style_on_npus(rank: int, world: int) -> dict[str, object]:
+    from types import SimpleNamespace
+
+    import torch.distributed as dist
+
+    return rank_cases.every_wait_style(SimpleNamespace(group=dist.group.WORLD, device="npu"))  # type: ignore[arg-type]
+
+
+def test_every_documented_wait_is_a_wait_on_a_work_written_in_python(tmp_path: Path) -> None:
+    """The emulated NPU's hccl Work is a Python subclass of dist.Work (as any Python backend's): through the probes'
+    wrappers every wait is still a wait, and taking a future still works (a wrapper named get_future made pybind11
+    skip the override: "Work::getFuture not implemented")."""
+    from npu_sim.testing import run_ranks
+
+    for seen in run_ranks(_every_wait_style_on_npus, 2, tmp_path, timeout=120):
+        for how in ("collect_all", "then", "then then", "wait_all", "Future.wait",
+                    "Future.done polled", "Work.is_completed polled", "on another thread"):
+            assert seen[how] == [True, True], (how, seen[how])
+        assert seen["callback only"] == [False]
 
 
 def test_a_phase_with_a_helper_threads_matmul_is_not_judged_and_issued_no_collective() -> None:
