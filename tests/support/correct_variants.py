@@ -1,4 +1,5 @@
-"""Correct implementations that wait for their collectives in each documented way (docs/DESIGN.md#overlap-structure).
+"""Correct implementations that wait for their collectives in each documented way (docs/DESIGN.md#overlap-structure),
+and ones that use a device as the hardware runs them (futures done at enqueue, one long-lived backward thread).
 
 Each runs ``matmul_all_reduce`` as the reference's portable backend does --
 row blocks (two, or the tiling asked for), each multiplied and then
@@ -97,3 +98,65 @@ class WaitsOnAHelperThread(_WaitsItsOwnWay):
         waiter = threading.Thread(target=lambda: [w.wait() for w in works], name="coc-variant-waiter")
         waiter.start()
         waiter.join()
+
+
+class AddsBiasInThen(ReferenceCoC):
+    """Chains each block's work on its collective's future (``get_future().then(...)``, the bias added there) and
+    waits for the chained futures: on a device those futures complete at enqueue (their value valid for work queued
+    after them), on gloo when the collective is done; correct either way."""
+
+    name = "adds-bias-in-then"
+
+    def matmul_all_reduce(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
+        import torch.distributed as dist
+
+        call = ValidatedCall.validate("matmul_all_reduce", x, w, bias, **kw)
+        if call.deterministic or call.antiquant is not None:
+            return super().matmul_all_reduce(x, w, bias, **kw)
+        product = stable_product(call.w.t() if call.transpose_weight else call.w)
+        blocks = call.blocks or ((call.m // 2, call.m - call.m // 2) if call.m >= 2 else (call.m,))
+        out = x.new_empty((call.m, call.n))
+        chained, start = [], 0
+        for rows in blocks:
+            target = out[start:start + rows]
+            target.copy_(product(x[start:start + rows]))
+            work = dist.all_reduce(target, group=call.group, async_op=True)
+            chained.append(work.get_future().then(lambda _, block=target: call.add_bias(block)))
+            start += rows
+        for future in chained:
+            future.wait()
+        return out
+
+
+class PerThreadBackwardWorkspace(ReferenceCoC):
+    """Stages each weight gradient's rows in a workspace kept per thread across backwards (keyed by shape, dtype and
+    device, every byte written before it is read, nothing returned from it): the autograd engine runs a device's
+    backwards on one long-lived thread, where the workspace of the last backward is there again; correct."""
+
+    name = "per-thread-backward-workspace"
+    #: Each thread's workspaces, as long as the rank process lives.
+    kept = threading.local()
+
+    def patch_megatron(self, config: Any) -> Any:
+        from contextlib import ExitStack
+        from unittest import mock
+
+        import coc_impl.scripted as scripted
+
+        original, kept = scripted._weight_grad, self.kept
+
+        def weight_grad(weight: Any, grad_output: Any, total_input: Any, fusion: bool) -> Any:
+            import torch
+
+            spaces = kept.__dict__.setdefault("spaces", {})
+            key = (tuple(grad_output.shape), grad_output.dtype, grad_output.device)
+            if key not in spaces:
+                spaces[key] = torch.empty_like(grad_output, memory_format=torch.contiguous_format)
+            staged = spaces[key]
+            staged.copy_(grad_output)
+            return original(weight, staged, total_input, fusion)
+
+        stack = ExitStack()
+        stack.enter_context(mock.patch.object(scripted, "_weight_grad", weight_grad))
+        stack.enter_context(super().patch_megatron(config))
+        return stack
