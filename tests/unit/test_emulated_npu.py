@@ -33,7 +33,7 @@ def _detect(**env: str) -> dict:
 def test_the_option_shows_detection_the_emulated_node_without_importing_torch() -> None:
     seen = _detect()
     assert seen == {"kind": ["npu", "hccl", 8, "ASCEND_RT_VISIBLE_DEVICES"],
-                    "identity": {"device": "npu", "name": "Ascend910B3", "backend": "hccl"},
+                    "identity": {"device": "npu-sim", "name": "Ascend910B3", "backend": "hccl"},
                     "torch": False, "NPU_SIM": "1"}  # NPU_SIM=1: every process started from here meets the node
 
 
@@ -87,3 +87,29 @@ def test_npu_sim_installed_is_never_the_emulated_node_without_asking() -> None:
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, env=clean,
                           check=True)
     assert done.stdout.split() == ["cpu", "False", "False"], done.stderr
+
+
+def _rank_identity() -> dict:
+    from types import SimpleNamespace
+
+    from conformance.cases.perf_cases import device_identity
+
+    return device_identity(SimpleNamespace(device="npu:0", world_size=8), "hccl")  # type: ignore[arg-type]
+
+
+def test_no_hardware_profile_is_the_emulated_nodes() -> None:
+    """The emulated node's device is the host's CPU: its identity is npu-sim on both sides, so a profile measured
+    on Ascend hardware (npu-910b-tp8 matched its Ascend910B3, and enforced MC2's gains on CPU timings) never runs
+    there; it reports figures under the figures-only profile."""
+    from npu_sim.testing import in_npu_process
+
+    from conformance.judge import hardware
+
+    seen = _detect()
+    rank = in_npu_process(_rank_identity, env={"NPU_SIM": "1"})
+    assert seen["identity"]["device"] == rank["device"] == "npu-sim" and rank["name"] == "Ascend910B3"
+    assert hardware.node_profile(seen["identity"]) is None
+    assert hardware.matching_profile(**rank) is None
+    assert hardware.why_not_here(hardware.by_name("unprofiled"), seen["identity"], 8) == ""
+    real = {**seen["identity"], "device": "npu"}
+    assert hardware.node_profile(real).name == "npu-910b-tp8"  # the same SoC's name, on hardware

@@ -197,6 +197,17 @@ def emulated_npu() -> bool:
     return os.environ.get(EMULATED_NPU_VAR) == "1" and _importable("npu_sim")
 
 
+#: The device kind the emulated NPU node shows hardware profiles: its own, never a real NPU's (its timings are the
+#: host CPU's: no gate measured on Ascend hardware holds there).
+EMULATED_NPU_IDENTITY = "npu-sim"
+
+
+def identity_device(kind: str) -> str:
+    """The device kind a hardware profile matches on for device kind ``kind`` of this node (``npu-sim`` for the
+    emulated NPU node; the ranks and this process say it alike)."""
+    return EMULATED_NPU_IDENTITY if kind == "npu" and emulated_npu() else kind
+
+
 def emulate_npu() -> None:
     """Switch the emulated NPU node on for this process and every process it starts (``--coc-emulate-npu``).
 
@@ -288,7 +299,7 @@ def node_identity(kind: DeviceKind) -> dict[str, str]:
     from ``/proc``, an accelerator's from a subprocess (once per process).
     """
     name = cpu_name() if kind.name == "cpu" else str(_runtime_probe(kind.name).get("name", ""))
-    return {"device": kind.name, "name": name, "backend": kind.backend}
+    return {"device": identity_device(kind.name), "name": name, "backend": kind.backend}
 
 
 #: Libraries a torch build that can see GPUs ships (CUDA, ROCm): without them ``torch.cuda`` sees none.
