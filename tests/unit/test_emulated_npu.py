@@ -18,7 +18,7 @@ DETECT = ("import json, os, sys\n"
           "from conformance.harness.launchers import devices\n"
           "devices.emulate_npu()\n"
           "kind = devices.detect_device_kind(4)\n"
-          "print(json.dumps({'kind': [kind.name, kind.backend, kind.count, kind.visibility_var],\n"
+          "print(json.dumps({'kind': [kind.name, kind.backend, kind.count, kind.visibility_var, kind.computes_on_host],\n"
           "                  'identity': devices.node_identity(kind), 'torch': 'torch' in sys.modules,\n"
           "                  'NPU_SIM': os.environ.get('NPU_SIM')}))")
 
@@ -32,14 +32,14 @@ def _detect(**env: str) -> dict:
 
 def test_the_option_shows_detection_the_emulated_node_without_importing_torch() -> None:
     seen = _detect()
-    assert seen == {"kind": ["npu", "hccl", 8, "ASCEND_RT_VISIBLE_DEVICES"],
+    assert seen == {"kind": ["npu", "hccl", 8, "ASCEND_RT_VISIBLE_DEVICES", True],  # its devices are the host's
                     "identity": {"device": "npu-sim", "name": "Ascend910B3", "backend": "hccl"},
                     "torch": False, "NPU_SIM": "1"}  # NPU_SIM=1: every process started from here meets the node
 
 
 def test_the_emulated_node_is_the_one_its_settings_describe() -> None:
     seen = _detect(NPU_SIM_CARDS="16", NPU_SIM_SOC="Ascend910_9391", ASCEND_RT_VISIBLE_DEVICES="4,5,6,7")
-    assert seen["kind"] == ["npu", "hccl", 4, "ASCEND_RT_VISIBLE_DEVICES"]
+    assert seen["kind"] == ["npu", "hccl", 4, "ASCEND_RT_VISIBLE_DEVICES", True]
     assert seen["identity"]["name"] == "Ascend910_9391"
 
 

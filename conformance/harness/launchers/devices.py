@@ -48,6 +48,8 @@ class DeviceKind:
     count: int
     ranks_per_device: int = 1
     ids: tuple[str, ...] = ()
+    #: The emulated NPU node's (npu-sim): its devices are the host's memory and cores.
+    emulated: bool = False
 
     def __post_init__(self) -> None:
         if self.ids and len(self.ids) != self.count:
@@ -57,6 +59,12 @@ class DeviceKind:
     def binds_devices(self) -> bool:
         """Whether a rank must be pinned to its leased device (false for CPU slots)."""
         return self.visibility_var is not None
+
+    @property
+    def computes_on_host(self) -> bool:
+        """Whether the devices' work is the host's CPU work (a CPU, the emulated NPU node): a rank's CPU time is then
+        evidence of its progress, and it computes at a CPU's speed; on a real device a waiting rank spins."""
+        return self.name == "cpu" or self.emulated
 
     @property
     def one_process_per_device(self) -> bool:
@@ -121,7 +129,8 @@ def detect_device_kind(cpu_slots: int = 8, backend: str | None = None, ranks_per
     """
     npu = _npu_count()
     if npu:
-        kind = _accelerator("npu", backend or "hccl", "ASCEND_RT_VISIBLE_DEVICES", npu)
+        kind = dataclasses.replace(_accelerator("npu", backend or "hccl", "ASCEND_RT_VISIBLE_DEVICES", npu),
+                                   emulated=emulated_npu() and _real_torch_npu() is None)
     else:
         cuda = _cuda_count()
         kind = _accelerator("cuda", backend or "nccl", "CUDA_VISIBLE_DEVICES", cuda) if cuda \
