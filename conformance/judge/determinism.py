@@ -35,7 +35,6 @@ from conformance.contract.problems import Problem, global_operands
 from conformance.contract.results import OpRunOutcome
 from conformance.judge.failures import DeterminismViolation
 
-
 #: HCCL's switch for a fixed reduction order (HCCL environment variable reference, "HCCL_DETERMINISTIC").
 HCCL_DETERMINISTIC = "HCCL_DETERMINISTIC"
 

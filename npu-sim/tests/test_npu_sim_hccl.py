@@ -4,6 +4,7 @@ reductions and HCCL_DETERMINISTIC, the collectives' results, and what HCCL refus
 from __future__ import annotations
 
 import pytest
+
 from npu_sim.testing import ChildFailed, run_ranks
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from npu_sim.testing import ChildFailed, in_npu_process
 
 

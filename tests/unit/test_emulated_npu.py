@@ -18,7 +18,8 @@ DETECT = ("import json, os, sys\n"
           "from conformance.harness.launchers import devices\n"
           "devices.emulate_npu()\n"
           "kind = devices.detect_device_kind(4)\n"
-          "print(json.dumps({'kind': [kind.name, kind.backend, kind.count, kind.visibility_var, kind.computes_on_host],\n"
+          "print(json.dumps({'kind': [kind.name, kind.backend, kind.count, kind.visibility_var,\n"
+          "                           kind.computes_on_host],\n"
           "                  'identity': devices.node_identity(kind), 'torch': 'torch' in sys.modules,\n"
           "                  'NPU_SIM': os.environ.get('NPU_SIM')}))")
 

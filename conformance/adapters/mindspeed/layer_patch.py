@@ -153,10 +153,14 @@ def cuda_device_where_mindspeed_runs() -> Iterator[None]:
     if torch.cuda.is_available():
         yield
         return
-    npu = getattr(torch, "npu", None)
+    npu: Any = getattr(torch, "npu", None)
     on_npu = npu is not None and npu.is_available()
+
+    def npu_device(*_: Any) -> Any:
+        return torch.device("npu", npu.current_device())
+
     saved = torch.cuda.current_device
-    torch.cuda.current_device = (lambda *_: torch.device("npu", npu.current_device())) if on_npu else cpu_device
+    torch.cuda.current_device = npu_device if on_npu else cpu_device
     try:
         yield
     finally:
