@@ -34,12 +34,17 @@ class _WaitsItsOwnWay(ReferenceCoC):
         product = stable_product(call.w.t() if call.transpose_weight else call.w)
         blocks = call.blocks or ((call.m // 2, call.m - call.m // 2) if call.m >= 2 else (call.m,))
         out = x.new_empty((call.m, call.n))
-        works, start = [], 0
+        works, targets, start = [], [], 0
         for rows in blocks:
             target = out[start:start + rows]
             target.copy_(product(x[start:start + rows]))
             works.append(dist.all_reduce(target, group=call.group, async_op=True))
+            targets.append(target)
             start += rows
+        return self.finish(call, out, works, targets)
+
+    def finish(self, call: ValidatedCall, out: Any, works: Sequence[Any], blocks: Sequence[Any]) -> Any:
+        """Wait for the blocks' collectives (:meth:`wait`), then add the bias once."""
         self.wait(works)
         return call.add_bias(out)
 
@@ -100,29 +105,15 @@ class WaitsOnAHelperThread(_WaitsItsOwnWay):
         waiter.join()
 
 
-class AddsBiasInThen(ReferenceCoC):
-    """Chains each block's work on its collective's future (``get_future().then(...)``, the bias added there) and
-    waits for the chained futures: on a device those futures complete at enqueue (their value valid for work queued
-    after them), on gloo when the collective is done; correct either way."""
+class AddsBiasInThen(_WaitsItsOwnWay):
+    """Chains each block's bias on its collective's future (``get_future().then(...)``) and waits for the chained
+    futures: on a device those futures complete at enqueue (their value valid for work queued after them), on gloo
+    when the collective is done; correct either way."""
 
     name = "adds-bias-in-then"
 
-    def matmul_all_reduce(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
-        import torch.distributed as dist
-
-        call = ValidatedCall.validate("matmul_all_reduce", x, w, bias, **kw)
-        if call.deterministic or call.antiquant is not None:
-            return super().matmul_all_reduce(x, w, bias, **kw)
-        product = stable_product(call.w.t() if call.transpose_weight else call.w)
-        blocks = call.blocks or ((call.m // 2, call.m - call.m // 2) if call.m >= 2 else (call.m,))
-        out = x.new_empty((call.m, call.n))
-        chained, start = [], 0
-        for rows in blocks:
-            target = out[start:start + rows]
-            target.copy_(product(x[start:start + rows]))
-            work = dist.all_reduce(target, group=call.group, async_op=True)
-            chained.append(work.get_future().then(lambda _, block=target: call.add_bias(block)))
-            start += rows
+    def finish(self, call: ValidatedCall, out: Any, works: Sequence[Any], blocks: Sequence[Any]) -> Any:
+        chained = [w.get_future().then(lambda _, block=block: call.add_bias(block)) for w, block in zip(works, blocks)]
         for future in chained:
             future.wait()
         return out
