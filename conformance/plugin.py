@@ -105,8 +105,9 @@ def _emulate_npu() -> None:
 
 @pytest.hookimpl(optionalhook=True, tryfirst=True)  # before xdist's own, which always answers
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
-    """``-n auto`` on the suite: workers that fit the node (``scheduling.auto_workers``); elsewhere, or with
-    ``PYTEST_XDIST_AUTO_NUM_WORKERS`` set, xdist's own."""
+    """``-n auto`` on the suite: workers that fit the node (``scheduling.auto_workers``: by its accelerators, by its
+    cores where the devices compute on the host); elsewhere, or with ``PYTEST_XDIST_AUTO_NUM_WORKERS`` set, xdist's
+    own."""
     from conformance.plugins.scheduling import auto_workers, runs_the_suite
 
     if config.getoption(options.EMULATE_NPU):  # xdist asks before pytest_configure: the node it asks about
@@ -115,7 +116,9 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
             or not runs_the_suite(config):
         return None
     kind = _process_kind(config)
-    return auto_workers(0 if kind.name == "cpu" else kind.count, options.available_cores())
+    # Devices whose work is the host's (a CPU, the emulated NPU node) take workers by the cores: eight workers for
+    # eight emulated cards on two cores took 2.2x the one process's time for the smoke tier.
+    return auto_workers(0 if kind.computes_on_host else kind.count, options.available_cores())
 
 
 def _process_kind(config: pytest.Config) -> DeviceKind:
