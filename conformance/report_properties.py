@@ -19,6 +19,9 @@ TIMINGS = "coc_timings"
 #: Which of torch_npu's fused kernels (MC²) the implementation's calls reached: calls by kernel, the most any rank
 #: made, summed over the case's runs (absent: none).
 FUSED_KERNELS = "coc_fused_kernels"
+#: The op or layer kind a case on ranks exercises (``op:matmul_all_reduce``, ``layer:column`` ...): what its fused
+#: kernel calls are counted under per fused op.
+CAPABILITY = "coc_capability"
 #: When and where every case ran: its worker, when that worker's process and the case began, the worker's CPU time
 #: for it (the schedule simulation's input, ``conformance.bench.schedule``).
 CLOCK = "coc_clock"

@@ -57,6 +57,7 @@ import inspect
 import random
 import threading
 import time
+import types
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -426,7 +427,8 @@ def count_completions() -> None:
     with _install_lock:
         if _waits_patched:
             return
-        _patch_waits(dist.distributed_c10d.Work, ("wait", "synchronize", "result"), ("is_completed",))
+        _patch_waits(dist.distributed_c10d.Work, ("wait", "synchronize", "result"), ("is_completed",),
+                     python_polls=True)
         _patch_waits(torch._C.Future, ("wait", "value"), ("done",))
         for name in _RENDEZVOUS:
             original = getattr(dist.distributed_c10d, name, None)
@@ -451,18 +453,21 @@ def _counted(original: Any) -> Any:
     return counted
 
 
-def _patch_waits(cls: Any, waits: tuple[str, ...], polls: tuple[str, ...]) -> None:
+def _patch_waits(cls: Any, waits: tuple[str, ...], polls: tuple[str, ...], *, python_polls: bool = False) -> None:
     """Patch ``waits`` and ``polls`` on ``cls`` (a Work, a Future): a handle waited on marks the calls it completes
     waited (a poll only when it answers True), and every wait that returns counts in :data:`COMPLETED` (a poll
-    does not: polling a finished handle again is no new progress)."""
+    does not: polling a finished handle again is no new progress).  ``python_polls``: a poll of a subclass
+    written in Python that hands it on here is answered by that subclass (:func:`_own_poll`)."""
     for method in (*waits, *polls):
         original = getattr(cls, method, None)
         if original is None:
             continue
         poll = method in polls
 
-        def patched(self: Any, *args: Any, _original: Any = original, _poll: bool = poll, **kwargs: Any) -> Any:
-            result = _original(self, *args, **kwargs)
+        def patched(self: Any, *args: Any, _original: Any = original, _poll: bool = poll, _name: str = method,
+                    **kwargs: Any) -> Any:
+            own = _own_poll(self, _name, cls) if _poll and python_polls else None
+            result = _original(self, *args, **kwargs) if own is None else own()
             if _live and (not _poll or result):
                 _handle_waited(self)
             if not _poll:
@@ -470,6 +475,30 @@ def _patch_waits(cls: Any, waits: tuple[str, ...], polls: tuple[str, ...]) -> No
             return result
 
         setattr(cls, method, patched)
+
+
+#: The polls a Work's own override is answering, on this thread: ``(id(work), method)`` (:func:`_own_poll`).
+_answering = threading.local()
+
+
+def _own_poll(handle: Any, method: str, cls: Any) -> Callable[[], Any] | None:
+    """The answer of a Work written in Python (a Python backend's, the emulated NPU's hccl Work) to a poll it hands on
+    to what is patched on ``cls`` so that wrappers see it: torch's own method answers for the C++ base class there
+    (``is_completed``: never).  None for torch's own Works, and while the override answers (one calling its base)."""
+    own = getattr(type(handle), method, None)
+    polls = _answering.__dict__.setdefault("polls", set())
+    key = (id(handle), method)
+    if not isinstance(own, types.FunctionType) or own is getattr(cls, method, None) or key in polls:
+        return None
+
+    def answer() -> Any:
+        polls.add(key)
+        try:
+            return own(handle)
+        finally:
+            polls.discard(key)
+
+    return answer
 
 
 def install() -> None:
@@ -510,13 +539,17 @@ def _patch_futures(work: Any, c: Any) -> None:
     calls its sources do when waited on; a callback registered inside a recording runs with its mode."""
     original_get_future = work.get_future
 
-    def get_future(self: Any) -> Any:
+    # Not named get_future: a Work written in Python (a Python backend's, the emulated NPU's) reaches its own
+    # get_future through pybind11, which skips the Python override when the calling frame has the method's name
+    # and this object as its first argument (taking it for the override's own call of the base), and the base
+    # raises "Work::getFuture not implemented".
+    def probed_get_future(self: Any) -> Any:
         future = original_get_future(self)
         for log, calls in _calls_of(self):
             log._waits_for(future, calls)
         return future
 
-    work.get_future = get_future
+    work.get_future = probed_get_future
     original_then, original_add = c.Future.then, c.Future.add_done_callback
 
     def then(self: Any, callback: Any) -> Any:

@@ -23,7 +23,7 @@ fixed suite calls such a case a suite error, and the explorer builds none
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict
 from typing import Any
 
@@ -36,6 +36,22 @@ from conformance.contract.problems import Problem, global_operands
 from conformance.contract.results import OpRunOutcome
 from conformance.judge.failures import DeterminismViolation
 from conformance.judge.ops import returned_everywhere
+
+#: HCCL's switch for a fixed reduction order (HCCL environment variable reference, "HCCL_DETERMINISTIC").
+HCCL_DETERMINISTIC = "HCCL_DETERMINISTIC"
+
+
+def arrival_ordered(backend: str | None, environ: Mapping[str, str]) -> str:
+    """Why ``backend``'s reductions give bits that depend on the order the ranks reach them ("" when they do not):
+    HCCL's, unless ``HCCL_DETERMINISTIC`` is ``true`` or ``strict``.  Bits of code that reduces through such a
+    backend differ run to run whatever the code does, so only a mode that promises determinism by itself
+    (``deterministic=True``) is judged for it there."""
+    value = environ.get(HCCL_DETERMINISTIC)
+    if backend == "hccl" and (value or "").lower() not in ("true", "strict"):
+        return (f"hccl reduces in the order the ranks arrive unless {HCCL_DETERMINISTIC} is true or strict "
+                f"({'unset' if value is None else repr(value)} here): the bits of its reductions change run to run "
+                "whatever the implementation does")
+    return ""
 
 
 def nothing_to_compare(*, runs: int, exact: bool) -> str:

@@ -8,7 +8,8 @@ pending), never changed afterwards, sharing memory with no other result and
 unchanged; then its numbers are compared with the float64 truth of its
 replica.  When they are wrong and the collectives ran on a group other than
 the TP group -- or the numbers match a collective over the whole world --
-the message says so (``docs/DESIGN.md#tp-subgroups``).
+the message says so (``docs/DESIGN.md#tp-subgroups``), as it says when they
+match a bias added on every rank or a weight read in its other layout.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import torch
 
 from conformance.contract.equality import bitwise_equal, describe_difference
 from conformance.contract.jobs import OpRun
-from conformance.contract.layouts import GATHERS, OPERAND_SPLITS, Split
+from conformance.contract.layouts import GATHERS, OPERAND_SPLITS, Split, shard
 from conformance.contract.problems import Problem, global_operands
 from conformance.contract.results import OpRunOutcome
 from conformance.harness.case import CapturedError
@@ -192,8 +193,8 @@ def check_numerics(run: OpRun, outcomes: Sequence[OpRunOutcome], *, exact: bool 
                                                roundings=roundings(run.tp),
                                                split=split, tp=run.tp)
                     except NumericMismatch as failure:
-                        raise NumericMismatch(f"{failure}{_wrong_group(run, ranks, problem, out, replica, groups)}")\
-                            from None
+                        raise NumericMismatch(f"{failure}{_wrong_group(run, ranks, problem, out, replica, groups)}"
+                                              f"{_misread(run, problem, replica, out)}") from None
                 label = _label(run, i, replica, len(groups), j)
                 if run.op == "all_gather_matmul_v2":
                     for o in ranks:
@@ -276,6 +277,33 @@ def _wrong_group(run: OpRun, ranks: list[OpRunOutcome], problem: Problem, out: A
         if np.allclose(numerics.as_float64(out), world, rtol=1e-2, atol=1e-2 * float(np.abs(world).max())):
             note += "; the result matches an all-reduce over the whole world (every replica summed)"
     return note
+
+
+def _misread(run: OpRun, problem: Problem, replica: int, out: Any) -> str:
+    """What a wrong result matches, of the ways a fused kernel's operands are commonly misread: a bias added on
+    every rank before the reduction (an MC2 all-reduce's documented formula), and the weight's storage read in
+    the other layout (a kernel reads the transpose flag from the layout: a transposed weight handed over as a
+    contiguous copy is another matrix).  "" when it matches neither."""
+    t = global_operands(problem, replica)
+    x = numerics.as_float64(t["x"])
+    bias = 0 if t["bias"] is None else numerics.as_float64(t["bias"])
+    split = OPERAND_SPLITS[run.op]["w"]
+    pieces = [shard(t["w"], split, r, run.tp) for r in range(run.tp)] if split is not Split.FULL else [t["w"]]
+    # each rank's weight as it was stored ([n, k_r] when transposed, else [k_r, n]), read in the other layout
+    read = [p.T.contiguous().reshape(p.shape) if run.transpose_weight else p.reshape(p.shape[1], p.shape[0]).T
+            for p in pieces]
+    stored = "[n, k] storage read as an ND [k, n] matrix (its transpose flag lost)" if run.transpose_weight else \
+        "[k, n] storage read as the transposed view of an ND [n, k] tensor"
+    candidates = [(x @ numerics.as_float64(torch.cat(read)) + bias, f"the weight's {stored}")]
+    if t["bias"] is not None and run.tp > 1 and split is not Split.FULL:
+        candidates.append((x @ numerics.as_float64(t["w"]) + run.tp * bias,
+                           f"the bias added on each of the {run.tp} ranks before the reduction ({run.tp} times)"))
+    got = numerics.as_float64(out)
+    for candidate, what in candidates:
+        if candidate.shape == got.shape and np.allclose(got, candidate, rtol=1e-2,
+                                                        atol=1e-2 * float(np.abs(candidate).max())):
+            return f"; the result matches {what}"
+    return ""
 
 
 def _bias(problem: Problem, replica: int) -> Any:

@@ -11,7 +11,10 @@ session's (:func:`conformance.roster.run_id`), which every Allure result of
 the run carries too: the report refuses a verdict from another run.
 
 A case whose implementation calls reached torch_npu's fused kernels (MC²)
-carries ``fused_kernels`` (calls by kernel), and the run their totals.
+carries ``fused_kernels`` (calls by kernel), and the run their totals; a case
+on ranks carries its ``capability``, and ``fused_kernels_by_op`` says per
+fused op how many of its cases reached a fused kernel, and the calls (on an
+NPU node: whether that op ran on MC² at all).
 
 Read by ``coc-gate``, ``coc-matrix`` and
 ``coc-expectations``; the format is :data:`SCHEMA`.  ``determinism`` records what the
@@ -46,7 +49,7 @@ from conformance import options, report_properties
 from conformance.caseids import area, case_id
 from conformance.judge.verdicts import NOT_JUDGED, case_outcome, outcome_of
 from conformance.options import impl_spec
-from conformance.plugins.time_breakdown import process_started
+from conformance.plugins.time_breakdown import fused_kernels_by_op, process_started
 from conformance.report_properties import property_of
 from conformance.roster import is_xdist_worker, roster, run_id
 
@@ -111,7 +114,8 @@ def record_of(report: pytest.TestReport) -> dict[str, Any]:
     if beside is not None:
         record["suite_error"] = beside
     for key, name in (("checks", report_properties.CHECKS), ("timings", report_properties.TIMINGS),
-                      ("fused_kernels", report_properties.FUSED_KERNELS), ("clock", report_properties.CLOCK),
+                      ("fused_kernels", report_properties.FUSED_KERNELS),
+                      ("capability", report_properties.CAPABILITY), ("clock", report_properties.CLOCK),
                       ("failure", report_properties.FAILURE), ("expectation", report_properties.EXPECTATION),
                       ("digests", report_properties.DIGESTS),
                       ("explore", report_properties.EXPLORE)):
@@ -210,6 +214,8 @@ class SummaryWriter:
             "outcomes": dict(outcomes),
             "levels": dict(levels),
             "fused_kernels": dict(sorted(fused.items())),
+            "fused_kernels_by_op": fused_kernels_by_op((r["capability"], r.get("fused_kernels", {}))
+                                                       for r in records if "capability" in r),
             "skips_by_reason": dict(skips.most_common()),
             "cases": records,
         }

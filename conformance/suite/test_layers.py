@@ -18,6 +18,7 @@ wrong rows: fresh allocations are poisoned while the implementation runs.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pytest
@@ -31,6 +32,7 @@ from conformance.contract.results import LayerOutcome
 from conformance.harness.impl_loader import accepts_keyword
 from conformance.judge import checks, structure
 from conformance.judge import layers as judge
+from conformance.judge.determinism import arrival_ordered
 from conformance.judge.failures import WrongError
 from conformance.judge.layer_verdicts import (
     judge_layer_refusal,
@@ -40,6 +42,7 @@ from conformance.judge.layer_verdicts import (
 )
 from conformance.judge.levels import Level
 from conformance.judge.verdicts import NotJudged, NotOffered
+from conformance.plugin import rank_backend
 from conformance.protocol import (
     PHASE_COLLECTIVES,
     Chunked,
@@ -131,6 +134,9 @@ def test_layer_is_deterministic(coc_ranks: Any, pytestconfig: pytest.Config, cas
     launcher = pytestconfig.getoption(options.LAUNCHER)
     if launcher not in DETERMINISTIC_LAUNCHERS:
         pytest.skip(f"collectives of the {launcher} launcher's backend are not bitwise reproducible")
+    backend_order = arrival_ordered(rank_backend(pytestconfig), os.environ)
+    if backend_order:  # a layer's default mode promises no determinism of its own: nothing to judge there
+        raise NotJudged(backend_order)
     problem = judge.golden_problem(case_id)
     outcomes = _run(coc_ranks, LayerJob(problem, tp, tuple(coc_argv(4)), runs=3, serial=False))
     for rank, outcome in enumerate(outcomes):

@@ -9,7 +9,7 @@ Importing this package installs nothing; the names below import what they need w
 
 from __future__ import annotations
 
-__all__ = ["activate", "is_active", "mc2_calls"]
+__all__ = ["activate", "is_active", "mc2_calls", "node"]
 
 
 def activate() -> None:
@@ -30,3 +30,12 @@ def mc2_calls() -> dict[str, int]:
     from npu_sim.mc2 import calls
 
     return calls()
+
+
+def node() -> tuple[int, str]:
+    """What ``torch.npu.device_count()`` and ``get_device_name()`` answer in a process started now with this
+    environment (its cards, their SoC's name), read without importing torch or starting a runtime: a launcher
+    counts the node's cards where starting one would make its forked children unable to use them."""
+    from npu_sim import runtime, soc
+
+    return runtime.device_count(), soc.configured()[0]

@@ -319,6 +319,12 @@ def install(device: torch.device) -> None:
         for name, op in (("_copy_from", torch.ops.aten._copy_from.default),
                          ("_copy_from_and_resize", torch.ops.aten._copy_from_and_resize.default)):
             copies.impl(name, lambda *args, _op=op, **kwargs: _copy_from(_op, args, kwargs), "PrivateUse1")
+        # The allocations torch.tensor(..., device="npu") makes there too, as kernels of their own: under a
+        # TorchDispatchMode torch runs a Python kernel through its per-op registry, which holds no fallback
+        # ("func != nullptr" asserted), where a device's C++ kernels just run.
+        for name, op in (("empty.memory_format", torch.ops.aten.empty.memory_format),
+                         ("empty_strided", torch.ops.aten.empty_strided.default)):
+            copies.impl(name, lambda *args, _op=op, **kwargs: _fallback(_op, *args, **kwargs), "PrivateUse1")
         _LIBRARIES.extend([library, copies])  # registrations live as long as the Library objects
     HANDLERS[torch.ops.aten._copy_from.default] = _copy_from
     HANDLERS[torch.ops.aten._copy_from_and_resize.default] = _copy_from

@@ -29,9 +29,11 @@ class HcclWork(dist.Work):
     """A queued collective: complete once its transfers are done and its result is written to its outputs.
 
     A hardware Work is torch's own ``dist.Work`` to Python, so code that wraps ``dist.Work.wait`` /
-    ``synchronize`` / ``get_future`` (a profiler, a test probe) sees every call on it.  This subclass's
-    overrides would hide such wrappers; so each override, having done its work, relays the call to the
-    wrapper, whose call of the bound method torch sends back here (answered without doing it twice).
+    ``synchronize`` / ``get_future`` / ``is_completed`` (a profiler, a test probe) sees every call on it.  This
+    subclass's overrides would hide such wrappers; so each override, having done its work, relays the call to
+    the wrapper, whose call of the bound method torch sends back here (answered without doing it twice) --
+    except ``is_completed``, which torch answers for its C++ base class (never completed): a wrapper gets this
+    Work's answer from ``type(work).is_completed(work)``.
     """
 
     def __init__(self, transfers: list[dist.Work], finish: Callable[[], None] | None, result: Any) -> None:
@@ -88,8 +90,11 @@ class HcclWork(dist.Work):
         self._relay("synchronize")
 
     def is_completed(self) -> bool:
+        if threading.get_ident() in self._relaying:
+            return self._done  # a wrapper asking this Work's own answer (torch's method answers for the base: never)
         if not self._done and all(_TRANSFER_DONE(transfer) for transfer in self._transfers):
             self.complete()
+        self._relay("is_completed")
         return self._done
 
     def is_success(self) -> bool:

@@ -1,12 +1,12 @@
 """The npu device in one process: tensors, views and in-place ops, storages, printing and pickling, the
 GEMM's shape-dependent rounding, the autograd device thread, autocast, random numbers, streams and events.
 
-Each test body runs in a fresh child process with the emulator active (npusim_ranks.in_npu_process).
+Each test body runs in a fresh child process with the emulator active (npu_sim.testing.in_npu_process).
 """
 
 from __future__ import annotations
 
-from npusim_ranks import in_npu_process
+from npu_sim.testing import in_npu_process
 
 
 def _basics():
@@ -53,6 +53,26 @@ def test_tensors_live_on_npu_and_leave_it_only_by_copy():
     assert facts["parameter"] and facts["parameter device"] == "npu:0"
     assert facts["numpy"].startswith("can't convert npu:0 device type tensor to numpy")
     assert facts["pickled"] == ("npu:0", True)
+
+
+def _tensors_from_data_under_a_dispatch_mode():
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Passes(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    with Passes():
+        made = torch.tensor([[0.0, 1.5], [2.0, 3.0]], dtype=torch.float32, device="npu")
+        strided = torch.tensor([1, 2, 3], device="npu")
+    return str(made.device), made.cpu().tolist(), strided.cpu().tolist()
+
+
+def test_tensors_from_data_under_a_dispatch_mode():
+    """torch.tensor(..., device="npu") under a TorchDispatchMode (a profiler's, a probe's) allocates and copies as on
+    any device (the allocation went to a Python fallback torch cannot run under a mode: "func != nullptr")."""
+    assert in_npu_process(_tensors_from_data_under_a_dispatch_mode) == ("npu:0", [[0.0, 1.5], [2.0, 3.0]], [1, 2, 3])
 
 
 def _mixing_devices():

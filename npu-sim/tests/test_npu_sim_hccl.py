@@ -4,7 +4,8 @@ reductions and HCCL_DETERMINISTIC, the collectives' results, and what HCCL refus
 from __future__ import annotations
 
 import pytest
-from npusim_ranks import ChildFailed, run_ranks
+
+from npu_sim.testing import ChildFailed, run_ranks
 
 
 def _backend():
@@ -149,12 +150,14 @@ def _wrapped_work(rank, world):
     import torch.distributed as dist
 
     seen = []
-    originals = {name: getattr(dist.Work, name) for name in ("wait", "synchronize", "get_future")}
+    originals = {name: getattr(dist.Work, name) for name in ("wait", "synchronize", "get_future", "is_completed")}
 
     def wrapper(name):
         def wrapped(self, *args, **kwargs):
-            result = originals[name](self, *args, **kwargs)
-            seen.append((name, type(self).__name__))
+            # torch answers is_completed for a Python Work's C++ base: its own answer is the override's
+            own = type(self).is_completed if name == "is_completed" else originals[name]
+            result = own(self, *args, **kwargs)
+            seen.append((name, type(self).__name__, result if name == "is_completed" else None))
             return result
 
         return wrapped
@@ -166,6 +169,10 @@ def _wrapped_work(rank, world):
         dist.all_reduce(value, async_op=True).wait()
         dist.all_reduce(value, async_op=True).synchronize()
         future = dist.all_reduce(value, async_op=True).get_future()
+        polled = dist.all_reduce(value, async_op=True)
+        while not polled.is_completed():
+            pass
+        seen = [entry for i, entry in enumerate(seen) if entry[0] != "is_completed" or i == len(seen) - 1]
         outcome = (seen, value.cpu().tolist(), [t.cpu().tolist() for t in future.value()])
     finally:
         for name, original in originals.items():
@@ -176,8 +183,9 @@ def _wrapped_work(rank, world):
 def test_wrappers_on_dist_work_see_every_wait(tmp_path):
     """A hardware Work is torch's own dist.Work: what a probe wraps there sees its waits, as on a device."""
     for seen, value, future in run_ranks(_wrapped_work, 2, tmp_path):
-        assert [name for name, _ in seen] == ["wait", "synchronize", "get_future"]
-        assert value == [8.0, 8.0] and future == [[8.0, 8.0]]
+        assert [(name, answer) for name, _, answer in seen] == [
+            ("wait", None), ("synchronize", None), ("get_future", None), ("is_completed", True)]
+        assert value == [16.0, 16.0] and future == [value]  # the future holds the outputs: the value tensor
 
 
 # --------------------------------------------------------------------------- reduction order

@@ -4,9 +4,9 @@ x2's layout and the w8A16 scales as the kernel reads them, the CANN pages' refus
 from __future__ import annotations
 
 import torch
-from npusim_ranks import in_npu_process, run_ranks
 
 from npu_sim import contract
+from npu_sim.testing import in_npu_process, run_ranks
 
 AR, RS, AG = "npu_mm_all_reduce_base", "npu_mm_reduce_scatter_base", "npu_all_gather_base_mm"
 

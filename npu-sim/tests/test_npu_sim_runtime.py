@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from npusim_ranks import ChildFailed, in_npu_process
+
+from npu_sim.testing import ChildFailed, in_npu_process
 
 
 def _devices(select: int | None):

@@ -1,4 +1,5 @@
-"""Correct implementations that wait for their collectives in each documented way (docs/DESIGN.md#overlap-structure).
+"""Correct implementations that wait for their collectives in each documented way (docs/DESIGN.md#overlap-structure),
+and ones that use a device as the hardware runs them (futures done at enqueue, one long-lived backward thread).
 
 Each runs ``matmul_all_reduce`` as the reference's portable backend does --
 row blocks (two, or the tiling asked for), each multiplied and then
@@ -35,12 +36,17 @@ class _WaitsItsOwnWay(ReferenceCoC):
         product = stable_product(call.w.t() if call.transpose_weight else call.w)
         blocks = call.blocks or ((call.m // 2, call.m - call.m // 2) if call.m >= 2 else (call.m,))
         out = x.new_empty((call.m, call.n))
-        works, start = [], 0
+        works, targets, start = [], [], 0
         for rows in blocks:
             target = out[start:start + rows]
             target.copy_(product(x[start:start + rows]))
             works.append(dist.all_reduce(target, group=call.group, async_op=True))
+            targets.append(target)
             start += rows
+        return self.finish(call, out, works, targets)
+
+    def finish(self, call: ValidatedCall, out: Any, works: Sequence[Any], blocks: Sequence[Any]) -> Any:
+        """Wait for the blocks' collectives (:meth:`wait`), then add the bias once."""
         self.wait(works)
         return call.add_bias(out)
 
@@ -154,3 +160,51 @@ class BackwardThreadWorkspace(_BackwardThreadWorkspace):
 
     def key(self, weight: Any) -> tuple[Any, ...]:
         return weight.data_ptr(), tuple(weight.shape), weight._version
+
+
+class AddsBiasInThen(_WaitsItsOwnWay):
+    """Chains each block's bias on its collective's future (``get_future().then(...)``) and waits for the chained
+    futures: on a device those futures complete at enqueue (their value valid for work queued after them), on gloo
+    when the collective is done; correct either way."""
+
+    name = "adds-bias-in-then"
+
+    def finish(self, call: ValidatedCall, out: Any, works: Sequence[Any], blocks: Sequence[Any]) -> Any:
+        chained = [w.get_future().then(lambda _, block=block: call.add_bias(block)) for w, block in zip(works, blocks)]
+        for future in chained:
+            future.wait()
+        return out
+
+
+class PerThreadBackwardWorkspace(ReferenceCoC):
+    """Stages each weight gradient's rows in a workspace kept per thread across backwards (keyed by shape, dtype and
+    device, every byte written before it is read, nothing returned from it): the autograd engine runs a device's
+    backwards on one long-lived thread, where the workspace of the last backward is there again; correct."""
+
+    name = "per-thread-backward-workspace"
+    #: Each thread's workspaces, as long as the rank process lives.
+    kept = threading.local()
+
+    def patch_megatron(self, config: Any) -> Any:
+        from contextlib import ExitStack
+        from unittest import mock
+
+        import coc_impl.scripted as scripted
+
+        original, kept = scripted._weight_grad, self.kept
+
+        def weight_grad(weight: Any, grad_output: Any, total_input: Any, fusion: bool) -> Any:
+            import torch
+
+            spaces = kept.__dict__.setdefault("spaces", {})
+            key = (tuple(grad_output.shape), grad_output.dtype, grad_output.device)
+            if key not in spaces:
+                spaces[key] = torch.empty_like(grad_output, memory_format=torch.contiguous_format)
+            staged = spaces[key]
+            staged.copy_(grad_output)
+            return original(weight, staged, total_input, fusion)
+
+        stack = ExitStack()
+        stack.enter_context(mock.patch.object(scripted, "_weight_grad", weight_grad))
+        stack.enter_context(super().patch_megatron(config))
+        return stack

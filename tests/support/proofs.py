@@ -42,6 +42,10 @@ class Proof:
     category: str = ""  #: the failure's category (a regex matched in full); "" for a check not judged
     outcome: str = "failed"  #: or "not judged"
     must_hold: bool = False  #: no MUST check may fail (the fault is allowed of a correct implementation)
+    says: str = ""  #: what the failing check's message must name (a regex searched in it)
+    #: where the fault shows: ``cpu`` (the default node), or ``npu-sim``: the emulated 8-NPU node
+    #: (``--coc-emulate-npu``), for misuses of what only an NPU has (torch_npu's MC2 kernels)
+    node: str = "cpu"
 
     @property
     def id(self) -> str:
@@ -215,6 +219,13 @@ FAULT_TABLE = [
     # thread per backward passed it); keyed by the weight's version it is correct (test_suite_bites.CORRECT_VARIANTS)
     Proof("test_training", "StaleBackwardThreadWorkspace", "training_steps and column-nosp and tp2", TRAINING, MUST,
           NUMERIC),
+    # misuses of torch_npu's MC2 kernels, on the emulated NPU node (golden cases inside the kernels' domain)
+    Proof("test_ops", "BiasIntoAllReduceKernel", "op_matches_golden and m64k512n64 and tp2 and not wT", NUMERICS,
+          MUST, NUMERIC, says="the bias added on each of the 2 ranks before the reduction", node="npu-sim"),
+    Proof("test_ops", "TransposeFlagLost", "op_matches_golden and m64k512n64 and tp2-wT", NUMERICS, MUST, NUMERIC,
+          says=r"the weight's \[n, k\] storage read as an ND \[k, n\] matrix", node="npu-sim"),
+    Proof("test_ops", "SecondMc2Domain", "op_matches_golden and m64k512n64 and tp2", "the op ran on every rank", MUST,
+          ERROR, says="raised Mc2Refused: .* only one communication domain", node="npu-sim"),
 ]
 
 

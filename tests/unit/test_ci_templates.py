@@ -320,3 +320,21 @@ def test_every_run_of_the_suite_is_followed_by_a_check_of_its_summary() -> None:
                 assert folder in [_gate_check(later) for later in commands[index + 1:]], f"{path.name} {name}"
                 checked += 1
     assert checked >= 8, checked
+
+
+@pytest.mark.parametrize("path", TEMPLATES, ids=lambda p: p.name)
+def test_a_nightly_job_runs_the_npu_job_on_the_emulated_node(path: Path) -> None:
+    """The NPU node's job, on a CPU runner against the emulated node (npu-sim): the reference with MC² first, then the
+    whole suite; npu-sim installed from the pinned repository; CANN's set-up kept (checked with the NPU jobs)."""
+    emulated = {job for template, job, args in _pytest_runs() if template == path.name and "--coc-emulate-npu" in args}
+    assert len(emulated) == 1, emulated
+    job = emulated.pop()
+    assert job in _npu_jobs(path)
+    runs = [args for template, j, args in _pytest_runs() if template == path.name and j == job]
+    assert runs[-1][runs[-1].index("--coc-impl") + 1] == "$COC_IMPL" and "-m" not in runs[-1], runs
+    text = path.read_text()
+    assert re.search(r"^\s*NPU_SIM_PACKAGE: \S+@v?\d\S*#subdirectory=npu-sim$", text, re.M), "npu-sim not pinned"
+    assert '"npu-sim @ $NPU_SIM_PACKAGE"' in text
+    spec = _jobs(_load(path))[job]
+    schedule_only = spec.get("if", "") or str(spec.get("rules", ""))
+    assert "schedule" in schedule_only and "pull_request" not in schedule_only, schedule_only

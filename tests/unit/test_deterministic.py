@@ -14,6 +14,7 @@ import torch.distributed as dist
 
 from coc_impl import fused
 from coc_impl.deterministic import finish, fp32_partial, fp32_weight, rank_ordered_sum
+from conformance.judge.determinism import arrival_ordered
 from tests.support.dist_helpers import GlooPool, run_threaded
 
 # --------------------------------------------------------------------------- local pieces
@@ -441,3 +442,16 @@ def test_no_run_to_judge_records_no_deterministic_check() -> None:
     verdicts = Verdicts()
     judge_deterministic(verdicts, [], frozenset({"matmul_all_reduce"}))
     assert verdicts.results == []
+
+
+@pytest.mark.parametrize("backend, value, ordered", [
+    ("hccl", None, True), ("hccl", "false", True), ("hccl", "TRUE", False), ("hccl", "strict", False),
+    ("gloo", None, False), ("nccl", None, False), ("threaded", None, False), (None, None, False),
+])
+def test_only_a_backend_reducing_in_arrival_order_leaves_a_default_mode_nothing_to_judge(
+        backend: str | None, value: str | None, ordered: bool) -> None:
+    environ = {} if value is None else {"HCCL_DETERMINISTIC": value}
+    why = arrival_ordered(backend, environ)
+    assert bool(why) == ordered
+    if ordered:
+        assert "HCCL_DETERMINISTIC" in why and ("unset" if value is None else repr(value)) in why

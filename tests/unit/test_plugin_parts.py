@@ -236,15 +236,17 @@ def test_auto_workers_leave_other_test_suites_to_xdist(pytester: pytest.Pytester
     assert "created:" in result.stdout.str() or "bringing up nodes" in result.stdout.str()
 
 
-@pytest.mark.parametrize(("cores", "workers"), [(2, 0), (16, 4)])
+@pytest.mark.parametrize(("node", "cores", "workers"), [("cpu", 2, 0), ("cpu", 16, 4), ("npu-sim", 2, 0),
+                                                         ("npu-sim", 16, 4), ("npu", 2, 8)])
 def test_auto_workers_on_the_suite_are_the_suites(pytestconfig: pytest.Config, monkeypatch: pytest.MonkeyPatch,
-                                                  cores: int, workers: int) -> None:
-    """The answer xdist gets: on 2 cores no workers, on 16 cores four; asked before xdist's own (which always
+                                                  node: str, cores: int, workers: int) -> None:
+    """The answer xdist gets: on 2 cores no workers, on 16 cores four, where the devices compute on the host (a
+    CPU, the emulated NPU node's eight cards); one per card on an NPU node; asked before xdist's own (which always
     answers, and the first answer wins)."""
     from types import SimpleNamespace
 
     from conformance import options
-    from conformance.harness.launchers.devices import cpu
+    from conformance.harness.launchers.devices import DeviceKind, cpu
     from conformance.plugin import pytest_xdist_auto_num_workers
 
     impls = pytestconfig.pluginmanager.hook.pytest_xdist_auto_num_workers.get_hookimpls()
@@ -255,8 +257,10 @@ def test_auto_workers_on_the_suite_are_the_suites(pytestconfig: pytest.Config, m
                              getoption=lambda name, default=None: given.get(name, default))
     monkeypatch.delenv("PYTEST_XDIST_AUTO_NUM_WORKERS", raising=False)
     monkeypatch.setattr("conformance.options.available_cores", lambda: cores)
-    # A CPU node, said without asking torch (pytester's runs in this process unload what they imported).
-    monkeypatch.setattr("conformance.harness.launchers.devices.detect_device_kind", lambda *_, **__: cpu(8))
+    # The node, said without asking torch (pytester's runs in this process unload what they imported).
+    kind = cpu(8) if node == "cpu" else DeviceKind("npu", "hccl", "ASCEND_RT_VISIBLE_DEVICES", 8,
+                                                   emulated=node == "npu-sim")
+    monkeypatch.setattr("conformance.harness.launchers.devices.detect_device_kind", lambda *_, **__: kind)
     assert pytest_xdist_auto_num_workers(config) == workers  # type: ignore[arg-type]
     monkeypatch.setenv("PYTEST_XDIST_AUTO_NUM_WORKERS", "3")  # the user's say stays xdist's
     assert pytest_xdist_auto_num_workers(config) is None  # type: ignore[arg-type]

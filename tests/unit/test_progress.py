@@ -45,7 +45,7 @@ def test_a_spin_polling_in_one_line_keeps_one_stack_and_a_changing_call_tree_doe
         thread = threading.Thread(target=target, daemon=True)
         thread.start()
         sampler = TaskSampler(thread.ident or 0, lambda: 0)
-        samples = 0
+        samples, evidence = 0, sampler.sample()
         # 20 samples at least; on a loaded machine the varied thread may not run between
         # two of them, so its samples go on (up to 10 s) until its changes show
         deadline = time.monotonic() + 10

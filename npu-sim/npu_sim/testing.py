@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import pickle
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -37,7 +38,7 @@ _CLEARED = {name: None for name in ("ASCEND_RT_VISIBLE_DEVICES", "HCCL_DETERMINI
                                      "NPU_SIM_SOC", "NPU_SIM_NODE_DIR", "NPU_SIM_HCCL_SETUP_DELAY")}
 
 
-def _child(queue, rank: int, world: int, fn: Callable, args: tuple, env: dict, init_file: str | None) -> None:
+def _child(queue, rank: int, world: int, call: bytes, env: dict, init_file: str | None) -> None:
     try:
         for key, value in {**_CLEARED, **env}.items():
             if value is None:
@@ -47,6 +48,9 @@ def _child(queue, rank: int, world: int, fn: Callable, args: tuple, env: dict, i
         import npu_sim
 
         npu_sim.activate()
+        # Unpickled once the device exists: importing the function's module may run a backward, and autograd's
+        # engine gives a device its thread only if the device was there at the process's first backward.
+        fn, args = pickle.loads(call)
         if init_file is not None:
             import torch
             import torch.distributed as dist
@@ -69,7 +73,8 @@ def _run(fn: Callable, args: tuple, envs: list[dict], init_file: str | None, tim
     context = _context()
     queue = context.Queue()
     world = len(envs)
-    processes = [context.Process(target=_child, args=(queue, rank, world, fn, args, env, init_file), daemon=True)
+    call = pickle.dumps((fn, args))
+    processes = [context.Process(target=_child, args=(queue, rank, world, call, env, init_file), daemon=True)
                  for rank, env in enumerate(envs)]
     for process in processes:
         process.start()
