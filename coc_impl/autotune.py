@@ -285,7 +285,8 @@ class _Probe:
         group, device = self.group, self.device
 
         def slowest(values: list[float]) -> list[float]:
-            agreed = torch.tensor(values, dtype=torch.float64, device=device)
+            # float32: HCCL reduces no float64 (milliseconds need no more than float32 holds)
+            agreed = torch.tensor(values, dtype=torch.float32, device=device)
             dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=group)  # one decision on every rank
             return agreed.cpu().tolist()
 

@@ -100,6 +100,7 @@ class MatmulSite:
     n: int
     split_rows: int
     itemsize: int  #: bytes per element of the multiplied rows
+    device: torch.device  #: where the rows are: ``parallel_num auto`` measures there, over the layer's group
     gathers: bool = False  #: the collective moves the matmul's input rows (width k), not its output
     #: the column backward's dx: megatron already overlaps its collective with the dw matmul
     column_backward: bool = False
@@ -126,7 +127,7 @@ def _measured_chunks(call: LayerCall, site: MatmulSite) -> int:
                                        else "all_reduce" if site.split_rows == site.m else "reduce_scatter")
     return autotune.choose_chunks(site.m, site.k, site.n, group=call.group,
                                   dtype=_ITEMSIZE_DTYPES.get(site.itemsize, torch.float32),
-                                  collective=collective)
+                                  collective=collective, device=site.device)
 
 
 def chunked_blocks(call: LayerCall, site: MatmulSite) -> list[int]:
@@ -198,7 +199,7 @@ class _ColumnParallelMatmul(torch.autograd.Function):
         blocks = call.blocks(MatmulSite(
             "ColumnParallelLinear forward (all-gather x)", m=x.shape[0] * call.tp,
             k=weight.shape[1], n=weight.shape[0], split_rows=x.shape[0],
-            itemsize=x.element_size(), gathers=True,
+            itemsize=x.element_size(), device=x.device, gathers=True,
         ))
         keep_gathered = not call.config.user_cfgs.recompute_all_gather
         output, gathered = all_gather_matmul(
@@ -224,7 +225,7 @@ class _ColumnParallelMatmul(torch.autograd.Function):
             layer = "ColumnParallelLinear backward (dx all-reduce)"
             pipeline, split_rows = matmul_all_reduce, m
         site = MatmulSite(layer, m=m, k=weight.shape[0], n=weight.shape[1], split_rows=split_rows,
-                          itemsize=grad_output.element_size(), column_backward=True)
+                          itemsize=grad_output.element_size(), device=grad_output.device, column_backward=True)
         # Blocks (and their shape check) before any collective of the backward.
         blocks = call.blocks(site) if needs_dx else None
         total_input = None
@@ -258,7 +259,7 @@ class _RowParallelMatmul(torch.autograd.Function):
             layer = "RowParallelLinear forward (all-reduce)"
             pipeline, split_rows = matmul_all_reduce, x.shape[0]
         blocks = call.blocks(MatmulSite(layer, m=x.shape[0], k=weight.shape[1], n=weight.shape[0],
-                                        split_rows=split_rows, itemsize=x.element_size()))
+                                        split_rows=split_rows, itemsize=x.element_size(), device=x.device))
         return pipeline(x, matmul, blocks, call.group).wait()
 
     @staticmethod
@@ -273,7 +274,7 @@ class _RowParallelMatmul(torch.autograd.Function):
             blocks = call.blocks(MatmulSite(
                 "RowParallelLinear backward (dy all-gather)", m=grad_output.shape[0] * call.tp,
                 k=weight.shape[0], n=weight.shape[1], split_rows=grad_output.shape[0],
-                itemsize=grad_output.element_size(), gathers=True,
+                itemsize=grad_output.element_size(), device=grad_output.device, gathers=True,
             ))
             grad_input, total_grad_output = all_gather_matmul(
                 grad_output, rows_times(weight, soc_friendly=call.soc_friendly), blocks,

@@ -42,6 +42,7 @@ EXPLORE_DIR = "--coc-explore-dir"
 CORPUS = "--coc-corpus"
 NO_SHIPPED_CORPUS = "--coc-no-shipped-corpus"
 SAME_THREAD_BACKWARD = "--coc-same-thread-backward"
+EMULATE_NPU = "--coc-emulate-npu"
 
 #: ini settings a project can pin in ``pytest.ini`` / ``pyproject.toml`` (the option wins).
 INI_IMPL, INI_GATE, INI_EXPECTATIONS = "coc_impl", "coc_gate", "coc_expectations"
@@ -171,8 +172,15 @@ def add_options(parser: pytest.Parser) -> None:
     group.addoption(
         SAME_THREAD_BACKWARD, action="store_true", default=False,
         help="Run a CPU rank's backward on the thread that called it, as torch does for CPU tensors. By default it "
-        "runs on another thread carrying the caller's thread-local state (grad mode, autocast, dispatch modes), "
-        "as the autograd engine runs every accelerator's backward, so code that breaks there fails on CPU too.",
+        "runs on the rank's one long-lived device thread, carrying the caller's thread-local state (grad mode, "
+        "autocast, dispatch modes), as the autograd engine runs every accelerator's backward, so code that breaks "
+        "there fails on CPU too.",
+    )
+    group.addoption(
+        EMULATE_NPU, action="store_true", default=False,
+        help="Run on the emulated Ascend NPU node (npu-sim, installed beside the suite): an 8-card node on the CPU "
+        "with the npu device, hccl and torch_npu's MC2 kernels, in this process, the rank processes and every "
+        "process they start (NPU_SIM=1). Refused where npu-sim is not installed or a real torch_npu is.",
     )
     group.addoption(
         MAX_LIVE_RANKS, type=_positive(int), default=None, metavar="N",

@@ -10,7 +10,7 @@ a small plugin module registered here (``conformance.plugins.*`` and, with
 from __future__ import annotations
 
 __all__ = ["SUB_PLUGINS", "coc_declarations", "coc_impl", "coc_impl_spec", "coc_ranks", "default_max_live_ranks",
-           "rank_runner", "rank_server_address", "shared_rank_server"]
+           "rank_backend", "rank_runner", "rank_server_address", "shared_rank_server"]
 
 import os
 from collections.abc import Generator
@@ -64,7 +64,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     options.add_options(parser)
 
 
+@pytest.hookimpl(tryfirst=True)  # before anything starts a process or imports torch (the suite's fork server)
 def pytest_configure(config: pytest.Config) -> None:
+    if config.getoption(options.EMULATE_NPU):
+        _emulate_npu()
     config.addinivalue_line("markers", "coc_requires(*capabilities): skip unless the "
                             "implementation under test provides these ops")
     config.addinivalue_line("markers", "coc_level(level): the requirement level (MUST, SHOULD, "
@@ -79,6 +82,9 @@ def pytest_configure(config: pytest.Config) -> None:
                             "every fault of the proof table and hold every check, op and layer kind, and the corpus)")
     import importlib
 
+    from conformance.harness.case import guard_exits
+
+    guard_exits()  # the implementation's code run in this process (configure, thread ranks) cannot end the run
     if not is_xdist_worker(config) and config.getoption(options.LAUNCHER) == "process":
         config.pluginmanager.register(_RankServerHooks(), "coc-rank-server")
     for name in SUB_PLUGINS:
@@ -90,17 +96,32 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.register(AllureHooks(config), "coc-allure-hooks")
 
 
+def _emulate_npu() -> None:
+    """``--coc-emulate-npu``: the emulated NPU node in this process and every one it starts, or a usage error."""
+    from conformance.harness.launchers.devices import EmulatedNpuError, emulate_npu
+
+    try:
+        emulate_npu()
+    except EmulatedNpuError as exc:
+        raise pytest.UsageError(f"{options.EMULATE_NPU}: {exc}") from None
+
+
 @pytest.hookimpl(optionalhook=True, tryfirst=True)  # before xdist's own, which always answers
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
-    """``-n auto`` on the suite: workers that fit the node (``scheduling.auto_workers``); elsewhere, or with
-    ``PYTEST_XDIST_AUTO_NUM_WORKERS`` set, xdist's own."""
+    """``-n auto`` on the suite: workers that fit the node (``scheduling.auto_workers``: by its accelerators, by its
+    cores where the devices compute on the host); elsewhere, or with ``PYTEST_XDIST_AUTO_NUM_WORKERS`` set, xdist's
+    own."""
     from conformance.plugins.scheduling import auto_workers, runs_the_suite
 
+    if config.getoption(options.EMULATE_NPU):  # xdist asks before pytest_configure: the node it asks about
+        _emulate_npu()
     if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS") or config.getoption(options.LAUNCHER) != "process" \
             or not runs_the_suite(config):
         return None
     kind = _process_kind(config)
-    return auto_workers(0 if kind.name == "cpu" else kind.count, options.available_cores())
+    # Devices whose work is the host's (a CPU, the emulated NPU node) take workers by the cores: eight workers for
+    # eight emulated cards on two cores took 2.2x the one process's time for the smoke tier.
+    return auto_workers(0 if kind.computes_on_host else kind.count, options.available_cores())
 
 
 def _process_kind(config: pytest.Config) -> DeviceKind:
@@ -109,6 +130,18 @@ def _process_kind(config: pytest.Config) -> DeviceKind:
 
     return detect_device_kind(config.getoption(options.CPU_SLOTS), config.getoption(options.BACKEND),
                               config.getoption(options.RANKS_PER_DEVICE))
+
+
+def rank_backend(config: pytest.Config) -> str | None:
+    """The collective backend the cases' ranks run on: the process launcher's (by device, or ``--coc-backend``),
+    torch's threaded group, or the one torchrun's ranks are given (None: torch's default for their device)."""
+    launcher = config.getoption(options.LAUNCHER)
+    if launcher == "threaded":
+        return "threaded"
+    if launcher == "torchrun":
+        given: str | None = config.getoption(options.BACKEND)
+        return given
+    return _process_kind(config).backend
 
 
 def _make_launcher(config: pytest.Config) -> tuple[Launcher, Any]:
@@ -312,7 +345,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
     try:
         check()
-        declarations(load_implementation(impl_spec(config)))
+        declarations(load_implementation(impl_spec(config)), computed=False)
         _check_shared_devices(config)
     except (ImplementationLoadError, DeclarationError, UnsupportedMegatron, SharedDevicesError) as exc:
         raise pytest.UsageError(str(exc)) from None
@@ -430,6 +463,14 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
         shared = shared_rank_server(config)
         lines.append(f"coc-conformance: ranks on the rank server at {shared}" if shared else
                      f"coc-conformance: {options.RANK_SERVER} not used ({config.stash[_shared_key][1]})")
+    if not config.getoption(options.SAME_THREAD_BACKWARD):
+        from conformance.plugins.scheduling import runs_the_suite
+
+        if runs_the_suite(config):  # (torch is imported for it: not in every pytest session)
+            from conformance.harness.device_thread import unavailable
+
+            if unavailable():
+                lines.append(f"coc-conformance: {unavailable()}")
     if launcher == "torchrun":
         from conformance.harness.launchers.torchrun import stacks_path
 

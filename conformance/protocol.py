@@ -61,9 +61,10 @@ Optional declarations (attributes of the implementation, all new in version 2;
     also *split-invariant*: bitwise the same whatever the tiling, the chunk
     count and the row split of the same call (torch_npu's "strong" and
     "batch" consistency levels).  Names of ops (on every device), or
-    ``{device kind: names}`` (``"cpu"``, ``"cuda"``, ``"npu"``) where it holds
-    on some devices only (a GEMM that gives a row the same bits at any row
-    count); the suite judges it on the ranks' device.  Default none: tilings
+    ``{device kind: names}`` (a kind of :data:`DEVICE_KINDS`: ``"cpu"``,
+    ``"cuda"``, ``"npu"``; any other key is refused) where it holds on some
+    devices only (a GEMM that gives a row the same bits at any row count);
+    the suite judges it on the ranks' device.  Default none: tilings
     are then judged by the error bound.  Added without a version bump: an
     implementation that declares nothing is judged as before, except that
     tilings of its deterministic mode no longer need to agree bitwise.
@@ -71,11 +72,13 @@ Optional declarations (attributes of the implementation, all new in version 2;
 
 from __future__ import annotations
 
+import inspect
+
 __all__ = [
-    "CAPABILITIES", "DETERMINISTIC_OPS", "ERROR_KINDS", "FUSED_OPS", "MATMULS", "PHASE_COLLECTIVES", "PROTOCOL_VERSION",
-    "SUPPORTED_VERSIONS", "Chunked", "CoCImplementation", "DeclarationError", "Declarations", "EffectiveConfig",
-    "NotOverlapped", "OverlapStrategy", "OverlapsMatmul", "ParallelNum", "declarations", "overlap_key",
-    "parse_strategy",
+    "CAPABILITIES", "DETERMINISTIC_OPS", "DEVICE_KINDS", "ERROR_KINDS", "FUSED_OPS", "MATMULS", "PHASE_COLLECTIVES",
+    "PROTOCOL_VERSION", "SUPPORTED_VERSIONS", "Chunked", "CoCImplementation", "DeclarationError", "Declarations",
+    "EffectiveConfig", "NotOverlapped", "OverlapStrategy", "OverlapsMatmul", "ParallelNum", "declarations",
+    "overlap_key", "parse_strategy",
 ]
 
 from collections.abc import Mapping, Sequence
@@ -288,6 +291,8 @@ FUSED_OPS: tuple[str, ...] = ("matmul_all_reduce", "matmul_reduce_scatter", "all
 CAPABILITIES: tuple[str, ...] = (*FUSED_OPS, "patch_megatron")
 #: The ops with a ``deterministic=True`` mode (the reductions).
 DETERMINISTIC_OPS: tuple[str, ...] = ("matmul_all_reduce", "matmul_reduce_scatter")
+#: The device kinds ranks run on (``torch.device(...).type``), the keys a per-device declaration may use.
+DEVICE_KINDS: tuple[str, ...] = ("cpu", "cuda", "npu")
 
 
 @dataclass(frozen=True)
@@ -314,9 +319,14 @@ class DeclarationError(TypeError):
     """An implementation's declarations do not follow this protocol."""
 
 
-def declarations(impl: Any, device: str = "cpu") -> Declarations:
+def declarations(impl: Any, device: str = "cpu", *, computed: bool = True) -> Declarations:
     """Read and validate ``impl``'s optional declarations (module docstring), for ranks on ``device`` (a device
-    kind: what a per-device declaration is read for)."""
+    kind: what a per-device declaration is read for).
+
+    ``computed=False`` leaves out a declaration the implementation computes when it is read (a property of its
+    class: the reference measures its machine's GEMM to say where it is split-invariant), so a session can
+    refuse malformed plain declarations up front at no cost; the cases that judge by it read it whole.
+    """
     name = getattr(impl, "name", type(impl).__name__)
     version = getattr(impl, "protocol_version", 1)
     if version not in SUPPORTED_VERSIONS:
@@ -338,16 +348,24 @@ def declarations(impl: Any, device: str = "cpu") -> Declarations:
     unknown = in_place - set(CAPABILITIES)
     if unknown:
         raise DeclarationError(f"{name}: in_place_ops names unknown ops {sorted(unknown)}")
-    split = _split_invariant(name, getattr(impl, "split_invariant_ops", None) or (), device)
+    split = _split_invariant(name, _declared(impl, "split_invariant_ops", computed) or (), device)
     return Declarations(version, errors, overlap, fused_overlap, fused, in_place, split)
+
+
+def _declared(impl: Any, attribute: str, computed: bool) -> Any:
+    """``impl``'s ``attribute``, or None where it is computed on reading (a property) and ``computed`` is off."""
+    if not computed and isinstance(inspect.getattr_static(type(impl), attribute, None), property):
+        return None
+    return getattr(impl, attribute, None)
 
 
 def _split_invariant(name: str, raw: Any, device: str) -> frozenset[str]:
     """``split_invariant_ops`` on ``device``: names of ops, or ``{device kind: names}``."""
     per_device = dict(raw) if isinstance(raw, Mapping) else {device: raw}
-    if not all(isinstance(kind, str) and kind for kind in per_device):
-        raise DeclarationError(f"{name}: split_invariant_ops keys must be device kinds ('cpu', 'cuda', 'npu'), "
-                               f"got {sorted(map(repr, per_device))}")
+    unknown = [kind for kind in per_device if kind not in DEVICE_KINDS]
+    if isinstance(raw, Mapping) and unknown:  # "gpu", "CUDA", "cuda:0" would judge nothing on any device
+        raise DeclarationError(f"{name}: split_invariant_ops keys must be device kinds {DEVICE_KINDS} (a device's "
+                               f"type, lower case, no index), got {sorted(map(repr, unknown))}")
     for kind, ops in per_device.items():
         if isinstance(ops, str) or not set(ops or ()) <= set(DETERMINISTIC_OPS):
             raise DeclarationError(f"{name}: split_invariant_ops[{kind!r}] must name ops of {DETERMINISTIC_OPS}, "

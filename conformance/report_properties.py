@@ -19,6 +19,9 @@ TIMINGS = "coc_timings"
 #: Which of torch_npu's fused kernels (MC²) the implementation's calls reached: calls by kernel, the most any rank
 #: made, summed over the case's runs (absent: none).
 FUSED_KERNELS = "coc_fused_kernels"
+#: The op or layer kind a case on ranks exercises (``op:matmul_all_reduce``, ``layer:column`` ...): what its fused
+#: kernel calls are counted under per fused op.
+CAPABILITY = "coc_capability"
 #: When and where every case ran: its worker, when that worker's process and the case began, the worker's CPU time
 #: for it (the schedule simulation's input, ``conformance.bench.schedule``).
 CLOCK = "coc_clock"
@@ -28,6 +31,11 @@ FAILURE = "coc_failure"
 NOT_GATED = "coc_not_gated"
 #: A bug of the suite itself (its message): the case is reported as an error, not as a failed check.
 SUITE_ERROR = "coc_suite_error"
+#: A bug of the suite that stopped a case after a check of a gating level failed (its message): the case is that
+#: failure (the worse verdict), the suite's error recorded beside it.
+SUITE_ERROR_BESIDE = "coc_suite_error_beside"
+#: Each deterministic result's digest and what it depends on of the case (``judge/determinism.digests``).
+DIGESTS = "coc_digests"
 #: The expectations entry the case matched.
 EXPECTATION = "coc_expectation"
 #: A perf case's measured figures (JSON) and whether its gate was enforced here.

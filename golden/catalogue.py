@@ -174,6 +174,15 @@ _LAYER_SHAPES: dict[str, tuple[tuple[int, int, int, int, int | None], ...]] = {
 
 # (m, k, n) per op; the last shape is square.
 _OP_SHAPES: tuple[tuple[int, int, int], ...] = ((64, 96, 64), (128, 64, 48), (64, 64, 64))
+# One case per op inside the documented domain of the fused kernels an NPU node runs (torch_npu's MC2: float16 /
+# bfloat16, 256 <= k < 65535 of the rank's own x for reduce-scatter and all-gather, m a multiple of the TP size for
+# reduce-scatter), at every TP size: the reduce-scatter shards k, so 2048 keeps k / 8 at 256.  General cases,
+# valid on every device; on an NPU they are where the fused kernels run at all.
+_KERNEL_DOMAIN_CASES: tuple[tuple[Op, int, int, int, str, bool], ...] = (
+    ("matmul_all_reduce", 64, 512, 64, "float16", True),
+    ("matmul_reduce_scatter", 64, 2048, 32, "bfloat16", False),
+    ("all_gather_matmul", 64, 256, 64, "float16", True),
+)
 
 
 def _layer_cases() -> list[LayerCase]:
@@ -189,8 +198,9 @@ def _layer_cases() -> list[LayerCase]:
 
 def _op_cases() -> list[OpCase]:
     ops: tuple[Op, ...] = ("matmul_all_reduce", "matmul_reduce_scatter", "all_gather_matmul")
-    return [OpCase(op, *_OP_SHAPES[(i + j) % len(_OP_SHAPES)], dtype, with_bias=(i + j) % 3 != 1)
-            for j, op in enumerate(ops) for i, dtype in enumerate(DTYPES)]
+    return [*(OpCase(op, *_OP_SHAPES[(i + j) % len(_OP_SHAPES)], dtype, with_bias=(i + j) % 3 != 1)
+              for j, op in enumerate(ops) for i, dtype in enumerate(DTYPES)),
+            *(OpCase(op, m, k, n, dtype, with_bias=bias) for op, m, k, n, dtype, bias in _KERNEL_DOMAIN_CASES)]
 
 
 def _quant_cases() -> list[QuantCase]:

@@ -63,7 +63,8 @@ from conformance.harness.launchers.devices import (
 ACCELERATOR_SHAPES = (("7b-qkv", 4096, 4096, 12288), ("7b-proj", 4096, 4096, 4096),
                       ("7b-fc1", 4096, 4096, 22016), ("70b-proj-tp8", 4096, 1024, 8192),
                       ("70b-fc2-tp8", 4096, 3584, 8192))
-#: The same layers at a CPU's scale (sequence 1024, widths / 4), so the table takes seconds.
+#: The same layers at a CPU's scale (sequence 1024, widths / 4), so the table takes seconds (on the emulated NPU node
+#: too: its device computes on the host).
 CPU_SHAPES = (("7b-qkv/4", 1024, 1024, 3072), ("7b-proj/4", 1024, 1024, 1024),
               ("70b-fc2-tp8/4", 1024, 896, 2048))
 DEFAULT_OUT = Path("reports") / "device-check.json"
@@ -222,7 +223,7 @@ def measure_rows(kind: DeviceKind, path: Path) -> dict[str, Any]:
     from conformance.options import DEFAULT_IMPL
     from conformance.protocol import declarations
 
-    shapes, rows = CPU_ROWS if kind.name == "cpu" else ACCELERATOR_ROWS
+    shapes, rows = CPU_ROWS if kind.computes_on_host else ACCELERATOR_ROWS
     device = "cpu" if kind.name == "cpu" else f"{kind.name}:0"
     measured = gemm_rows.measure(device, shapes, rows, name=node_identity(kind).get("name", ""))
     path.write_text(json.dumps({"gemm_rows": measured.to_dict()}, indent=1) + "\n")
@@ -316,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
         elif part == "efficiency":
             device = "cpu" if kind.name == "cpu" else f"{kind.name}:0"
             dtype = args.dtype or ("float32" if kind.name == "cpu" else "bfloat16")
-            shapes = CPU_SHAPES if kind.name == "cpu" else ACCELERATOR_SHAPES
+            shapes = CPU_SHAPES if kind.computes_on_host else ACCELERATOR_SHAPES
             table = measure_efficiency(shapes, device, dtype, repeats=args.repeats)
             doc["chunk_efficiency"] = {**table.to_dict(), "names": [s[0] for s in shapes]}
             print(table.text([s[0] for s in shapes]), flush=True)

@@ -55,7 +55,7 @@ def busy_collectives(ctx: RankContext, cpu_s: float) -> int:
     while True:  # every rank leaves after the same all-reduce: the first that has spent cpu_s decides
         for _ in range(20):
             a = torch.tanh(a @ a)
-        going = torch.tensor([1.0 if time.thread_time() - spent < cpu_s else 0.0])
+        going = torch.tensor([1.0 if time.thread_time() - spent < cpu_s else 0.0], device=ctx.device)
         dist.all_reduce(going, op=dist.ReduceOp.MIN, group=ctx.group)
         rounds += 1
         if going.item() == 0.0:
@@ -69,7 +69,7 @@ def deadlock(ctx: RankContext) -> None:
 
     ctx.budget_from(0.0)
     if ctx.rank != 0:
-        dist.all_reduce(torch.ones(1), group=ctx.group)
+        dist.all_reduce(torch.ones(1, device=ctx.device), group=ctx.group)
 
 
 def warm_up_step(depth: int, wait_s: float) -> None:
@@ -91,7 +91,7 @@ def long_first_call(ctx: RankContext, seconds: float) -> int:
     while time.monotonic() - start < seconds:  # the stack changes from step to step, the CPU time hardly
         warm_up_step(draw.randint(0, 4), draw.uniform(0.02, 0.06))
         steps += 1
-    dist.all_reduce(torch.ones(1), group=ctx.group)
+    dist.all_reduce(torch.ones(1, device=ctx.device), group=ctx.group)
     return steps
 
 
@@ -109,7 +109,7 @@ def stalled_beside_spinners(ctx: RankContext, stall_s: float) -> None:
         while time.monotonic() < end:
             time.sleep(0.05)
         return
-    work = dist.all_reduce(torch.ones(1), group=ctx.group, async_op=True)
+    work = dist.all_reduce(torch.ones(1, device=ctx.device), group=ctx.group, async_op=True)
     while time.monotonic() < end and not (work is None or work.is_completed()):
         pass
 

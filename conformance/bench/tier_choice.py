@@ -45,7 +45,8 @@ from typing import Any, Protocol
 from conformance.bench import kill_runs
 from conformance.bench.kill_runs import CORPUS_MODULE, JUDGED, ROOT, Candidate, RunStore, SuiteRuns
 from conformance.options import DEFAULT_IMPL
-from conformance.tiers import CORPUS, TIER_FILE
+from conformance.caseids import matches
+from conformance.tiers import CORPUS, HELD, TIER_FILE
 
 
 class ProofRow(Protocol):
@@ -53,6 +54,7 @@ class ProofRow(Protocol):
 
     module: str
     fault: str
+    node: str  #: ``cpu``, where the kill runs run; a row of another node is proved there, on the tier's held cases
 
     @property
     def key(self) -> str: ...
@@ -100,12 +102,14 @@ def requirements(candidates: Sequence[Candidate], store: RunStore,
     return dict(met)
 
 
-def cheapest_cover(meets: Mapping[str, set[str]], cost: Mapping[str, float]) -> list[str]:
+def cheapest_cover(meets: Mapping[str, set[str]], cost: Mapping[str, float], held: Sequence[str] = ()) -> list[str]:
     """A cheap set of cases meeting every requirement any case meets (greedy weighted set cover, then the picks a
-    later pick made redundant dropped, dearest first)."""
+    later pick made redundant dropped, dearest first), beside the ``held`` cases it starts from and keeps."""
     floor = 1e-3  # a case run in the test process costs milliseconds, not nothing
     wanted = set().union(*meets.values())
     chosen: list[str] = []
+    for case in held:
+        wanted -= meets.get(case, set())
     while wanted:
         best = min((c for c in meets if c not in chosen and meets[c] & wanted),
                    key=lambda c: (max(cost[c], floor) / len(meets[c] & wanted), c))
@@ -113,9 +117,9 @@ def cheapest_cover(meets: Mapping[str, set[str]], cost: Mapping[str, float]) -> 
         wanted -= meets[best]
     for case in sorted(chosen, key=lambda c: (-cost[c], c)):
         others = [c for c in chosen if c != case]
-        if meets[case] <= set().union(*(meets[c] for c in others)):
+        if meets[case] <= set().union(*(meets[c] for c in (*others, *held) if c in meets)):
             chosen = others
-    return sorted(chosen)
+    return sorted({*chosen, *held})
 
 
 def _load_proofs(spec: str) -> Any:
@@ -137,7 +141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     proofs = _load_proofs(args.proofs)
-    rows: list[ProofRow] = list(proofs.FAULT_TABLE)
+    rows: list[ProofRow] = [row for row in proofs.FAULT_TABLE if row.node == "cpu"]
     faults = kill_runs.faults_module(proofs.FAULTS)
     options: Mapping[str, Sequence[str]] = proofs.MODULE_OPTIONS
     rerun = set(args.rerun)
@@ -183,7 +187,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     chosen_from = [c for c in candidates if c.id in judged]
     meets = requirements(chosen_from, store, caught)
     cost = {c.id: store.cost(c.id) for c in collected}
-    tier = cheapest_cover(meets, cost)
+    tier = cheapest_cover(meets, cost, [c.id for c in chosen_from if any(matches(c.id, p) for p in HELD[1:])])
     held = set(tier) | set(corpus)
     written = {
         "about": "The smoke tier (-m smoke): written by `python -m conformance.bench tiers`, not by hand "

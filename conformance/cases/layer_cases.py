@@ -142,8 +142,11 @@ def layer_task(ctx: RankContext, *, job: LayerJob) -> LayerOutcome:
         import torch.distributed as dist
 
         replica = par.data_parallel_rank
-        outcome = LayerOutcome(None, [], replica=replica, tp_rank=par.rank, error=error,
+        outcome = LayerOutcome(None, [], replica=replica, tp_rank=par.rank,
                                members=tuple(dist.get_process_group_ranks(par.group)))
+        if error is not None:  # (configure that returned gave nothing to judge: no attempt)
+            outcome.attempts.append("configure")
+            outcome.errors["configure"] = error
         if error is not None:
             return outcome
         batches = rank_batches(problem, job.steps, replica, par.rank, tp, ctx.device)
@@ -157,22 +160,24 @@ def layer_task(ctx: RankContext, *, job: LayerJob) -> LayerOutcome:
         straggler = _straggler(ctx, job)
         seen: list[str] = []
         for run in range(job.runs):
-            def patched(log: CollectiveLog, first: bool = run == 0) -> list[StepRun]:
+            prefix = f"run {run}, " if job.runs > 1 else ""
+
+            def patched(log: CollectiveLog, first: bool = run == 0, prefix: str = prefix) -> list[StepRun]:
                 with ctx.impl.patch_megatron(config):
                     return _train(problem, job, par, batches, log=log, fusion=job.main_grad, backward=ctx.backward,
-                                  straggler=straggler, outcome=outcome if first else None)
+                                  straggler=straggler, outcome=outcome if first else None,
+                                  attempt=_Attempts(outcome, log, prefix))
 
             with observed_warnings() as said, record_collectives(straggler) as log, \
                     poisoned_allocations(job.poison, ctx.device), ctx.timer(IMPL):
                 steps, error = call_capturing_errors(patched, log)
             seen.extend(said)
-            if error is not None:
-                outcome.error = error
-                outcome.collectives_before_error = tuple(c.kind for c in observed_collectives(log).collectives)
+            if error is not None:  # patch_megatron itself raised, entering or leaving
+                _Attempts(outcome, log, prefix).failed(f"{prefix}patch_megatron", error, 0)
                 break
             outcome.coc.append(steps)
             if run == 0:
-                outcome.timelines = _phases(log)
+                outcome.timelines = _phases(log, {label.removeprefix(prefix) for label in outcome.errors})
         outcome.warnings = tuple(seen)
         for step, (before, now) in enumerate(zip(kept_batches, batches)):
             for micro, (was, is_) in enumerate(zip(before, now)):
@@ -205,26 +210,65 @@ def _precision(job: LayerJob, device: Any) -> Any:
     return torch.autocast(device.type, dtype=getattr(torch, job.autocast))
 
 
-def _phases(log: CollectiveLog) -> dict[str, ObservedCollectives]:
-    """The timeline of each phase of the first micro-batch of the first step: from its mark to the next."""
+def _phases(log: CollectiveLog, raised: set[str]) -> dict[str, ObservedCollectives]:
+    """The timeline of each phase of the first micro-batch of the first step: from its mark to the next (none for a
+    forward or backward that raised, ``raised`` naming the attempts: what it left is no phase to judge)."""
     marks = [(i, e.label) for i, e in enumerate(log.events) if e.what == "mark"]
     phases: dict[str, ObservedCollectives] = {}
     for (start, label), end in zip(marks, [i for i, _ in marks[1:]] + [len(log.events)]):
         phase, _, tag = label.partition("@")
-        if tag == "0.0":
+        if tag == "0.0" and _attempt_label(0, 0, phase.rsplit("/", 1)[-1]) not in raised:
             phases[phase] = observed_collectives(log, start, end)
     return phases
 
 
+def _attempt_label(step: int, micro: int, phase: str) -> str:
+    """An attempt of the patched layers: ``"step 1, micro-batch 0, forward"`` (``phase``: forward or backward)."""
+    return f"step {step}, micro-batch {micro}, {phase}"
+
+
+class _Attempts:
+    """Runs each forward and backward of the patched layers as one attempt of ``outcome`` (``prefix`` names the
+    CoC run): what it raised is kept under its label, with the collectives it issued before raising, and the
+    training goes on (``conformance/judge/attempts.py``: every result that came back is judged)."""
+
+    def __init__(self, outcome: LayerOutcome, log: CollectiveLog, prefix: str) -> None:
+        self.outcome, self.log, self.prefix = outcome, log, prefix
+
+    def __call__(self, label: str, fn: Callable[[], Any]) -> tuple[Any, bool]:
+        """``(what fn returned, True)``, or ``(None, False)`` when it raised."""
+        label = self.prefix + label
+        self.outcome.attempts.append(label)
+        issued = len(self.log.calls)
+        value, error = call_capturing_errors(fn)
+        if error is None:
+            return value, True
+        self.failed(label, error, issued)
+        return None, False
+
+    def failed(self, label: str, error: Any, issued: int) -> None:
+        """Attempt ``label`` raised ``error`` after the log's first ``issued`` collectives."""
+        if label not in self.outcome.attempts:
+            self.outcome.attempts.append(label)
+        if not self.outcome.errors:
+            self.outcome.collectives_before_error = tuple(c.kind for c in self.log.calls[issued:])
+        self.outcome.errors[label] = error
+
+
 def _train(problem: LayerProblem, job: LayerJob, par: Any, batches: list[list[dict[str, Any]]], *,
            log: CollectiveLog | None, fusion: bool, backward: Callable[[Callable[[], Any]], Any],
-           straggler: Straggler | None = None, outcome: LayerOutcome | None = None) -> list[StepRun]:
+           straggler: Straggler | None = None, outcome: LayerOutcome | None = None,
+           attempt: _Attempts | None = None) -> list[StepRun]:
     """Every step of ``job`` on fresh layers; CoC when called inside ``patch_megatron``.
 
     Each backward runs through ``backward`` (:meth:`RankContext.backward
-    <conformance.harness.case.RankContext.backward>`): on a CPU rank, on
-    another thread, as an accelerator's autograd engine runs it.
+    <conformance.harness.case.RankContext.backward>`): on a CPU rank, on another thread, as an accelerator's
+    autograd engine runs it.  With ``attempt`` (the patched layers) each forward and backward is one attempt: one
+    that raises leaves its outputs (and its step's gradients) out, and the training goes on.
     """
+    def run(label: str, fn: Callable[[], Any]) -> tuple[Any, bool]:
+        return attempt(label, fn) if attempt is not None else (fn(), True)
+
     import torch
 
     tp, rank = par.size, par.rank
@@ -249,21 +293,34 @@ def _train(problem: LayerProblem, job: LayerJob, par: Any, batches: list[list[di
             if name in main_grads:
                 param.main_grad = main_grads[name]
                 param.grad_added_to_main_grad = False
-        xs, ys, returned = [], [], []
+        xs, ys, returned, came_back = [], [], [], []
         for i, batch in enumerate(micro_batches):
             if straggler is not None:
                 straggler()  # arrive late at the call itself
             x = batch["x"].detach().clone().requires_grad_(True)
-            with _precision(job, x.device):
-                y = _call(module, kind, x, log, f"{step}.{i}")
+
+            def forward(x: Any = x, tag: str = f"{step}.{i}") -> Any:
+                with _precision(job, x.device):
+                    return _call(module, kind, x, log, tag)
+
+            y, ok = run(_attempt_label(step, i, "forward"), forward)
             xs.append(x)
-            ys.append(y)
-            returned.append(y.detach().clone())
+            ys.append(y if ok else None)
+            returned.append(y.detach().clone() if ok else None)
         for i, (y, batch) in enumerate(zip(ys, micro_batches)):
+            if y is None:
+                came_back.append(False)
+                continue
             _mark(log, "row/backward" if kind in ("row", "mlp") else "column/backward", f"{step}.{i}")
-            with _precision(job, y.device):
-                backward(partial(y.backward, batch["dy"]))
-        outputs = [{"y": y.detach().cpu(), "dx": x.grad.detach().cpu().clone()} for x, y in zip(xs, ys)]
+
+            def backward_of(y: Any = y, dy: Any = batch["dy"]) -> None:
+                with _precision(job, y.device):
+                    backward(partial(y.backward, dy))
+
+            came_back.append(run(_attempt_label(step, i, "backward"), backward_of)[1])
+        outputs = [{**({"y": y.detach().cpu()} if y is not None else {}),
+                    **({"dx": x.grad.detach().cpu().clone()} if done and x.grad is not None else {})}
+                   for x, y, done in zip(xs, ys, came_back)]
         if outcome is not None:
             for i, (x, batch) in enumerate(zip(xs, micro_batches)):
                 # The tensor the layer was given (a copy of the batch's), not the batch: a layer that
@@ -271,10 +328,12 @@ def _train(problem: LayerProblem, job: LayerJob, par: Any, batches: list[list[di
                 if not torch.equal(x.detach(), batch["x"]):
                     outcome.mutated.append(f"step {step} micro-batch {i}: input 'x' (written by the layer)")
             for i, (y, copy) in enumerate(zip(ys, returned)):
+                if y is None or copy is None:
+                    continue
                 if not torch.equal(y.detach(), copy):
                     outcome.changed_after_return.append(f"step {step} micro-batch {i}: y")
                 for j, other in enumerate(ys[:i]):
-                    if overlaps(y, other):
+                    if other is not None and overlaps(y, other):
                         outcome.shared_memory.append(f"step {step}: y of micro-batches {j} and {i}")
                 for (earlier, _), label in kept:
                     if overlaps(y, earlier):
@@ -285,11 +344,12 @@ def _train(problem: LayerProblem, job: LayerJob, par: Any, batches: list[list[di
                         outcome.shared_memory.append(f"step {step} micro-batch {i}: y and {what}")
             changed = [label for (earlier, copy), label in kept if not torch.equal(earlier.detach(), copy)]
             outcome.changed_after_return.extend(f"{label}'s y, by step {step}" for label in changed)
-            kept.extend(((y, copy), f"step {step} micro-batch {i}") for i, (y, copy) in enumerate(zip(ys, returned)))
+            kept.extend(((y, copy), f"step {step} micro-batch {i}") for i, (y, copy) in enumerate(zip(ys, returned))
+                        if y is not None)
         grads: dict[str, Any] = {}
         weight_grad: dict[str, str] = {}
         for name, param in params.items():
-            if param is None:
+            if param is None or not all(came_back):  # a forward or backward raised: the step's gradients are partial
                 continue
             if name in prefill:
                 # What Megatron's DDP backward hook leaves: main_grad, plus a .grad not marked as added

@@ -94,7 +94,8 @@ class _Calls:
     operands: list[dict[str, Any]]
     calls: list[OpCallResults]
     kept_inputs: list[dict[str, Any]] = field(default_factory=list)
-    returned: list[list[tuple[Any, Any]]] = field(default_factory=list)  #: per call: (result, its copy then)
+    #: Per call, per attempt: (its result, a copy taken when it was returned); None where the attempt raised.
+    returned: list[list[tuple[Any, Any] | None]] = field(default_factory=list)
     groups_created: int = 0
 
 
@@ -137,7 +138,9 @@ def _prepare(ctx: RankContext, run: OpRun) -> _Calls:
 
 
 def _call(ctx: RankContext, state: _Calls) -> None:
-    """Every call of the run, back to back; each result kept with a copy taken when it was returned."""
+    """Every call of the run, back to back, each problem under each tiling run after run (each one *attempt*); each
+    result kept with a copy taken when it was returned, each error beside it.  An attempt that raised stops none
+    of the others: every result that comes back is judged (``conformance/judge/attempts.py``)."""
     import torch.distributed as dist
 
     run = state.run
@@ -152,8 +155,6 @@ def _call(ctx: RankContext, state: _Calls) -> None:
         for tiling in run.tilings:
             extra = {} if tiling is None else {"blocks": list(tiling)}
             for _ in range(run.runs):
-                if call.error is not None:
-                    break
                 if straggler is not None:
                     straggler()  # arrive late at the call itself
                 # not synchronised: the calls run back to back, and each result is copied as it was returned
@@ -161,18 +162,16 @@ def _call(ctx: RankContext, state: _Calls) -> None:
                         ctx.timer(IMPL, synchronized=False):
                     result, error = call_capturing_errors(fn, args["x"], args["w"], args["bias"], **kwargs, **extra)
                 call.timelines.append(observed_collectives(log))
-                call.error = error
-                if error is None:
-                    state.returned[index].append((result, clone(result)))
+                call.errors.append(error)
+                state.returned[index].append(None if error is not None else (result, clone(result)))
         if index == 0:
             groups_after_first = len(dist.distributed_c10d._world.pg_map)
-        if call.error is not None:
-            break
     if groups_after_first is not None:
         state.groups_created = len(dist.distributed_c10d._world.pg_map) - groups_after_first
 
 
-def _collect(state: _Calls, run_index: int, everything: list[tuple[str, list[list[tuple[Any, Any]]]]]) -> OpRunOutcome:
+def _collect(state: _Calls, run_index: int,
+             everything: list[tuple[str, list[list[tuple[Any, Any] | None]]]]) -> OpRunOutcome:
     """What the rank compares once every call of every run was made."""
     operands = state.operands
     for i, call in enumerate(state.calls):
@@ -180,7 +179,14 @@ def _collect(state: _Calls, run_index: int, everything: list[tuple[str, list[lis
             now = operands[i][name]
             if before is not None and not bitwise_equal(before, now):
                 call.mutated[name] = describe_difference(before, now)
-        for j, (result, snapshot) in enumerate(state.returned[i]):
+        for j, kept in enumerate(state.returned[i]):
+            if kept is None:  # the attempt raised: nothing came back to compare
+                call.results.append(None)
+                call.wrong_device.append("")
+                call.changed_after_return.append("")
+                call.shared_memory.append("")
+                continue
+            result, snapshot = kept
             call.results.append(result)
             device = operands[i]["x"].device
             moved = [t.device for t in tensors_of(result) if t.device != device]
@@ -198,15 +204,18 @@ def _collect(state: _Calls, run_index: int, everything: list[tuple[str, list[lis
                         groups_created=state.groups_created)
 
 
-def _sharing(result: Any, me: tuple[int, int, int], everything: list[tuple[str, list[list[tuple[Any, Any]]]]],
+def _sharing(result: Any, me: tuple[int, int, int],
+             everything: list[tuple[str, list[list[tuple[Any, Any] | None]]]],
              operands: list[dict[str, Any]]) -> list[str]:
     """What else ``result`` shares memory with: other calls' results (of any op run), its run's inputs."""
     mine = tensors_of(result)
     found = []
     for run, (op, returned) in enumerate(everything):
         for i, pairs in enumerate(returned):
-            for j, (other, _) in enumerate(pairs):
-                if (run, i, j) != me and any(overlaps(a, b) for a in mine for b in tensors_of(other)):
+            for j, kept in enumerate(pairs):
+                if kept is None:
+                    continue
+                if (run, i, j) != me and any(overlaps(a, b) for a in mine for b in tensors_of(kept[0])):
                     found.append((f"the result of call {i}" if run == me[0] else f"the result of {op} call {i}")
                                  + (f" (repeat {j})" if j else ""))
     for i, args in enumerate(operands):
@@ -219,7 +228,8 @@ def _sharing(result: Any, me: tuple[int, int, int], everything: list[tuple[str, 
 def _straggler(ctx: RankContext, run: OpRun) -> Straggler | None:
     if run.straggler_s <= 0:
         return None
-    seed = zlib.crc32(f"{ctx.rank}/{run.op}/{run.tp}".encode())
+    seed = zlib.crc32(f"{ctx.rank}/{run.op}/{run.tp}".encode() + (f"/launch {run.launch}".encode() if run.launch
+                                                                   else b""))
     if run.straggler_rank is not None:
         return Straggler(run.straggler_s, seed) if ctx.rank == run.straggler_rank else None
     return Straggler(run.straggler_s, seed, probability=random.Random(seed).uniform(0.3, 0.9))

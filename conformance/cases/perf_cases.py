@@ -49,7 +49,7 @@ from conformance.contract.perf_items import COMM, MM, SERIAL, SERIAL_REUSED, blo
 from conformance.harness.case import RankContext, call_capturing_errors
 from conformance.harness.case import synchronize as synchronize_device
 from conformance.harness.impl_loader import missing_capability
-from conformance.harness.launchers.devices import cpu_name
+from conformance.harness.launchers.devices import cpu_name, identity_device
 from conformance.harness.probes import record_collectives
 
 #: The collective each op pipelines (as :class:`~conformance.harness.probes.CollectiveCall` kinds).
@@ -66,7 +66,7 @@ def device_identity(ctx: RankContext, backend: str) -> dict[str, Any]:
         import torch
 
         name = torch.get_device_module(kind).get_device_name()
-    return {"device": kind, "name": name, "backend": backend, "tp": ctx.world_size}
+    return {"device": identity_device(kind), "name": name, "backend": backend, "tp": ctx.world_size}
 
 
 def variant_reason(impl: Any, variant: str, op: str) -> str | None:
@@ -141,7 +141,8 @@ def pipeline_perf_case(ctx: RankContext, *, op: str, m: int, k: int, n: int, dty
             dist.barrier(group=group)
 
         def max_over_ranks(values: list[float]) -> list[float]:
-            t = torch.tensor(values, dtype=torch.float64, device=device)
+            # float32: HCCL reduces no float64 (milliseconds need no more than float32 holds)
+            t = torch.tensor(values, dtype=torch.float32, device=device)
             dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
             return t.cpu().tolist()
 

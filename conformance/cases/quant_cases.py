@@ -36,10 +36,10 @@ def quant_task(ctx: RankContext, *, run: QuantRun) -> OpCallResults:
             call.serial = ref if bias is None else ref + bias
         ctx.budget_from(time.perf_counter() - start)
     with record_collectives() as log, poisoned_allocations(device=ctx.device), ctx.timer(IMPL):
-        result, call.error = call_capturing_errors(ctx.impl.matmul_all_reduce, x, w, bias, group=ctx.group, **kwargs)
+        result, error = call_capturing_errors(ctx.impl.matmul_all_reduce, x, w, bias, group=ctx.group, **kwargs)
     call.timelines.append(observed_collectives(log))
-    if call.error is None:
-        call.results.append(to_cpu(result))
+    call.errors.append(error)
+    call.results.append(to_cpu(result) if error is None else None)
     call.serial = to_cpu(call.serial)
     return call
 

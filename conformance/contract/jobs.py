@@ -40,6 +40,9 @@ class OpRun:
     serial: bool = True
     poison: bool = True
     extra: dict[str, Any] = field(default_factory=dict)  #: more keyword arguments of the op (w8A16)
+    #: Which launch of the case this run is (0: the first): another launch runs on fresh ranks, its late ranks
+    #: drawn from other seeds.
+    launch: int = 0
 
 
 @dataclass(frozen=True)

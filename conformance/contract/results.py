@@ -97,10 +97,10 @@ class ConfigOutcome:
 class StepRun:
     """One optimizer step of patched or unpatched layers on one rank."""
 
-    #: Per micro-batch: ``y`` and ``dx`` (this rank's pieces).
+    #: Per micro-batch: ``y`` and ``dx`` (this rank's pieces), each where its forward / backward came back.
     outputs: list[dict[str, Any]]
     #: Parameter gradients by golden name (``dw``, ``db``, ``dw1`` ...); a weight's is its
-    #: ``main_grad`` under gradient-accumulation fusion.
+    #: ``main_grad`` under gradient-accumulation fusion.  Empty when a forward or backward of the step raised.
     grads: dict[str, Any]
     #: Under fusion: what the weight's ``.grad`` held after the backward ("None", "dummy", "values").
     weight_grad: dict[str, str] = field(default_factory=dict)
@@ -117,28 +117,41 @@ class LayerOutcome:
     members: tuple[int, ...] = ()  #: global ranks of this rank's TP group
     #: ``"<layer kind>/<phase>"`` -> its collectives, for the first micro-batch of the first CoC run.
     timelines: dict[str, ObservedCollectives] = field(default_factory=dict)
-    error: CapturedError | None = None  #: what the patched layers (or configure) raised
-    #: Collective kinds the patched layers issued before they raised (a refusal must come before any).
+    #: Every attempt the rank made, in order (``configure``, then each forward and backward of each micro-batch of
+    #: each step, ``"run 1, step 0, micro-batch 1, forward"``), and what those that raised raised.
+    attempts: list[str] = field(default_factory=list)
+    errors: dict[str, CapturedError] = field(default_factory=dict)
+    #: Collective kinds the first attempt that raised issued before it raised (a refusal must come before any).
     collectives_before_error: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
     changed_after_return: list[str] = field(default_factory=list)
     mutated: list[str] = field(default_factory=list)
     shared_memory: list[str] = field(default_factory=list)
 
+    @property
+    def error(self) -> CapturedError | None:
+        """What the first attempt that raised raised (None: every attempt came back)."""
+        return next((self.errors[a] for a in self.attempts if a in self.errors), None)
+
 
 @dataclass
 class OpCallResults:
-    """One problem's calls on one rank: results (tiling after tiling, each run after run) and what the rank
-    observed."""
+    """One problem's calls on one rank, one *attempt* each (tiling after tiling, each run after run): what each
+    returned or raised, and what the rank observed.  Every per-attempt list has one entry per attempt."""
 
-    results: list[Any]
-    error: CapturedError | None = None
+    results: list[Any]  #: what each attempt returned (None where it raised)
+    errors: list[CapturedError | None] = field(default_factory=list)  #: what each attempt raised (None: returned)
     serial: Any = None
     mutated: dict[str, str] = field(default_factory=dict)
     changed_after_return: list[str] = field(default_factory=list)
     shared_memory: list[str] = field(default_factory=list)
     wrong_device: list[str] = field(default_factory=list)
     timelines: list[ObservedCollectives] = field(default_factory=list)
+
+    @property
+    def error(self) -> CapturedError | None:
+        """What the first attempt that raised raised (None: every attempt returned)."""
+        return next((e for e in self.errors if e is not None), None)
 
 
 @dataclass

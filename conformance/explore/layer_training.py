@@ -20,13 +20,16 @@ from conformance.cases.layer_cases import AUTOCAST_LAYERS, layer_task
 from conformance.contract.jobs import LayerJob, coc_argv
 from conformance.contract.problems import LAYER_KINDS, LayerProblem
 from conformance.explore import space
-from conformance.explore.kind import Judged, Kind, Ranks, Scope, outcomes_to_judge, read_spec
+from conformance.explore.kind import Judged, Kind, Ranks, Scope, read_spec, run_to_the_end
 from conformance.explore.space import Dimension, Space, size, smaller_ints, towards, weighted
 from conformance.explore.spec import OnReplicas, require_runnable
-from conformance.judge import layers as judge
-from conformance.judge.layer_verdicts import judge_layer_refusal, judge_training, layer_refusal_names
-from conformance.judge.levels import Level
-from conformance.judge.verdicts import Verdicts
+from conformance.judge.layer_verdicts import (
+    judge_layer_refusal,
+    judge_training,
+    layer_refusal_names,
+    sort_layer_attempts,
+)
+from conformance.judge.verdicts import NotOffered, Verdicts
 from golden.catalogue import DTYPES
 
 KIND_NAME = "layer"
@@ -212,10 +215,6 @@ def buckets() -> dict[str, tuple[str, ...]]:
     return {**DIMENSIONS.buckets(), "micro_batches": MICRO_BATCHES.buckets, "uneven": ("False", "True")}
 
 
-#: The check a layer case fails when a rank raised where the patched layers must run.
-RAN = "the patched layers ran on every rank"
-
-
 def modes(spec: LayerSpec) -> frozenset[str]:
     """What of the implementation ``spec`` needs: its layer, and each mode an implementation may lack."""
     optional = ["sequence parallel" if spec.sequence_parallel else "", "main_grad" if spec.main_grad else "",
@@ -224,22 +223,23 @@ def modes(spec: LayerSpec) -> frozenset[str]:
 
 
 def judge_spec(ranks: Ranks, spec: LayerSpec, scope: Scope, verdicts: Verdicts) -> Judged:
-    """Run ``spec`` on ``ranks`` and record the suite's checks of a training job into ``verdicts``."""
+    """Run ``spec`` on ``ranks`` and record the suite's checks of a training job into ``verdicts``: by the one rule
+    of what raised (``sort_layer_attempts``: where rows do not divide into the chunks a clear refusal is
+    conforming), every output and gradient that came back judged."""
     job = spec.job()
-    outcomes = outcomes_to_judge(ranks, spec, verdicts, layer_task, modes=modes(spec), job=job)
+    outcomes = run_to_the_end(ranks, spec, verdicts, layer_task, job=job)
     if isinstance(outcomes, Judged):
         return outcomes
-    errors = [o.error for o in outcomes]
-    if any(e is not None for e in errors) and spec.uneven():
+    try:
+        attempts = sort_layer_attempts(verdicts, outcomes, what=spec.describe(), refusal_allowed=spec.uneven())
+    except NotOffered as why:
+        return Judged(skipped=str(why), not_offered=modes(spec))
+    if attempts.raised and spec.uneven():
         m, rows = max(spec.tokens) * spec.b, min(spec.rows())
-        judge_layer_refusal(verdicts, outcomes, scope.declarations, label="token counts",
-                            what=f"{spec.describe()}", names=layer_refusal_names(m, rows, spec.chunks, spec.tp))
-        return Judged.of(verdicts)
-    with verdicts.check(RAN, Level.MUST):
-        judge.check_no_errors(outcomes, spec.describe())
-    if verdicts.results[-1].failed:
-        return Judged.of(verdicts)
-    judge_training(verdicts, job, outcomes, chunks=spec.chunks)
+        judge_layer_refusal(verdicts, outcomes, scope.declarations, label="token counts", what=spec.describe(),
+                            names=layer_refusal_names(m, rows, spec.chunks, spec.tp))
+    if attempts.returned:
+        judge_training(verdicts, job, outcomes, chunks=spec.chunks)
     return Judged.of(verdicts)
 
 

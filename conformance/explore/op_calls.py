@@ -13,6 +13,7 @@ at least two runs a tiling, never of exact data, where nothing could differ.
 
 from __future__ import annotations
 
+import functools
 import random
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
@@ -27,7 +28,7 @@ from conformance.explore import space
 from conformance.explore.kind import Judged, Kind, Ranks, Scope, read_spec, run_to_the_end
 from conformance.explore.space import Dimension, Space, nothing_simpler, size, smaller_ints, towards, weighted
 from conformance.explore.spec import OnReplicas, SpecError, require_runnable
-from conformance.judge.determinism import nothing_to_compare
+from conformance.judge.determinism import cannot_fail, nothing_to_compare
 from conformance.judge.op_verdicts import judge_deterministic, judge_op_runs, rows_per_rank, sort_refusals
 from conformance.judge.verdicts import Verdicts
 from conformance.protocol import DETERMINISTIC_OPS, FUSED_OPS
@@ -129,14 +130,26 @@ class OpSpec(OnReplicas):
         cannot = nothing_to_compare(runs=self.runs, exact=self.exact) if self.deterministic else ""
         if cannot:
             return f"a deterministic case must be able to fail: {cannot}"
-        if self.tiling != "own":
-            if len({self._rows(c) for c in self.calls}) > 1:
-                return "an explicit tiling needs every call to have the same rows per rank"
-            try:
-                tiling_blocks(self.tiling, self._rows(self.calls[0]))
-            except SpecError as exc:
-                return str(exc)
-        return next(filter(None, map(self.problem, self.calls)), "")
+        problem = self.tiling_problem() or next(filter(None, map(self.problem, self.calls)), "")
+        cannot = self.cannot_fail() if not problem else ""
+        return problem or (f"a deterministic case must be able to fail: {cannot}" if cannot else "")
+
+    def tiling_problem(self) -> str:
+        """Why the explicit tiling does not fit the calls ("" when it does, or there is none)."""
+        if self.tiling == "own":
+            return ""
+        if len({self._rows(c) for c in self.calls}) > 1:
+            return "an explicit tiling needs every call to have the same rows per rank"
+        try:
+            tiling_blocks(self.tiling, self._rows(self.calls[0]))
+        except SpecError as exc:
+            return str(exc)
+        return ""
+
+    def cannot_fail(self) -> str:
+        """Why a deterministic spec whose calls can run could not fail, by the fixed suite's rule ("" when it can,
+        or it is not deterministic)."""
+        return _cannot_fail(self) if self.deterministic else ""
 
     def _rows(self, call: Call) -> int:
         return rows_per_rank(call.op, call.m, self.tp)
@@ -148,6 +161,10 @@ class OpSpec(OnReplicas):
     def jobs(self) -> tuple[OpRun, ...]:
         """The suite's jobs for this spec: one run per stretch of calls of one op (what ``op_sequence_task`` runs)."""
         require_runnable(self)
+        return self.jobs_unchecked()
+
+    def jobs_unchecked(self) -> tuple[OpRun, ...]:
+        """:meth:`jobs` of a spec whose calls can run (what :meth:`invalid` judges a deterministic spec by)."""
         runs: list[list[Call]] = []
         for call in self.calls:
             if runs and runs[-1][0].op == call.op:
@@ -218,10 +235,18 @@ COINCIDE = 0.6
 MAX_WORLD = 4
 
 
+@functools.lru_cache(maxsize=4096)
+def _cannot_fail(spec: OpSpec) -> str:
+    """The fixed suite's rule (:func:`~conformance.judge.determinism.cannot_fail`) for each of ``spec``'s jobs, once
+    per spec: it multiplies the data to see whether a reordered sum shows, and a spec is asked again and again."""
+    return next(filter(None, map(cannot_fail, spec.jobs_unchecked())), "")
+
+
 def fit(spec: OpSpec, up: bool) -> OpSpec:
     """``spec`` made runnable: every size its ops split over the TP ranks rounded to a multiple of ``tp`` (up or
     down), modes only where they apply (a layout with replicas, determinism on its ops, a tiling where it fits),
-    and a deterministic case that can fail (spread data, not exact; two runs at least)."""
+    and determinism only where the case can fail (spread data, not exact, two runs at least, and the fixed suite's
+    :func:`~conformance.judge.determinism.cannot_fail`: no TP 1 or 2)."""
     calls = []
     for call in spec.calls:
         sizes: dict[str, Any] = {name: space.round_to(getattr(call, name), spec.tp, up)
@@ -234,8 +259,10 @@ def fit(spec: OpSpec, up: bool) -> OpSpec:
         fitted = replace(fitted, exact=False, runs=max(2, fitted.runs))
     if fitted.exact and any(fitted.problem(c) for c in fitted.calls):
         fitted = replace(fitted, exact=False)
-    if fitted.tiling != "own" and fitted.invalid():
+    if fitted.tiling_problem():
         fitted = replace(fitted, tiling="own")
+    if not any(map(fitted.problem, fitted.calls)) and fitted.cannot_fail():  # TP 1 or 2, data that cannot show
+        fitted = replace(fitted, deterministic=False)
     return fitted
 
 

@@ -6,7 +6,10 @@ unexpected passes, lost judgment (a case or a check the baseline judged that
 the current run skipped, did not offer, did not judge or lost, unless the
 current run's expectations file says so), clear perf regressions.  This
 module renders its sections as markdown and sets the exit code.  "No change"
-is said only when there is no section at all.
+is said only when there is no section at all.  Either run's summary must be
+complete (the suite marks it so when its session ends); without
+``--baseline`` the command checks only that, for a CI job to run after the
+suite (``coc-gate --current DIR``).
 """
 
 from __future__ import annotations
@@ -51,19 +54,25 @@ def markdown(result: RunDiff) -> str:
 
 DESCRIPTION = ("Compare a run with the last accepted one: exit 1 when it has new failures, hangs, unexpected "
                "passes, lost judgment its expectations do not name, or clear perf regressions; 2 when a run cannot "
-               "be read.")
+               "be read or its summary is incomplete.  Without --baseline: exit 2 unless the run's summary is "
+               "complete (a session that ended without one never passes a CI job).")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="coc-gate", description=DESCRIPTION)
-    parser.add_argument("--baseline", type=Path, required=True, help="the last accepted run")
+    parser.add_argument("--baseline", type=Path, help="the last accepted run (none: only check that the current "
+                                                        "run's summary is complete)")
     parser.add_argument("--current", type=Path, required=True, help="the run of the change under review")
     parser.add_argument("--out", type=Path, help="also write the markdown summary here")
     parser.add_argument("--perf-threshold", type=float, default=PERF_THRESHOLD,
                         help="drop of the median paired gain counted as a perf regression (default %(default)s)")
     args = parser.parse_args(argv)
     try:
-        result = diff_runs(load_run(args.baseline), load_run(args.current), threshold=args.perf_threshold)
+        current = load_run(args.current)
+        if args.baseline is None:
+            print(f"coc-gate: {current.source}: a complete record of {len(current.cases)} case(s)")
+            return 0
+        result = diff_runs(load_run(args.baseline), current, threshold=args.perf_threshold)
     except RunError as exc:
         print(f"coc-gate: {exc}", file=sys.stderr)
         return 2

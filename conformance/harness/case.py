@@ -112,11 +112,11 @@ class RankContext:
             self.timings[kind] = self.timings.get(kind, 0.0) + time.perf_counter() - start
 
     def backward(self, fn: Callable[[], Any]) -> Any:
-        """Run ``fn`` (a backward) as this rank's device runs one: on a CPU rank, on another thread carrying this
-        one's thread-local state (:func:`conformance.harness.device_thread.run_backward`)."""
+        """Run ``fn`` (a backward) as this rank's device runs one: on a CPU rank, on the rank's device thread,
+        carrying this one's thread-local state (:func:`conformance.harness.device_thread.run_backward`)."""
         from conformance.harness.device_thread import run_backward
 
-        return run_backward(fn, device=self.device, off_thread=self.device_thread_backward)
+        return run_backward(fn, device=self.device, off_thread=self.device_thread_backward, rank=self.rank)
 
 
 TaskFn = Callable[..., Any]
@@ -137,6 +137,9 @@ class RankTask:
     exclusive: bool = False
     budget: Budget | None = None
     device_thread_backward: bool = True  #: :attr:`RankContext.device_thread_backward` of its ranks
+    #: Run on ranks that ran no case before (a launcher whose ``relaunches`` is true starts new ones): what a
+    #: process fixes at its first call (a plan, a cache) is fixed anew, as in another job.
+    fresh: bool = False
 
     @property
     def name(self) -> str:
@@ -200,6 +203,8 @@ def qualified_name(cls: type) -> str:
 def _message(exc: BaseException, stderr: str = "") -> str:
     """``str(exc)``, with what a bare ``SystemExit`` from argparse leaves out (its stderr message)."""
     text = str(exc)
+    if isinstance(exc, ProcessExitCalled):
+        return text
     if isinstance(exc, SystemExit):
         said = [line for line in stderr.strip().splitlines() if line.strip()]
         why = said[-1].strip() if said else "nothing printed to stderr"
@@ -211,14 +216,66 @@ def call_capturing_errors(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> 
     """``fn(*args, **kwargs)`` -> ``(value, None)``, or ``(None, error)`` for any Exception or SystemExit.
 
     A ``SystemExit`` (argparse refusing a flag) is an error like any other,
-    carrying what was printed to stderr, instead of ending the process.
+    carrying what was printed to stderr, instead of ending the process; so is
+    ``os._exit`` in the pytest process (:func:`guard_exits`).
     """
     stderr = io.StringIO()
     try:
-        with contextlib.redirect_stderr(_Tee(stderr, sys.stderr)):
+        with contextlib.redirect_stderr(_Tee(stderr, sys.stderr)), exits_raise():
             return fn(*args, **kwargs), None
     except (Exception, SystemExit) as exc:  # noqa: BLE001 - the error is the result
         return None, CapturedError.capture(exc, stderr=stderr.getvalue())
+
+
+class ProcessExitCalled(SystemExit):
+    """``os._exit`` called by implementation code running in the pytest process: an error of the call, never the
+    end of the run (which would end with no summary, and exit 0 for ``os._exit(0)``)."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(f"os._exit({code}) called in the test process (the implementation's code shares it with the "
+                         "run: an exit there would end the run unrecorded)")
+        self.exit_code = code
+
+
+_real_exit: Callable[[int], Any] | None = None
+#: Threads running implementation code in the pytest process now (:func:`exits_raise`), and how deep.
+_guarded: dict[int, int] = {}
+
+
+def guard_exits() -> None:
+    """In the pytest process (once): ``os._exit`` raises :class:`ProcessExitCalled` on a thread running the
+    implementation's code (inside :func:`exits_raise`), and exits as usual anywhere else (pytest's own, xdist's)."""
+    global _real_exit
+    import os
+
+    if _real_exit is not None:
+        return
+    _real_exit = os._exit
+
+    def _exit(code: int) -> Any:
+        if threading.get_ident() in _guarded or rank_threads.rank_of() in _guarded:
+            raise ProcessExitCalled(code)
+        assert _real_exit is not None
+        _real_exit(code)
+
+    os._exit = _exit  # type: ignore[assignment]
+
+
+@contextlib.contextmanager
+def exits_raise() -> Iterator[None]:
+    """Inside the block, where :func:`guard_exits` is in force, ``os._exit`` on this thread (or a helper working for
+    its rank) raises :class:`ProcessExitCalled` instead of ending the process."""
+    if _real_exit is None:
+        yield
+        return
+    ident = threading.get_ident()
+    _guarded[ident] = _guarded.get(ident, 0) + 1
+    try:
+        yield
+    finally:
+        _guarded[ident] -= 1
+        if not _guarded[ident]:
+            del _guarded[ident]
 
 
 @dataclass
@@ -250,13 +307,15 @@ def run_on_rank(
     (:func:`conformance.harness.rank_threads.rank_thread`; ``carry``: the
     context a helper thread of the rank runs the rank's code in).
     """
+    from conformance.harness import probes
     from conformance.harness.probes import FUSED_CALLS
 
+    probes.install()  # (once per process; a callback the task registers before it records is then watched)
     buffer = io.StringIO()
     ctx.timings = {}
     me = threading.get_ident()  # the rank thread its recordings count for
     fused = FUSED_CALLS.of_rank(me)
-    with rank_threads.rank_thread(carry), _capture_output(buffer, capture_stdio):
+    with rank_threads.rank_thread(carry), _capture_output(buffer, capture_stdio), exits_raise():
         try:
             value = task_fn(ctx, **params)
             error = None

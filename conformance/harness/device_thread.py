@@ -1,23 +1,32 @@
-"""A CPU rank's backward run the way an accelerator's autograd engine runs it: on another thread.
+"""A CPU rank's backward run the way an accelerator's autograd engine runs it: on the device's own thread.
 
 PyTorch's autograd engine runs a backward on the calling thread only for CPU
 (and meta, lazy) tensors.  For CUDA, NPU (PrivateUse1) and every other device
-it hands the graph to a per-device worker thread
+it hands the graph to one long-lived worker thread per device
 (``torch/csrc/autograd/engine.cpp``), which takes over the caller's
 ``at::ThreadLocalState`` -- grad mode, autocast, the local dispatch keys, the
 Python dispatch- and function-mode stacks, the saved-tensor hooks -- and
 nothing of Python's: no ``threading.local``, no context variables.  Code
 that keeps state in Python thread-locals between its forward and its backward,
-or a probe that does, breaks there and nowhere on a CPU.
+or a probe that does, breaks there and nowhere on a CPU; state a backward
+leaves in a thread-local is still there at the device's next backward.
 
 :func:`run_backward` is the one way the suite's rank code runs a backward
 (``docs/DESIGN.md#on-accelerators``).  On a CPU rank with the mode on (the
 default; ``--coc-same-thread-backward`` turns it off) it runs the backward on
-a fresh thread carrying the caller's thread-local state as the engine does,
-while the caller waits, as it does for the engine; on any other device it
-calls the backward where it is, and the engine moves it.  The helper works for
-the calling rank (:mod:`conformance.harness.rank_threads`): its completions,
-warnings, logs, stack and CPU time are the rank's.
+the rank's device thread (:class:`DeviceThread`: one per rank process, or per
+rank where ranks are threads of one process, started at its first backward
+and reused by every later one), carrying the caller's thread-local state as
+the engine does, while the caller waits, as it does for the engine; on any
+other device it calls the backward where it is, and the engine moves it.  The
+device thread works for the calling rank (:mod:`conformance.harness.rank_threads`):
+its completions, warnings, logs, stack and CPU time are the rank's.
+
+The emulation reads and sets that state through private torch functions
+(:data:`PRIVATE_APIS`).  Where one is missing (another torch release),
+:func:`unavailable` says which, and every backward runs on the calling
+thread, as torch runs a CPU backward (the session says so once, in its report
+header).
 
 No CPU-backed PrivateUse1 device could be installed instead: PyTorch's OpenReg
 is built from its source tree, not published on a registry, and a whole
@@ -26,9 +35,12 @@ device would move every tensor of a case off the CPU.
 
 from __future__ import annotations
 
+import functools
+import os
+import queue
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager, nullcontext
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -37,38 +49,138 @@ from conformance.harness import rank_threads
 T = TypeVar("T")
 #: The name of the emulated device thread (torch_npu names its own "backward_thread").
 THREAD_NAME = "coc-backward"
+#: The private torch functions the emulation reads and sets the thread-local state with (``torch.`` omitted).
+PRIVATE_APIS = (
+    "_C._autocast_supported_devices", "_C.get_autocast_dtype", "_C.set_autocast_dtype",
+    "_C._autograd._top_saved_tensors_default_hooks", "_C._autograd._push_saved_tensors_default_hooks",
+    "_C._autograd._pop_saved_tensors_default_hooks",
+    "_C._is_fwd_grad_enabled", "_C._set_fwd_grad_enabled", "_C._is_multithreading_enabled",
+    "_C._set_multithreading_enabled", "_C._is_view_replay_enabled", "_C._set_view_replay_enabled",
+    "_C._dispatch_tls_local_include_set", "_C._dispatch_tls_local_exclude_set", "_C._ForceDispatchKeyGuard",
+    "_C._len_torch_dispatch_stack", "_C._get_dispatch_stack_at", "_C._len_torch_function_stack",
+    "_C._get_function_stack_at", "_C._push_on_torch_function_stack", "_C._pop_torch_function_stack",
+    "utils._python_dispatch._push_mode", "utils._python_dispatch._pop_mode",
+)
 
 
-def run_backward(fn: Callable[[], T], *, device: str, off_thread: bool = True) -> T:
+@functools.cache
+def unavailable() -> str:
+    """Why this torch cannot emulate the device thread ("" when it can): the private functions it lacks."""
+    import importlib
+
+    import torch
+
+    missing = []
+    for path in PRIVATE_APIS:
+        owner, _, name = path.rpartition(".")
+        try:
+            found = hasattr(importlib.import_module(f"torch.{owner}") if owner.startswith("utils") else
+                            functools.reduce(getattr, owner.split("."), torch), name)
+        except (ImportError, AttributeError):
+            found = False
+        if not found:
+            missing.append(f"torch.{path}")
+    if not missing:
+        return ""
+    return (f"torch {torch.__version__} lacks {', '.join(missing)}: the CPU ranks run every backward on the calling "
+            "thread, as torch runs a CPU backward (the device-thread emulation is off)")
+
+
+def run_backward(fn: Callable[[], T], *, device: str, off_thread: bool = True, rank: int = 0) -> T:
     """``fn()`` (a backward: ``y.backward(dy)``, ``torch.autograd.grad(...)``) as ``device``'s engine would run it.
 
-    On a CPU ``device`` with ``off_thread``, on a helper thread that carries
-    this thread's thread-local state (:class:`ThreadState`) and works for this
-    thread's rank; elsewhere here (an accelerator's engine moves it itself).
-    What ``fn`` returns or raises is returned or raised here.
+    On a CPU ``device`` with ``off_thread``, on the device thread of rank
+    ``rank`` of this process, carrying this thread's thread-local state
+    (:class:`ThreadState`) and working for this thread's rank; elsewhere here
+    (an accelerator's engine moves it itself; a torch without what the
+    emulation needs: :func:`unavailable`).  What ``fn`` returns or raises is
+    returned or raised here.
     """
-    if not off_thread or device.split(":", 1)[0] != "cpu":
+    if not off_thread or device.split(":", 1)[0] != "cpu" or unavailable():
         return fn()
-    state = ThreadState.capture()
-    rank = rank_threads.rank_of()
-    carry = rank_threads.carry_of(rank)
-    box: dict[str, Any] = {}
+    thread = DeviceThread.of(f"{device}/{rank}")
+    if thread is None:  # called on that device thread itself: a backward inside a backward runs where it is
+        return fn()
+    caller = rank_threads.rank_of()
+    return thread.run(fn, ThreadState.capture(), caller, rank_threads.carry_of(caller))
 
-    def device_thread() -> None:
-        with rank_threads.working_for(rank):
+
+class DeviceThread:
+    """One device's long-lived backward thread: started at the device's first backward, reused by every later one,
+    as the engine's thread is (what a backward leaves in its thread-locals is there at the next).
+
+    Jobs run one at a time, each inside the caller's state and working for
+    the caller's rank.  A thread still busy with a backward whose caller gave
+    up on it (a hang the launcher tore down) is replaced for the next caller.
+    """
+
+    _lock = threading.Lock()
+    _threads: dict[str, DeviceThread] = {}
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
+        self.busy = False
+        self.thread = threading.Thread(target=self._serve, name=THREAD_NAME, daemon=True)
+        self.thread._coc_carries_mode = True  # type: ignore[attr-defined]  # the probes' watch: not a helper
+        self.thread.start()
+
+    @classmethod
+    def of(cls, key: str) -> DeviceThread | None:
+        """The device thread of ``key`` (started now if it has none, or if its own is stuck busy); None when called
+        on that very thread."""
+        with cls._lock:
+            found = cls._threads.get(key)
+            if found is not None and found.thread is threading.current_thread():
+                return None
+            if found is None or found.busy or not found.thread.is_alive():
+                found = cls._threads[key] = DeviceThread()
+            found.busy = True
+            return found
+
+    def run(self, fn: Callable[[], T], state: ThreadState, rank: int | None,
+            carry: Callable[[], AbstractContextManager[None]] | None) -> T:
+        job = _Job(fn, state, rank, carry)
+        self._jobs.put(job)
+        job.done.wait()
+        if job.error is not None:
+            raise job.error
+        return job.value
+
+    def _serve(self) -> None:
+        while True:
+            job = self._jobs.get()
             try:
-                with carry() if carry is not None else nullcontext(), state.applied():
-                    box["value"] = fn()
+                with rank_threads.working_for(job.rank):
+                    with job.carry() if job.carry is not None else nullcontext(), job.state.applied():
+                        job.value = job.fn()
             except BaseException as exc:  # noqa: BLE001 - raised again on the caller's thread
-                box["error"] = exc
+                job.error = exc
+            finally:
+                self.busy = False
+                job.done.set()
+            del job  # nothing of a finished backward is kept alive by its thread
 
-    worker = threading.Thread(target=device_thread, name=THREAD_NAME, daemon=True)
-    worker._coc_carries_mode = True  # type: ignore[attr-defined]  # the probes' watch of helper threads: not one
-    worker.start()
-    worker.join()
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
+
+@dataclass
+class _Job:
+    fn: Callable[[], Any]
+    state: ThreadState
+    rank: int | None
+    carry: Callable[[], AbstractContextManager[None]] | None
+    value: Any = None
+    error: BaseException | None = None
+
+    def __post_init__(self) -> None:
+        self.done = threading.Event()
+
+
+def _forget_threads() -> None:
+    """A forked child has none of its parent's threads."""
+    DeviceThread._threads = {}
+    DeviceThread._lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_threads)
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from typing import Any
 
 from conformance.options import IMPL
 
-__all__ = ["ImplementationLoadError", "accepts_keyword", "load_implementation", "missing_capability",
+__all__ = ["ImplementationLoadError", "accepts_keyword", "code_digest", "load_implementation", "missing_capability",
            "preload_implementation"]
 
 
@@ -76,6 +76,23 @@ def preload_implementation(spec: str) -> None:
         load_implementation(spec)
     except ImplementationLoadError:
         pass
+
+
+@cache
+def code_digest(spec: str) -> str:
+    """A digest of the implementation's code: every Python file of the top-level package its module is in (or the
+    module's file alone).  What a deterministic result depends on besides its inputs: another digest, other code,
+    whose bits may legitimately differ."""
+    import hashlib
+    from pathlib import Path
+
+    module = importlib.import_module(spec.partition(":")[0].split(".")[0])
+    roots = [Path(p) for p in getattr(module, "__path__", ())] or [Path(str(module.__file__))]
+    digest = hashlib.sha256()
+    for root in roots:
+        for path in sorted(root.rglob("*.py")) if root.is_dir() else [root]:
+            digest.update(str(path.relative_to(root.parent)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
 
 
 def _looks_like_impl(obj: Any) -> bool:

@@ -57,6 +57,7 @@ import inspect
 import random
 import threading
 import time
+import types
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -105,8 +106,9 @@ _installed = False
 _waits_patched = False  #: whether the waits are patched (counting completions; :func:`count_completions`)
 #: Process group name -> its global ranks, for every group seen alive at a recording (groups are named once).
 _known_groups: dict[str, tuple[int, ...]] = {}
-#: Threads running a future's callback now: a wait there is no wait of the program (the future is done).
-_in_callback: set[int] = set()
+#: Threads running a future's callback now -> what the waits inside it would have completed (per recording's log):
+#: a wait there is no wait of the program (the future is done); waiting on the future the callback chains is.
+_in_callback: dict[int, list[tuple[CollectiveLog, tuple[int, ...]]]] = {}
 #: Threads inside an entry point already noted as another thread's (the process group's method under it is not).
 _noting: set[int] = set()
 #: ProcessGroup methods that issue a collective (a name bound before the probes still calls one of these).
@@ -242,10 +244,12 @@ class CollectiveLog:
                     self.waited(index)
 
     def _waits_for(self, handle: Any, calls: tuple[int, ...]) -> None:
-        """Waiting on ``handle`` (a Work, or a Future) completes ``calls``."""
+        """Waiting on ``handle`` (a Work, or a Future) completes ``calls`` (beside those it completed already)."""
         if calls:
             with self._lock:
-                self._works[id(handle)] = (handle, calls)
+                entry = self._works.get(id(handle))
+                before = entry[1] if entry is not None and entry[0] is handle else ()
+                self._works[id(handle)] = (handle, tuple(dict.fromkeys(before + calls)))
 
     def _calls_of(self, work: Any) -> tuple[int, ...]:
         entry = self._works.get(id(work))
@@ -369,8 +373,10 @@ def _current() -> _Recording | None:
 def _handle_waited(handle: Any) -> None:
     """``handle`` (a Work or a Future) was waited on: its calls complete in every recording that launched them,
     whichever thread waited."""
-    if threading.get_ident() in _in_callback:
-        return  # a callback runs because its future is done: the program has not waited
+    deferred = _in_callback.get(threading.get_ident())
+    if deferred is not None:  # a callback runs because its future is done: the program has not waited (yet)
+        deferred.extend(_calls_of(handle))
+        return
     for recording in list(_live):
         recording.log._work_waited(handle)
 
@@ -421,7 +427,8 @@ def count_completions() -> None:
     with _install_lock:
         if _waits_patched:
             return
-        _patch_waits(dist.distributed_c10d.Work, ("wait", "synchronize", "result"), ("is_completed",))
+        _patch_waits(dist.distributed_c10d.Work, ("wait", "synchronize", "result"), ("is_completed",),
+                     python_polls=True)
         _patch_waits(torch._C.Future, ("wait", "value"), ("done",))
         for name in _RENDEZVOUS:
             original = getattr(dist.distributed_c10d, name, None)
@@ -446,18 +453,21 @@ def _counted(original: Any) -> Any:
     return counted
 
 
-def _patch_waits(cls: Any, waits: tuple[str, ...], polls: tuple[str, ...]) -> None:
+def _patch_waits(cls: Any, waits: tuple[str, ...], polls: tuple[str, ...], *, python_polls: bool = False) -> None:
     """Patch ``waits`` and ``polls`` on ``cls`` (a Work, a Future): a handle waited on marks the calls it completes
     waited (a poll only when it answers True), and every wait that returns counts in :data:`COMPLETED` (a poll
-    does not: polling a finished handle again is no new progress)."""
+    does not: polling a finished handle again is no new progress).  ``python_polls``: a poll of a subclass
+    written in Python that hands it on here is answered by that subclass (:func:`_own_poll`)."""
     for method in (*waits, *polls):
         original = getattr(cls, method, None)
         if original is None:
             continue
         poll = method in polls
 
-        def patched(self: Any, *args: Any, _original: Any = original, _poll: bool = poll, **kwargs: Any) -> Any:
-            result = _original(self, *args, **kwargs)
+        def patched(self: Any, *args: Any, _original: Any = original, _poll: bool = poll, _name: str = method,
+                    **kwargs: Any) -> Any:
+            own = _own_poll(self, _name, cls) if _poll and python_polls else None
+            result = _original(self, *args, **kwargs) if own is None else own()
             if _live and (not _poll or result):
                 _handle_waited(self)
             if not _poll:
@@ -467,8 +477,34 @@ def _patch_waits(cls: Any, waits: tuple[str, ...], polls: tuple[str, ...]) -> No
         setattr(cls, method, patched)
 
 
-def _install() -> None:
-    """Patch the waits, the futures' chaining and torch.distributed's Python collectives, once per process."""
+#: The polls a Work's own override is answering, on this thread: ``(id(work), method)`` (:func:`_own_poll`).
+_answering = threading.local()
+
+
+def _own_poll(handle: Any, method: str, cls: Any) -> Callable[[], Any] | None:
+    """The answer of a Work written in Python (a Python backend's, the emulated NPU's hccl Work) to a poll it hands on
+    to what is patched on ``cls`` so that wrappers see it: torch's own method answers for the C++ base class there
+    (``is_completed``: never).  None for torch's own Works, and while the override answers (one calling its base)."""
+    own = getattr(type(handle), method, None)
+    polls = _answering.__dict__.setdefault("polls", set())
+    key = (id(handle), method)
+    if not isinstance(own, types.FunctionType) or own is getattr(cls, method, None) or key in polls:
+        return None
+
+    def answer() -> Any:
+        polls.add(key)
+        try:
+            return own(handle)
+        finally:
+            polls.discard(key)
+
+    return answer
+
+
+def install() -> None:
+    """Patch the waits, the futures' chaining and torch.distributed's Python collectives, once per process: before
+    a rank's first task (:func:`~conformance.harness.case.run_on_rank`), so that a callback the task registers
+    before its first recording is one the probes can watch."""
     global _installed
     import torch
     import torch.distributed as dist
@@ -503,23 +539,29 @@ def _patch_futures(work: Any, c: Any) -> None:
     calls its sources do when waited on; a callback registered inside a recording runs with its mode."""
     original_get_future = work.get_future
 
-    def get_future(self: Any) -> Any:
+    # Not named get_future: a Work written in Python (a Python backend's, the emulated NPU's) reaches its own
+    # get_future through pybind11, which skips the Python override when the calling frame has the method's name
+    # and this object as its first argument (taking it for the override's own call of the base), and the base
+    # raises "Work::getFuture not implemented".
+    def probed_get_future(self: Any) -> Any:
         future = original_get_future(self)
         for log, calls in _calls_of(self):
             log._waits_for(future, calls)
         return future
 
-    work.get_future = get_future
+    work.get_future = probed_get_future
     original_then, original_add = c.Future.then, c.Future.add_done_callback
 
     def then(self: Any, callback: Any) -> Any:
-        chained = original_then(self, _callback(callback))
+        chain = _Chain()
+        chained = original_then(self, _callback(callback, chain))
         for log, calls in _calls_of(self):
             log._waits_for(chained, calls)
+        chain.bind(chained)
         return chained
 
     c.Future.then = then
-    c.Future.add_done_callback = lambda self, callback: original_add(self, _callback(callback))
+    c.Future.add_done_callback = lambda self, callback: original_add(self, _callback(callback, None))
     original_collect = c._collect_all
 
     def collect_all(futures: Any) -> Any:
@@ -532,30 +574,62 @@ def _patch_futures(work: Any, c: Any) -> None:
     c._collect_all = collect_all
 
 
-def _callback(callback: Any) -> Any:
-    """``callback`` as it runs on whichever thread completes its future: with the mode of the recording it was
-    registered in, or -- registered outside any while one of its rank is live -- watched, its collectives and
-    matmuls noted as unrecorded; never counting the waits inside it as the program's."""
-    recording, rank = _current(), rank_threads.rank_of()
-    watched = recording is None and any(r.mine(rank) for r in list(_live))
+class _Chain:
+    """The future ``then`` returns, and what the waits inside its callback would have completed: waiting on that
+    future completes them (the callback, which waited for them, has returned).  The callback may run before
+    ``then`` returns (a future already done: inline, as device backends run it), so what it left is held until the
+    future is known."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._future: Any = None
+        self._left: list[tuple[CollectiveLog, tuple[int, ...]]] = []
+
+    def add(self, completed: list[tuple[CollectiveLog, tuple[int, ...]]]) -> None:
+        with self._lock:
+            if self._future is None:
+                self._left.extend(completed)
+                return
+        for log, calls in completed:
+            log._waits_for(self._future, calls)
+
+    def bind(self, future: Any) -> None:
+        with self._lock:
+            self._future, left, self._left = future, self._left, []
+        for log, calls in left:
+            log._waits_for(future, calls)
+
+
+def _callback(callback: Any, chain: _Chain | None) -> Any:
+    """``callback`` as it runs on whichever thread completes its future, decided when it runs: with the mode of the
+    recording it was registered in while that one is live; else, while a recording of its rank is live and the
+    thread carries none, watched (its collectives and matmuls noted as unrecorded); a wait inside it is never the
+    program's, but waiting on the future ``then`` chained (``chain``) completes what it waited for."""
+    registered_in, registered_by = _current(), rank_threads.rank_of()
 
     @functools.wraps(callback)
     def run(future: Any) -> Any:
         ident = threading.get_ident()
-        nested = ident in _in_callback
-        _in_callback.add(ident)
+        outer = _in_callback.get(ident)
+        inside: list[tuple[CollectiveLog, tuple[int, ...]]] = []
+        _in_callback[ident] = inside
         try:
-            if recording is not None and recording in _live and _current() is not recording:
-                with _mode_of(recording):
+            if _current() is None and registered_in is not None and registered_in in _live:
+                with _mode_of(registered_in):
                     return callback(future)
-            if watched and _current() is None:
-                with _unseen_mode()(f"a future's callback (registered outside the recording), on thread "
+            rank = registered_by if registered_by is not None else rank_threads.rank_of()
+            if _current() is None and any(r.mine(rank) for r in list(_live)):
+                with _unseen_mode()(f"a future's callback (run while no recording of its own is), on thread "
                                     f"{threading.current_thread().name!r}", rank):
                     return callback(future)
             return callback(future)
         finally:
-            if not nested:
-                _in_callback.discard(ident)
+            if outer is None:
+                del _in_callback[ident]
+            else:
+                _in_callback[ident] = outer
+            if chain is not None and inside:
+                chain.add(inside)
 
     return run
 
@@ -762,7 +836,7 @@ def record_collectives(delay: Callable[[], None] | None = None) -> Iterator[Coll
 
     ``delay`` (e.g. a :class:`Straggler`) is called before every collective.
     """
-    _install()
+    install()
     _remember_live_groups()
     log = CollectiveLog()
     recording = _Recording(log, delay, rank_threads.rank_of())

@@ -104,15 +104,21 @@ class CaseRanks:
         leases = self.runner.leases
         return None if leases is None else len(leases.devices)
 
+    @property
+    def relaunches(self) -> bool:
+        """Whether a run can ask for fresh ranks (``fresh=True``): processes that ran no case before."""
+        return bool(getattr(self.runner.launcher, "relaunches", False))
+
     def outcomes(self, fn: TaskFn, world_size: int, *, timeout: float | None = None,
-                 exclusive: bool = False, **params: Any) -> list[RankOutcome]:
-        """Run ``fn(ctx, **params)`` on ``world_size`` ranks; one outcome per rank."""
+                 exclusive: bool = False, fresh: bool = False, **params: Any) -> list[RankOutcome]:
+        """Run ``fn(ctx, **params)`` on ``world_size`` ranks (``fresh``: ranks that ran no case before, where the
+        launcher :attr:`relaunches`); one outcome per rank."""
         if self.before_run is not None:
             self.before_run()
         exclusive = exclusive or self.exclusive
         runner, record = self.runner, self.timings
         task = RankTask(fn, world_size, params, timeout or runner.default_timeout, exclusive, runner.budget,
-                        runner.device_thread_backward)
+                        runner.device_thread_backward, fresh=fresh and self.relaunches)
         if runner.leases is None:
             return self._run(task, ())
         prefer: Sequence[str] = getattr(runner.launcher, "preferred_devices", lambda _: ())(world_size)
@@ -146,9 +152,9 @@ class CaseRanks:
         return outcomes
 
     def run(self, fn: TaskFn, world_size: int, *, timeout: float | None = None,
-            exclusive: bool = False, **params: Any) -> list[Any]:
+            exclusive: bool = False, fresh: bool = False, **params: Any) -> list[Any]:
         """Like :meth:`outcomes` but returns the values, raising if any rank raised."""
-        outcomes = self.outcomes(fn, world_size, timeout=timeout, exclusive=exclusive, **params)
+        outcomes = self.outcomes(fn, world_size, timeout=timeout, exclusive=exclusive, fresh=fresh, **params)
         failed = [o for o in outcomes if not o.ok]
         if failed:
             first = failed[0].error

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from conformance.contract.equality import bitwise_equal, describe_difference
 from conformance.contract.layouts import Split
-from conformance.judge.failures import ReplicaMismatch
+from conformance.judge.failures import ContractViolation, ReplicaMismatch
 from conformance.judge.levels import Level
 
 if TYPE_CHECKING:
@@ -38,11 +38,20 @@ def by_replica(outcomes: Sequence[Outcome]) -> dict[int, list[Outcome]]:
 
 
 def assemble(pieces: Sequence[torch.Tensor], split: Split) -> torch.Tensor:
-    """The global tensor from every rank's piece (inverse of :func:`shard`); rank 0's copy when replicated."""
+    """The global tensor from every rank's piece (inverse of :func:`shard`); rank 0's copy when replicated.
+
+    Pieces that cannot be one tensor's shards -- of other shapes on other ranks -- fail the check that assembles
+    them (:class:`~conformance.judge.failures.ContractViolation`, naming every rank's shape), never the suite.
+    """
     import torch
 
     if split is Split.FULL:
         return pieces[0]
+    shapes = [tuple(p.shape) for p in pieces]
+    if len(set(shapes)) > 1:
+        raise ContractViolation(f"the ranks' pieces are not shards of one tensor ({split.value} split): "
+                                + ", ".join(f"rank {rank} {list(shape)}" for rank, shape in enumerate(shapes))
+                                + "; every rank's piece has the shape of one shard")
     if split is Split.PARTIAL:
         return torch.stack([p.double() for p in pieces]).sum(0)
     dim = 0 if split in (Split.SEQ, Split.ROWS) else -1

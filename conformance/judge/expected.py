@@ -11,7 +11,7 @@ judgment a user expects), which ``coc-gate`` and the report both read.
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -55,3 +55,20 @@ class Expectation:
 
     def as_dict(self) -> dict[str, str]:
         return {key: value for key, value in asdict(self).items() if value}
+
+
+def stale(entries: Sequence[Expectation], cases: Mapping[str, Sequence[str]]) -> list[str]:
+    """Each entry of an expectations file that says nothing about a run, and why (``"<source or pattern>: why"``):
+    its pattern matches no case of the run (``cases``: case id -> the names of the checks it recorded), or its
+    ``check`` pattern matches no check its cases recorded (judged only where one of them recorded any)."""
+    found = []
+    for entry in entries:
+        where = entry.source or repr(entry.pattern)
+        matched = [cid for cid in cases if entry.matches(cid)]
+        if not matched:
+            found.append(f"{where}: pattern {entry.pattern!r} matches no case of the run")
+            continue
+        names = [name for cid in matched for name in cases[cid]]
+        if entry.check and names and not any(fnmatch.fnmatchcase(name, entry.check) for name in names):
+            found.append(f"{where}: check {entry.check!r} names no check its {len(matched)} case(s) recorded")
+    return found

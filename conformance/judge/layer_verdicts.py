@@ -8,19 +8,61 @@ the same named check as a suite test would.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 from conformance.contract.jobs import LayerJob
 from conformance.contract.results import LayerOutcome
 from conformance.judge import checks
 from conformance.judge import layers as judge
+from conformance.judge.attempts import Attempts, sort_attempts
 from conformance.judge.levels import Level
-from conformance.judge.verdicts import Verdicts
+from conformance.judge.verdicts import NotOffered, Verdicts
 from conformance.protocol import Declarations
+
+#: What a layer case records of an attempt every rank refused with ``NotImplementedError`` beside others.
+OFFERED = "the patched layers are offered"
+
+
+def sort_layer_attempts(verdicts: Verdicts, outcomes: Sequence[LayerOutcome], *, what: str,
+                        refusal_allowed: bool = False) -> Attempts[str]:
+    """The one rule of what a layer case judges when the patched layers raised, attempt by attempt
+    (``conformance/judge/attempts.py``), the fixed suite's and the explorer's, for one call or a training.
+
+    Nothing came back -- every attempt raised ``NotImplementedError`` on
+    every rank -- and the case is not offered (:class:`NotOffered` raised);
+    an attempt not offered beside others that came back is recorded so, and
+    the others are judged.  An attempt that raised otherwise fails "the
+    patched layers ran on every rank", unless the case allows a refusal
+    (``refusal_allowed``: the caller judges it, :func:`judge_layer_refusal`).
+    What came back is left to the checks that follow, which judge every
+    output and gradient that came back on every rank.  Returns the attempts
+    as sorted.
+    """
+    attempts = sort_attempts(judge.attempts_of(outcomes))
+    if not attempts.offered:
+        raise NotOffered(next(iter(attempts.not_offered.values()), "not implemented"))
+    for why in dict.fromkeys(f"{what}, {re.sub(r'step [0-9]+, ', '', attempt)}: {why}"  # once, not once a step
+                             for attempt, why in attempts.not_offered.items()):
+        verdicts.not_offered(OFFERED, Level.MUST, why)
+    if attempts.raised and not refusal_allowed:
+        with verdicts.check("the patched layers ran on every rank", Level.MUST):
+            judge.check_ran(outcomes, what, list(attempts.raised))
+    return attempts
+
+
+def layers_ran(outcomes: Sequence[LayerOutcome], what: str) -> None:
+    """:func:`sort_layer_attempts` for a test that judges by its own assertions (it records no check): nothing
+    came back and nothing was offered -- :class:`NotOffered`; an attempt that raised otherwise fails it."""
+    attempts = sort_attempts(judge.attempts_of(outcomes))
+    if not attempts.offered:
+        raise NotOffered(next(iter(attempts.not_offered.values()), "not implemented"))
+    judge.check_ran(outcomes, what, list(attempts.raised))
 
 
 def judge_training(verdicts: Verdicts, job: LayerJob, outcomes: Sequence[LayerOutcome], *, chunks: int) -> None:
-    """Every check of a training job that ran on every rank, each at its level (failures recorded, none raised)."""
+    """Every check of a training job, each at its level (failures recorded, none raised), of what came back on every
+    rank (:func:`sort_layer_attempts` judged what raised)."""
     with verdicts.check("numerics of every step, micro-batch and replica", Level.MUST):
         judge.check_training(job.problem, outcomes, tp=job.tp, chunks=chunks, fusion=job.main_grad,
                              autocast=job.autocast)
@@ -45,7 +87,8 @@ def judge_layer_refusal(verdicts: Verdicts, outcomes: Sequence[LayerOutcome], de
                         label: str, what: str, names: list[str]) -> None:
     """A layer case some rank raised on, where a refusal is conforming: refused clearly on every rank, before any
     collective, naming what it refuses (MUST); the declared shape error (SHOULD)."""
-    errors = [o.error for o in outcomes]
+    raised = sort_attempts(judge.attempts_of(outcomes)).raised
+    errors = next(iter(raised.values())) if raised else [o.error for o in outcomes]  # the first attempt refused
     with verdicts.check(f"{label}: refused clearly on every rank", Level.MUST):
         checks.check_clear_refusal(errors, [o.collectives_before_error for o in outcomes], what=what, names=names)
     with verdicts.check(f"{label}: declared shape error", Level.SHOULD):

@@ -8,7 +8,8 @@ pending), never changed afterwards, sharing memory with no other result and
 unchanged; then its numbers are compared with the float64 truth of its
 replica.  When they are wrong and the collectives ran on a group other than
 the TP group -- or the numbers match a collective over the whole world --
-the message says so (``docs/DESIGN.md#tp-subgroups``).
+the message says so (``docs/DESIGN.md#tp-subgroups``), as it says when they
+match a bias added on every rank or a weight read in its other layout.
 """
 
 from __future__ import annotations
@@ -20,12 +21,13 @@ import numpy as np
 
 from conformance.contract.equality import bitwise_equal, describe_difference
 from conformance.contract.jobs import OpRun
-from conformance.contract.layouts import GATHERS, OPERAND_SPLITS, Split
+from conformance.contract.layouts import GATHERS, OPERAND_SPLITS, Split, shard
 from conformance.contract.problems import Problem, global_operands
 from conformance.contract.results import OpRunOutcome
 from conformance.harness.case import CapturedError
 from conformance.judge import assembly, checks, numerics
 from conformance.judge.assembly import assemble, by_replica, copies
+from conformance.judge.attempts import RAISED, sort_attempt
 from conformance.judge.failures import ContractViolation, NumericMismatch, WrongError
 from conformance.judge.group_notes import group_note
 
@@ -55,28 +57,57 @@ def truth_of(problem: Problem, replica: int) -> tuple[np.ndarray, tuple[np.ndarr
     return y, (magnitude, problem.k), x
 
 
-def call_errors(outcomes: Sequence[OpRunOutcome]) -> list[CapturedError | None]:
-    """What every call made raised on every rank (None where it returned; a call after one that raised is never
-    made, and is left out: it neither raised nor returned)."""
-    return [c.error for o in outcomes for c in o.calls if c.timelines or c.error is not None]
+#: (call, attempt of it): the problem's index, and its tiling and repeat (tiling * runs + run).
+Attempt = tuple[int, int]
 
 
-def check_ran(run: OpRun, outcomes: Sequence[OpRunOutcome]) -> None:
-    """MUST: every call returned on every rank."""
-    for rank, outcome in enumerate(outcomes):
-        for i, call in enumerate(outcome.calls):
-            if call.error is not None:
-                problem = run.problems[i]
-                raise WrongError(f"{run.op} m={problem.m} k={problem.k} n={problem.n} {problem.dtype} call {i}: "
-                                 f"rank {rank} raised {call.error.describe()}\n{call.error.traceback}")
+def attempts_of(outcomes: Sequence[OpRunOutcome]) -> dict[Attempt, list[CapturedError | None]]:
+    """Every attempt of a run (``(call, attempt)``, in order) -> what it raised on each rank (None: returned)."""
+    found: dict[Attempt, list[CapturedError | None]] = {}
+    for o in outcomes:
+        for i, call in enumerate(o.calls):
+            for j, error in enumerate(call.errors):
+                found.setdefault((i, j), []).append(error)
+    return found
+
+
+def attempt_label(run: OpRun, attempt: Attempt, *, repeat: bool = True) -> str:
+    """``"call 1, tiling [1, 61, 2], repeat 2"``: which call of ``run`` an attempt is (its parts that vary; the
+    repeat left out unless ``repeat``)."""
+    i, j = attempt
+    tiling = run.tilings[j // run.runs]
+    parts = [f"call {i}" if len(run.problems) > 1 else "",
+             ("its own tiling" if tiling is None else f"tiling {list(tiling)}") if len(run.tilings) > 1 else "",
+             f"repeat {j % run.runs}" if run.runs > 1 and repeat else ""]
+    return ", ".join(p for p in parts if p) or "the call"
+
+
+def returned_everywhere(ranks: Sequence[OpRunOutcome], call: int) -> list[int]:
+    """The attempts of call ``call`` that returned on every one of ``ranks``."""
+    count = min((len(o.calls[call].errors) for o in ranks), default=0)
+    return [j for j in range(count) if all(o.calls[call].errors[j] is None for o in ranks)]
+
+
+def check_ran(run: OpRun, outcomes: Sequence[OpRunOutcome], excused: frozenset[Attempt] = frozenset()) -> None:
+    """MUST: every attempt returned on every rank -- but those ``excused`` (refusals the case allows, judged as
+    refusals) and those every rank refused with ``NotImplementedError`` (not offered)."""
+    for attempt, errors in attempts_of(outcomes).items():
+        if attempt in excused or sort_attempt(errors) != RAISED:
+            continue
+        rank, error = next((r, e) for r, e in enumerate(errors) if e is not None)
+        problem = run.problems[attempt[0]]
+        raise WrongError(f"{run.op} m={problem.m} k={problem.k} n={problem.n} {problem.dtype} "
+                         f"{attempt_label(run, attempt)}: rank {rank} raised {error.describe()}\n{error.traceback}")
 
 
 def check_contract(run: OpRun, outcomes: Sequence[OpRunOutcome], in_place_ops: frozenset[str] = frozenset()) -> None:
-    """MUST: each result is a value of the right type, shape, dtype and device; inputs untouched."""
+    """MUST: each result a rank got back is a value of the right type, shape, dtype and device; inputs untouched."""
     for rank, outcome in enumerate(outcomes):
         for i, (problem, call) in enumerate(zip(run.problems, outcome.calls)):
             where = f"{run.op} call {i} (m={problem.m}), rank {rank}"
             for j, result in enumerate(call.results):
+                if call.errors[j] is not None:  # it raised: nothing came back
+                    continue
                 if call.wrong_device[j]:
                     raise ContractViolation(f"{where}: {call.wrong_device[j]}")
                 _check_type(run.op, result, problem, run.tp, where)
@@ -94,7 +125,7 @@ def check_contract(run: OpRun, outcomes: Sequence[OpRunOutcome], in_place_ops: f
             if call.mutated:
                 raise ContractViolation(f"{where}: the op changed its inputs: "
                                         + "; ".join(f"{name}: {how}" for name, how in call.mutated.items()))
-            pending = [c for t in call.timelines for c in t.collectives if c.pending]
+            pending = [c for t, e in zip(call.timelines, call.errors) if e is None for c in t.collectives if c.pending]
             if pending:
                 raise ContractViolation(f"{where}: returned with {len(pending)} asynchronous collective(s) never "
                                         f"waited for ({[c.kind for c in pending]}): the result is not complete "
@@ -148,14 +179,17 @@ def check_numerics(run: OpRun, outcomes: Sequence[OpRunOutcome], *, exact: bool 
     for replica, ranks in groups.items():
         for i, problem in enumerate(run.problems):
             y, envelope, x = truth_of(problem, replica)
-            runs = len(ranks[0].calls[i].results)
-            for j in range(runs):
+            for j in returned_everywhere(ranks, i):
                 pieces = [_first(o.calls[i].results[j], run.op) for o in ranks]
                 unusable = [_kind(p) for p in pieces if not isinstance(p, torch.Tensor) or p.device.type != "cpu"]
                 if unusable:
                     raise NumericMismatch(f"{_label(run, i, replica, len(groups), j)}: cannot compare {unusable[0]} "
                                           "with the expected result (see the result contract)")
-                for holders, out in copies(pieces, split):
+                try:
+                    held = copies(pieces, split)
+                except ContractViolation as failure:
+                    raise ContractViolation(f"{_label(run, i, replica, len(groups), j)}: {failure}") from None
+                for holders, out in held:
                     serial = (assemble([_first(o.calls[i].serial, run.op) for o in ranks], split)
                               if ranks[0].calls[i].serial is not None else out)
                     label = ", ".join(filter(None, (_label(run, i, replica, len(groups), j), holders)))
@@ -167,8 +201,8 @@ def check_numerics(run: OpRun, outcomes: Sequence[OpRunOutcome], *, exact: bool 
                                                roundings=roundings(run.tp),
                                                split=split, tp=run.tp)
                     except NumericMismatch as failure:
-                        raise NumericMismatch(f"{failure}{_wrong_group(run, ranks, problem, out, replica, groups)}")\
-                            from None
+                        raise NumericMismatch(f"{failure}{_wrong_group(run, ranks, problem, out, replica, groups)}"
+                                              f"{_misread(run, problem, replica, out)}") from None
                 label = _label(run, i, replica, len(groups), j)
                 if run.op == "all_gather_matmul_v2":
                     for o in ranks:
@@ -195,7 +229,7 @@ def check_identical_copies(run: OpRun, outcomes: Sequence[OpRunOutcome]) -> int:
     compared = 0
     for replica, ranks in groups.items():
         for i in range(len(run.problems)):
-            for j in range(len(ranks[0].calls[i].results)):
+            for j in returned_everywhere(ranks, i):
                 pieces = [_first(o.calls[i].results[j], run.op) for o in ranks]
                 if all(isinstance(p, torch.Tensor) and p.device.type == "cpu" for p in pieces):  # else the contract
                     compared += assembly.check_identical_copies(pieces, split, _label(run, i, replica, len(groups),
@@ -257,6 +291,33 @@ def _wrong_group(run: OpRun, ranks: list[OpRunOutcome], problem: Problem, out: A
         if np.allclose(numerics.as_float64(out), world, rtol=1e-2, atol=1e-2 * float(np.abs(world).max())):
             note += "; the result matches an all-reduce over the whole world (every replica summed)"
     return note
+
+
+def _misread(run: OpRun, problem: Problem, replica: int, out: Any) -> str:
+    """What a wrong result matches, of the ways a fused kernel's operands are commonly misread: a bias added on
+    every rank before the reduction (an MC2 all-reduce's documented formula), and the weight's storage read in
+    the other layout (a kernel reads the transpose flag from the layout: a transposed weight handed over as a
+    contiguous copy is another matrix).  "" when it matches neither."""
+    t = global_operands(problem, replica)
+    x = numerics.as_float64(t["x"])
+    bias = 0 if t["bias"] is None else numerics.as_float64(t["bias"])
+    split = OPERAND_SPLITS[run.op]["w"]
+    pieces = [shard(t["w"], split, r, run.tp) for r in range(run.tp)] if split is not Split.FULL else [t["w"]]
+    # each rank's weight as it was stored ([n, k_r] when transposed, else [k_r, n]), read in the other layout
+    read = [p.T.contiguous().reshape(p.shape) if run.transpose_weight else p.reshape(p.shape[1], p.shape[0]).T
+            for p in pieces]
+    stored = "[n, k] storage read as an ND [k, n] matrix (its transpose flag lost)" if run.transpose_weight else \
+        "[k, n] storage read as the transposed view of an ND [n, k] tensor"
+    candidates = [(x @ numerics.as_float64(torch.cat(read)) + bias, f"the weight's {stored}")]
+    if t["bias"] is not None and run.tp > 1 and split is not Split.FULL:
+        candidates.append((x @ numerics.as_float64(t["w"]) + run.tp * bias,
+                           f"the bias added on each of the {run.tp} ranks before the reduction ({run.tp} times)"))
+    got = numerics.as_float64(out)
+    for candidate, what in candidates:
+        if candidate.shape == got.shape and np.allclose(got, candidate, rtol=1e-2,
+                                                        atol=1e-2 * float(np.abs(candidate).max())):
+            return f"; the result matches {what}"
+    return ""
 
 
 def _bias(problem: Problem, replica: int) -> Any:

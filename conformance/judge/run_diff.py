@@ -21,9 +21,16 @@ Red when the current run has
   whole-case ``skip``) is listed as expected, without turning it red.  The
   checks of an exploration are a sample of what it drew: one it did not
   draw this time is not lost (its case still is, when it goes unjudged);
-* a perf regression whose interval is clear of the threshold.
+* a perf regression whose interval is clear of the threshold;
+* a deterministic result whose bits changed, where both runs are of the same
+  implementation code, device and torch (``digests``);
+* a gate lowered from the baseline's (fewer levels fail the run);
+* an expectations entry of a full run that matches no case, or names no check
+  its cases recorded.
 
-Fixes and perf drops within the noise are listed without turning it red.
+Fixes, perf drops within the noise, new failing checks at levels the run does
+not gate, a raised gate and the stale entries of a partial run are listed
+without turning it red.
 
 Perf regressions compare the per-round *paired* gains of each CoC variant
 (``(serial - coc) / serial``, measured back to back) of the two runs: a
@@ -73,6 +80,12 @@ class Run:
     gate: frozenset[str] = frozenset(level.value for level in Level)  #: the levels whose failures failed a case
     #: The expectations file the run was judged against (its entries that say which losses are expected).
     expectations: tuple[Expectation, ...] = ()
+    gate_spec: str = ""  #: ``--coc-gate`` as the run's summary states it ("": unknown, e.g. Allure results)
+    #: Entries of its expectations file that matched no case, or named no check its cases recorded.
+    stale_expectations: tuple[str, ...] = ()
+    full_run: bool = False  #: whether it ran every case of the suite (then a stale entry is red)
+    #: What its deterministic results depend on besides their case (the implementation's code, device, torch).
+    determinism_environment: Mapping[str, Any] = field(default_factory=dict)
 
 
 def load_run(path: Path) -> Run:
@@ -84,6 +97,7 @@ def load_run(path: Path) -> Run:
                 doc = json.loads(candidate.read_text())
             except (OSError, json.JSONDecodeError) as exc:
                 raise RunError(f"{candidate}: {exc}") from None
+            _require_complete(candidate, doc)
             cases = {c["id"]: c for c in doc.get("cases", [])}
             for nodeid in doc.get("missing", []):  # collected, never reported: its worker was lost
                 cases.setdefault(case_id(nodeid), {"id": case_id(nodeid), "outcome": "error", "failure": {
@@ -94,10 +108,34 @@ def load_run(path: Path) -> Run:
                 expected = tuple(Expectation(**entry) for entry in doc.get("expectations", ()))
             except (TypeError, ValueError) as exc:
                 raise RunError(f"{candidate}: gate or expectations: {exc}") from None
-            return Run(str(candidate), doc.get("implementation", "?"), cases, gated, expected)
+            return Run(str(candidate), doc.get("implementation", "?"), cases, gated, expected,
+                       str(doc.get("gate") or ""), tuple(map(str, doc.get("stale_expectations", ()))),
+                       bool(doc.get("full_run")), dict(doc.get("determinism_environment") or {}))
     if path.is_dir() and any(path.glob("*-result.json")):
         return _allure_run(path)
     raise RunError(f"{path}: neither a coc-summary.json nor an Allure results directory")
+
+
+def _require_complete(path: Path, doc: Mapping[str, Any]) -> None:
+    """Refuse a summary its run never finished writing (``complete: false``: killed, interrupted or still running),
+    or one beside Allure results of another run: a verdict rests on a complete record of one run."""
+    run = str(doc.get("run_id") or "?")
+    if doc.get("complete") is False:
+        raise RunError(f"{path}: the summary of run {run} is incomplete (the run was killed, interrupted or is still "
+                       "running): no verdict rests on it")
+    from conformance.report_properties import RUN_LABEL
+
+    others: set[str] = set()
+    for result in path.parent.glob("*-result.json"):
+        try:
+            labels = json.loads(result.read_text()).get("labels", ())
+        except (OSError, json.JSONDecodeError):
+            continue
+        others.update(str(label.get("value")) for label in labels if label.get("name") == RUN_LABEL)
+    others.discard(run)
+    if doc.get("run_id") and others:
+        raise RunError(f"{path}: the summary is of run {run}, the Allure results beside it of run(s) "
+                       f"{', '.join(sorted(others))}: not one run")
 
 
 def _allure_run(path: Path) -> Run:
@@ -203,6 +241,10 @@ class RunDiff:
     unexpected_passes: list[Mapping[str, Any]] = field(default_factory=list)
     #: Judgments the baseline made and the current run did not (expected ones too: see :attr:`Loss.expected`).
     lost: list[Loss] = field(default_factory=list)
+    #: Cases with failed checks (name, level) at levels the current run does not gate, not failed in the baseline.
+    ungated: list[tuple[Mapping[str, Any], list[tuple[str, str]]]] = field(default_factory=list)
+    #: Cases whose deterministic results changed bits, each with the results that did (:func:`changed_digests`).
+    changed_bits: list[tuple[str, list[str]]] = field(default_factory=list)
     fixes: list[str] = field(default_factory=list)
     perf: list[PerfChange] = field(default_factory=list)
 
@@ -233,6 +275,9 @@ class RunDiff:
                 Row(str(case["id"]), ("; ".join(f"{name} ({level})" for name, level in new),), True,
                     changes(str(case["id"]))) for case, new in self.new_checks)),
             failures("Hangs and crashes", self.hangs),
+            Section("Deterministic results whose bits changed (same inputs, configuration, implementation code, "
+                    "device and torch)", ("results",), tuple(Row(cid, ("; ".join(changed),), True, changes(cid))
+                                                            for cid, changed in self.changed_bits)),
             failures("Unexpected passes (update the expectations file)", self.unexpected_passes),
             losses("Lost judgment (judged in the baseline, not now)", [x for x in self.lost if x.expected is None],
                    True),
@@ -242,9 +287,28 @@ class RunDiff:
                               p.clear) for p in self.perf_regressions)),
             losses("Lost judgment the expectations file expects", [x for x in self.lost if x.expected is not None],
                    False),
+            Section("New failing checks at levels this run does not gate", ("new failed checks",), tuple(
+                Row(str(case["id"]), ("; ".join(f"{name} ({level})" for name, level in new),), False,
+                    changes(str(case["id"]))) for case, new in self.ungated)),
+            self._gates(),
+            Section("Stale expectations (entries matching no case or check of the run)", ("why",), tuple(
+                Row(entry.split(": ", 1)[0], (entry.split(": ", 1)[-1],), self.current.full_run)
+                for entry in self.current.stale_expectations)),
             Section("Fixes", (), tuple(Row(cid, (), False, changes(cid)) for cid in self.fixes)),
         ]
         return [section for section in sections if section.rows]
+
+    def _gates(self) -> Section:
+        """The levels each run gates, where they differ: red when the current run gates fewer (a failure at a level
+        it dropped no longer fails it), listed when it gates more."""
+        before, now = self.baseline.gate_spec, self.current.gate_spec
+        if not before or not now or self.baseline.gate == self.current.gate:
+            return Section("", (), ())
+        dropped = sorted(self.baseline.gate - self.current.gate)
+        why = (f"lowered: failures at {', '.join(dropped)} no longer fail the run" if dropped
+               else "raised: more levels fail the run")
+        return Section("The gate differs from the baseline's", ("baseline", "current", "why"),
+                       (Row("--coc-gate", (before, now, why), bool(dropped)),))
 
     @property
     def red(self) -> bool:
@@ -270,11 +334,33 @@ def diff_runs(baseline: Run, current: Run, *, threshold: float = PERF_THRESHOLD,
                     result.new_checks.append((case, new))
         elif outcome == "passed" and before in FAILED:
             result.fixes.append(cid)
+        ungated = frozenset(level.value for level in Level) - current.gate
+        new_ungated = sorted(failed_checks(case, ungated) - failed_checks(baseline.cases.get(cid, {}), ungated))
+        if new_ungated:
+            result.ungated.append((case, new_ungated))
         if cid in baseline.cases and "perf" in case and "perf" in baseline.cases[cid]:
             result.perf.extend(_perf_changes(cid, baseline.cases[cid]["perf"], case["perf"], threshold, seed))
     for cid, case in sorted(baseline.cases.items()):
         result.lost.extend(lost_judgment(case, current.cases.get(cid), current.expectations))
+    if baseline.determinism_environment and baseline.determinism_environment == current.determinism_environment:
+        for cid, case in sorted(current.cases.items()):
+            changed = changed_digests(baseline.cases.get(cid, {}), case)
+            if changed:
+                result.changed_bits.append((cid, changed))
     return result
+
+
+def changed_digests(before: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
+    """The deterministic results of a case (``digests``) whose bits differ between two runs of one environment,
+    each matched by everything it depends on of the case (op, TP, layout, tiling, inputs)."""
+    def keyed(case: Mapping[str, Any]) -> dict[str, tuple[str, Mapping[str, Any]]]:
+        return {json.dumps({k: v for k, v in d.items() if k != "digest"}, sort_keys=True): (str(d["digest"]), d)
+                for d in case.get("digests", ())}
+
+    old, new = keyed(before), keyed(now)
+    return [f"{d['op']} tp{d['tp']} {d['problem'].get('dtype', '')} "
+            + ("its own tiling" if d["tiling"] is None else f"tiling {d['tiling']}")
+            for key, (digest, d) in new.items() if key in old and old[key][0] != digest]
 
 
 def check_changes(before: Mapping[str, Any] | None, now: Mapping[str, Any]) -> tuple[str, ...]:

@@ -78,10 +78,7 @@ def check_phase(timeline: ObservedCollectives | None, key: str, declared: Overla
     kind = PHASE_COLLECTIVES[key]
     if timeline is None:
         raise StructureMismatch(f"{key}: the phase was not observed (no timeline recorded)")
-    unseen = (*timeline.other_threads, *timeline.other_thread_matmuls)
-    if unseen:
-        raise NotJudged(f"{key}: collective(s) or matmul(s) ran on a thread the probes cannot follow "
-                        f"({'; '.join(unseen)}): the phase's timeline is incomplete, so its structure is not judged")
+    require_complete(timeline, key)
     calls = timeline.of_kind(kind)
     seen = f"observed {timeline.describe()}"
     if isinstance(declared, Chunked):
@@ -112,6 +109,15 @@ def check_phase(timeline: ObservedCollectives | None, key: str, declared: Overla
     return True
 
 
+def require_complete(timeline: ObservedCollectives, what: str) -> None:
+    """Raise :class:`NotJudged` where work ran on a thread the probes cannot follow during ``timeline``: what it did
+    is missing from it, so nothing read from the timeline's collectives is judged (never passed)."""
+    unseen = (*timeline.other_threads, *timeline.other_thread_matmuls)
+    if unseen:
+        raise NotJudged(f"{what}: collective(s) or matmul(s) ran on a thread the probes cannot follow "
+                        f"({'; '.join(unseen)}): the timeline is incomplete, so it is not judged")
+
+
 def layer_parts(layer: str) -> list[str]:
     return ["column", "row"] if layer == "mlp" else [layer]
 
@@ -130,14 +136,17 @@ def part_matmuls(problem: LayerProblem, kind: str, tp: int) -> PartMatmuls:
 
 def check_layer_structure(problem: LayerProblem, outcomes: Sequence[LayerOutcome], overlap: Mapping[str, Any], *,
                     chunks: int | Mapping[str, int], tp: int, fused: bool = False) -> None:
-    """STRUCTURE on every rank: each phase of each layer part overlaps as declared.
+    """STRUCTURE on every rank: each phase of each layer part overlaps as declared, judged phase by phase.
 
     ``chunks`` is the configured count, or one per phase key.  Fused layers
     tile by their own plan, so a phase declared chunked is only required to
-    overlap some matmul there.  Raises :class:`~conformance.judge.verdicts.NotJudged`
-    when every phase is declared ``none``: nothing was judged.
+    overlap some matmul there.  A phase with work the probes could not follow
+    is not judged, and the others still are: any phase that fails fails the
+    check (naming the phases not judged beside it); else a phase not judged
+    makes the check not judged (:class:`~conformance.judge.verdicts.NotJudged`,
+    never passed), as does every phase declared ``none``.
     """
-    judged = False
+    judged, failed, unjudged = False, [], []
     for rank, outcome in enumerate(outcomes):
         for kind in layer_parts(problem.layer):
             for phase in ("forward", "backward"):
@@ -152,7 +161,14 @@ def check_layer_structure(problem: LayerProblem, outcomes: Sequence[LayerOutcome
                     judged |= check_phase(outcome.timelines.get(f"{kind}/{phase}"), key, declared, chunks=count,
                                           matmuls=part_matmuls(problem, kind, tp))
                 except StructureMismatch as failure:
-                    raise StructureMismatch(f"rank {rank}: {failure}") from None
+                    failed.append(f"rank {rank}: {failure}")
+                except NotJudged as why:
+                    unjudged.append(f"rank {rank}: {why}")
+    aside = f"\n(not judged: {'; '.join(unjudged)})" if unjudged else ""
+    if failed:
+        raise StructureMismatch("\n".join(failed) + aside)
+    if unjudged:
+        raise NotJudged("; ".join(unjudged) + ("; every other phase overlapped as declared" if judged else ""))
     if not judged:
         raise NotJudged(f"every phase of the {problem.layer} layer is declared 'none' (not overlapped): "
                         "no overlap to judge")

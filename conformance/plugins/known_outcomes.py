@@ -16,12 +16,18 @@ outcome (``fail``, ``hang`` or ``skip``) with a reason and a link:
 
 Each matched report carries ``coc_expectation`` in its user properties (the
 JSON summary shows it); an unexpected pass carries its failure as data
-(``coc_failure``, category ``unexpected pass``) for ``coc-gate``.
+(``coc_failure``, category ``unexpected pass``) for ``coc-gate``.  An entry
+that matches no case of the run, or names no check its cases recorded, is
+stale (:func:`~conformance.judge.expected.stale`): listed at the end of the
+run and in the summary (``stale_expectations``), a warning in a partial run,
+a failure of a run of the whole suite (and red in ``coc-gate``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Generator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -31,6 +37,7 @@ from conformance.gating.expectations import Expectations, ExpectationsError, jud
 from conformance.harness.case_errors import HANGS
 from conformance.judge.expected import Expectation
 from conformance.judge.failures import UNEXPECTED_PASS
+from conformance.roster import is_xdist_worker
 
 expectations_key = pytest.StashKey[Expectations]()
 matched_key = pytest.StashKey[list[Expectation]]()
@@ -44,6 +51,64 @@ def pytest_configure(config: pytest.Config) -> None:
         config.stash[expectations_key] = Expectations.load(path)
     except ExpectationsError as exc:
         raise pytest.UsageError(str(exc)) from None
+    if not is_xdist_worker(config):
+        config.pluginmanager.register(StaleEntries(config), "coc-stale-expectations")
+
+
+#: What the run found of its expectations file: its stale entries (:func:`~conformance.judge.expected.stale`) and
+#: whether the run was the whole suite (then they fail it).
+stale_key = pytest.StashKey[tuple[list[str], bool]]()
+
+
+class StaleEntries:
+    """Entries of the expectations file that match no case of the run, or name no check its cases recorded (on the
+    controller under xdist): a warning in a partial run; in a run of the whole suite, where they can only be stale,
+    a failure of the run."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.checks: dict[str, list[str]] = {}
+        self.deselected = 0
+
+    def pytest_deselected(self, items: list[pytest.Item]) -> None:
+        self.deselected += len(items)
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        names = [str(c["name"]) for c in report_properties.property_of(report, report_properties.CHECKS) or ()]
+        self.checks.setdefault(case_id(report.nodeid), []).extend(names)
+
+    @pytest.hookimpl(tryfirst=True)  # before the summary is written
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        from conformance.judge.expected import stale
+        from conformance.roster import roster
+
+        cases = {case_id(nodeid): self.checks.get(case_id(nodeid), []) for nodeid in roster(self.config).collected}
+        found = stale(self.config.stash[expectations_key].entries, cases)
+        full = self.full_run()
+        self.config.stash[stale_key] = (found, full)
+        if found and full and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def full_run(self) -> bool:
+        """Whether the run was the whole suite: every case of it collected and none deselected."""
+        from conformance.caseids import SUITE_DIR
+
+        config = self.config
+        if self.deselected or config.getoption("keyword") or config.getoption("markexpr"):
+            return False
+        whole = [arg for arg in config.args if str(arg) == "conformance.suite" and config.getoption("pyargs", False)
+                 or Path(config.invocation_params.dir, str(arg)).resolve() == SUITE_DIR]
+        return bool(whole) and len(whole) == len(config.args)
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        found, full = self.config.stash.get(stale_key, ([], False))
+        if not found:
+            return
+        terminalreporter.section("coc-conformance: stale expectations")
+        for entry in found:
+            terminalreporter.write_line(entry, red=full, yellow=not full)
+        terminalreporter.write_line("a run of the whole suite fails on them: remove or fix the entries" if full
+                                    else "(a partial run: a warning; a run of the whole suite fails on them)")
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

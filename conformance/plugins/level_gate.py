@@ -27,7 +27,9 @@ Hangs, crashes and unexpected rank errors are always MUST: no implementation
 may hang or die, whatever it declares.  Any other exception from a test body
 (not a check failure, not an assertion) is the suite's own bug: it is raised
 as :class:`~conformance.judge.failures.SuiteError` and reported as an *error*
-of the run, never as a failed check of the implementation.  A test that
+of the run, never as a failed check of the implementation; the checks recorded
+before it are kept, and a gated check that failed before it makes the case
+failed (the worse verdict), the suite's error recorded beside it.  A test that
 passes with no check recorded is one check passed only when it judges by its
 own assertions (no ``verdicts``); one that judges through ``verdicts`` and
 recorded nothing was not judged, and a case whose every check was not judged
@@ -67,7 +69,26 @@ def pytest_configure(config: pytest.Config) -> None:
         config.stash[gate_key] = Level.parse_many(options.gate_spec(config))
     except ValueError as exc:
         raise pytest.UsageError(f"{options.GATE}: {exc}") from None
+    refuse_reruns(config)
     config.pluginmanager.register(LevelTally(config), "coc-level-tally")
+
+
+def refuse_reruns(config: pytest.Config) -> None:
+    """A run of the suite asking pytest-rerunfailures to run failed cases again is a usage error: a failed attempt
+    is a verdict, and a rerun that skipped or passed would report it lost (skipped, exit 0) -- failures are
+    sticky across attempts too."""
+    from conformance.plugins.scheduling import runs_the_suite
+
+    asked = [config.getoption(name, None) for name in ("reruns", "force_reruns")]
+    try:
+        asked.append(config.getini("reruns"))
+    except ValueError:  # pytest-rerunfailures is not installed
+        pass
+    rerun = [str(value) for value in asked if value is not None and str(value).strip() not in ("", "0")]
+    if rerun and runs_the_suite(config):
+        raise pytest.UsageError(f"reruns ({', '.join(rerun)}; pytest-rerunfailures) are refused by coc-conformance: "
+                                "a failed attempt is a verdict, and a rerun would report it lost; run the suite "
+                                "without --reruns")
 
 
 #: Fixtures that make a test a conformance check (its outcome is counted by level).
@@ -125,6 +146,8 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
     try:
         yield
     except BaseException as exc:
+        if not is_check(item):
+            raise  # not a conformance check (another test of the session): what it raises is its own outcome
         if isinstance(exc, (pytest.skip.Exception, pytest.xfail.Exception)):
             _record_the_skip(item, name, exc)
             conclude(item, refusal=exc)
@@ -195,7 +218,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         None, pytest.TestReport, pytest.TestReport]:
     report = yield
     if call.excinfo is not None and isinstance(call.excinfo.value, SuiteError):
-        report.user_properties.append((report_properties.SUITE_ERROR, str(call.excinfo.value)))
+        _suite_error(item, report, call.excinfo.value)
         return report
     if call.when == "setup" and report.skipped and not_offered_key in item.stash:
         name = getattr(item, "originalname", item.name)
@@ -223,6 +246,21 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         report.wasxfail = f"[{levels}, not gated] " + "; ".join(f"{r.name}: {r.message}" for r in failed)
         report.user_properties.append((report_properties.NOT_GATED, sorted({r.level.value for r in failed})))
     return report
+
+
+def _suite_error(item: pytest.Item, report: pytest.TestReport, error: SuiteError) -> None:
+    """A bug of the suite stopped the case: every check recorded before it is kept, and the case is the worse of the
+    two -- failed when a check of a gating level failed (the suite's error recorded beside it), else an error of
+    the run naming the suite."""
+    recorded = item.stash.get(verdicts_key, None)
+    results = list(recorded.results) if recorded is not None else []
+    if results:
+        report.user_properties.append((report_properties.CHECKS, [r.as_dict() for r in results]))
+    gate = item.config.stash[gate_key]
+    if any(r.failed and r.level in gate for r in results):
+        report.user_properties.append((report_properties.SUITE_ERROR_BESIDE, str(error)))
+    else:
+        report.user_properties.append((report_properties.SUITE_ERROR, str(error)))
 
 
 def pytest_report_teststatus(report: pytest.TestReport) -> tuple[str, str, str] | None:

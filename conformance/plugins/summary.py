@@ -11,7 +11,10 @@ session's (:func:`conformance.roster.run_id`), which every Allure result of
 the run carries too: the report refuses a verdict from another run.
 
 A case whose implementation calls reached torch_npu's fused kernels (MC²)
-carries ``fused_kernels`` (calls by kernel), and the run their totals.
+carries ``fused_kernels`` (calls by kernel), and the run their totals; a case
+on ranks carries its ``capability``, and ``fused_kernels_by_op`` says per
+fused op how many of its cases reached a fused kernel, and the calls (on an
+NPU node: whether that op ran on MC² at all).
 
 Read by ``coc-gate``, ``coc-matrix`` and
 ``coc-expectations``; the format is :data:`SCHEMA`.  ``determinism`` records what the
@@ -22,7 +25,11 @@ torch's deterministic switches).  A case's ``outcome`` is
 because the implementation does not offer what it needs carries a check
 ``not offered``.  ``expectations`` holds every entry of the expectations file
 the run was judged against (``coc-gate`` reads which losses of judgment are
-expected from it).
+expected from it); ``digests`` (per case) and ``determinism_environment``
+what ``coc-gate`` compares deterministic results across runs by.  The summary is written first when the session starts,
+``complete: false``, and again, ``complete: true``, when it ends (false still
+when it was interrupted): a run killed half way leaves a summary the gate and
+the report refuse, never an earlier run's.
 """
 
 from __future__ import annotations
@@ -42,7 +49,7 @@ from conformance import options, report_properties
 from conformance.caseids import area, case_id
 from conformance.judge.verdicts import NOT_JUDGED, case_outcome, outcome_of
 from conformance.options import impl_spec
-from conformance.plugins.time_breakdown import process_started
+from conformance.plugins.time_breakdown import fused_kernels_by_op, process_started
 from conformance.report_properties import property_of
 from conformance.roster import is_xdist_worker, roster, run_id
 
@@ -69,7 +76,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         from conformance.judge.failures import HANG, SUITE_ERROR, CheckFailure, SuiteError
 
         exc = call.excinfo.value
+        failed = [c for c in property_of(report, report_properties.CHECKS) or () if outcome_of(c) == "failed"]
         category = (HANG if isinstance(exc, HANGS) else exc.category if isinstance(exc, CheckFailure)
+                    else str(failed[0]["category"]) if property_of(report, report_properties.SUITE_ERROR_BESIDE)
                     else SUITE_ERROR if isinstance(exc, SuiteError) else "error")
         report.user_properties.append((report_properties.FAILURE, {
             "category": category, "type": type(exc).__name__, "message": str(exc)[:2000]}))
@@ -101,9 +110,14 @@ def record_of(report: pytest.TestReport) -> dict[str, Any]:
         record["skip_reason"] = str(report.longrepr[2]).removeprefix("Skipped: ")
     if wasxfail is not None:
         record["reason"] = wasxfail
+    beside = property_of(report, report_properties.SUITE_ERROR_BESIDE)
+    if beside is not None:
+        record["suite_error"] = beside
     for key, name in (("checks", report_properties.CHECKS), ("timings", report_properties.TIMINGS),
-                      ("fused_kernels", report_properties.FUSED_KERNELS), ("clock", report_properties.CLOCK),
+                      ("fused_kernels", report_properties.FUSED_KERNELS),
+                      ("capability", report_properties.CAPABILITY), ("clock", report_properties.CLOCK),
                       ("failure", report_properties.FAILURE), ("expectation", report_properties.EXPECTATION),
+                      ("digests", report_properties.DIGESTS),
                       ("explore", report_properties.EXPLORE)):
         value = property_of(report, name)
         if value is not None:
@@ -141,10 +155,22 @@ class SummaryWriter:
         with open(self.lines, "a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
 
-    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        """The summary, provisional (``complete: false``), before any case runs: a run that never finishes leaves
+        no earlier run's summary where its own belongs, and the gate and the report give it no verdict."""
+        self._write(self._document(complete=False))
+
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        """The summary of every case reported, complete unless the session was interrupted or broke down."""
         if is_xdist_worker(self.config):
             return
+        stopped = exitstatus in (pytest.ExitCode.INTERRUPTED, pytest.ExitCode.INTERNAL_ERROR)
+        self._write(self._document(complete=not stopped))
+
+    def _document(self, *, complete: bool) -> dict[str, Any]:
         records = list(self.records.values())
+        settings = _determinism_settings()
+        environment = determinism_environment(self.config, settings) if any("digests" in r for r in records) else {}
         outcomes = Counter(r["outcome"] for r in records)
         skips = Counter(r.get("skip_reason", "?") for r in records if r["outcome"] == "skipped")
         levels: Counter[str] = Counter()
@@ -157,21 +183,26 @@ class SummaryWriter:
         allure_dir = self.config.getoption("allure_report_dir", None)
         allure_results = (len(list(Path(allure_dir).glob("*-result.json")))
                           if allure_dir and Path(allure_dir).is_dir() else None)
-        from conformance.plugins.known_outcomes import expectations_key
+        from conformance.plugins.known_outcomes import expectations_key, stale_key
 
         known = self.config.stash.get(expectations_key, None)
-        doc = {
+        stale, full = self.config.stash.get(stale_key, ([], False))
+        return {
             "schema": SCHEMA,
             "run_id": run_id(self.config),
+            "complete": complete,
             "implementation": impl_spec(self.config),
             "launcher": self.config.getoption(options.LAUNCHER),
             "gate": options.gate_spec(self.config),
             "expectations": [entry.as_dict() for entry in known.entries] if known is not None else [],
+            "stale_expectations": stale,
+            "full_run": full,
             "python": platform.python_version(),
             "torch": _version("torch"),
             "megatron_core": _version("megatron-core"),
             "implementation_notes": implementation_notes(self.config),
-            "determinism": _determinism_settings(),
+            "determinism": settings,
+            "determinism_environment": environment,
             "process_started": process_started(),
             "started": self.started,
             "duration": round(time.time() - self.started, 2),
@@ -183,9 +214,13 @@ class SummaryWriter:
             "outcomes": dict(outcomes),
             "levels": dict(levels),
             "fused_kernels": dict(sorted(fused.items())),
+            "fused_kernels_by_op": fused_kernels_by_op((r["capability"], r.get("fused_kernels", {}))
+                                                       for r in records if "capability" in r),
             "skips_by_reason": dict(skips.most_common()),
             "cases": records,
         }
+
+    def _write(self, doc: dict[str, Any]) -> None:
         tmp = self.path.with_name(self.path.name + f".{os.getpid()}.tmp")
         tmp.write_text(json.dumps(doc, indent=1))
         os.replace(tmp, self.path)
@@ -209,6 +244,22 @@ class SummaryWriter:
             for note in notes:
                 terminalreporter.write_line(note, yellow=True)
         terminalreporter.write_line(f"coc-conformance: summary written to {self.path}")
+
+
+def determinism_environment(config: pytest.Config, settings: dict[str, str | None]) -> dict[str, Any]:
+    """What every deterministic result of the run depends on besides its case (``digests``): the implementation
+    and its code, the ranks' device and backend, torch, and the determinism ``settings`` (``HCCL_DETERMINISTIC``
+    and the like).  ``coc-gate`` compares two runs' digests only where these match."""
+    from conformance.harness.impl_loader import code_digest
+    from conformance.harness.launchers.devices import cpu, detect_device_kind, node_identity
+
+    if config.getoption(options.LAUNCHER) == "threaded":
+        kind = cpu(config.getoption(options.CPU_SLOTS))
+    else:
+        kind = detect_device_kind(config.getoption(options.CPU_SLOTS), config.getoption(options.BACKEND),
+                                  config.getoption(options.RANKS_PER_DEVICE))
+    return {"implementation": impl_spec(config), "implementation_code": code_digest(impl_spec(config)),
+            **node_identity(kind), "torch": _version("torch"), "settings": settings}
 
 
 def implementation_notes(config: pytest.Config) -> list[str]:

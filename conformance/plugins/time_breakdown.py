@@ -17,7 +17,10 @@ workers' start-up (interpreter, imports, collection).
 
 The same record counts which of torch_npu's fused kernels (MC²) the
 implementation's calls reached (``coc_fused_kernels``, apart from the
-timings); the totals close the terminal summary's first line.
+timings), and the case's capability (``coc_capability``); the totals close
+the terminal summary's first line, and per fused op (:func:`fused_kernels_by_op`,
+which the JSON summary uses too) they say on an NPU node whether each op's
+calls reached a fused kernel at all.
 """
 
 from __future__ import annotations
@@ -26,15 +29,16 @@ import functools
 import os
 import time
 from collections import Counter
-from collections.abc import Generator
+from collections.abc import Generator, Iterable, Mapping
 from pathlib import Path
 from typing import Any, cast
 
 import pytest
 
 from conformance import report_properties
-from conformance.caseids import needs
+from conformance.caseids import capability, needs
 from conformance.harness.runner import CaseTimings
+from conformance.protocol import FUSED_OPS
 
 timings_key = pytest.StashKey[CaseTimings]()
 #: When the case began (epoch seconds) and this process's CPU time then.
@@ -85,6 +89,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     record = item.stash.get(timings_key, None)
     if call.when == "call" and record is not None and record.runs:
         report.user_properties.append((report_properties.TIMINGS, record.as_dict()))
+        report.user_properties.append((report_properties.CAPABILITY, capability(item)))
         if record.fused_kernels:
             report.user_properties.append((report_properties.FUSED_KERNELS, dict(record.fused_kernels)))
     begun = item.stash.get(_begun_key, None)
@@ -94,6 +99,30 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
             "process_started": process_started(), "start": round(begun[0], 4), "process_cpu": round(begun[1], 4),
             "cpu": round(time.process_time() - begun[1], 4)}))
     return report
+
+
+def fused_kernels_by_op(cases: Iterable[tuple[str | None, Mapping[str, int]]]) -> dict[str, dict[str, Any]]:
+    """Per fused op whose cases ran on ranks (``cases``: each case's capability and its fused kernel calls): its
+    ``cases``, the cases whose calls ``reached`` a fused kernel, and the ``calls`` by kernel (none: on an NPU node,
+    that op never ran on MC²).  The JSON summary and the terminal say it with this one function."""
+    by_op: dict[str, dict[str, Any]] = {}
+    for kind, fused in cases:
+        op = (kind or "").removeprefix("op:").split("/", 1)[0]
+        if not (kind or "").startswith("op:") or op not in FUSED_OPS:
+            continue
+        entry = by_op.setdefault(op, {"cases": 0, "reached": 0, "calls": Counter()})
+        entry["cases"] += 1
+        entry["reached"] += bool(fused)
+        entry["calls"].update(fused)
+    return {op: {**entry, "calls": dict(sorted(entry["calls"].items()))} for op, entry in sorted(by_op.items())}
+
+
+def describe_fused_by_op(by_op: Mapping[str, Mapping[str, Any]]) -> str:
+    """One line: per fused op, the calls of each kernel its cases reached, in how many of them (or none)."""
+    return "; ".join(
+        f"{op} " + (", ".join(f"{kernel} {n}" for kernel, n in e["calls"].items()) + f" in {e['reached']} of "
+                    f"{e['cases']} case(s)" if e["calls"] else f"none in {e['cases']} case(s)")
+        for op, e in by_op.items())
 
 
 def timings_of(report: pytest.TestReport) -> dict[str, Any] | None:
@@ -116,27 +145,41 @@ class TimeTally:
         #: torch_npu's fused kernel calls of every case (:data:`~conformance.report_properties.FUSED_KERNELS`).
         self.fused: Counter[str] = Counter()
         self.fused_cases = 0
+        #: Every case on ranks: its capability and its fused kernel calls (:func:`fused_kernels_by_op`).
+        self.capabilities: list[tuple[str | None, dict[str, int]]] = []
 
     def pytest_sessionstart(self) -> None:
         self.started = time.monotonic()
 
-    def slots(self) -> int:
-        """The devices (CPU slots) the workers of this run share."""
+    def _kind(self) -> Any:
         from conformance import options
         from conformance.harness.launchers.devices import detect_device_kind
 
         try:
-            kind = detect_device_kind(self.config.getoption(options.CPU_SLOTS), self.config.getoption(options.BACKEND),
+            return detect_device_kind(self.config.getoption(options.CPU_SLOTS), self.config.getoption(options.BACKEND),
                                       self.config.getoption(options.RANKS_PER_DEVICE))
         except Exception:  # noqa: BLE001 - a configuration refused elsewhere, with its reason
-            return 0
-        return len(kind.lease_names())
+            return None
+
+    def slots(self) -> int:
+        """The devices (CPU slots) the workers of this run share."""
+        kind = self._kind()
+        return len(kind.lease_names()) if kind is not None else 0
+
+    def node(self) -> str:
+        """The device kind the ranks of this run ran on ("" where it cannot be said)."""
+        kind = self._kind()
+        return kind.name if kind is not None else ""
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        if report.when == "call" and (found := timings_of(report)) is not None:
+        if report.when != "call":
+            return
+        found = timings_of(report)
+        fused = report_properties.property_of(report, report_properties.FUSED_KERNELS)
+        if found is not None:
             self.cases.append((report.nodeid, found))
-        fused = report_properties.property_of(report, report_properties.FUSED_KERNELS) if report.when == "call" \
-            else None
+            self.capabilities.append((report_properties.property_of(report, report_properties.CAPABILITY),
+                                      dict(fused or {})))
         if fused:
             self.fused.update(fused)
             self.fused_cases += 1
@@ -155,6 +198,9 @@ class TimeTally:
             terminalreporter.write_line(
                 f"fused kernels the implementation reached, in {self.fused_cases} case(s): "
                 + ", ".join(f"{kernel} {n}" for kernel, n in sorted(self.fused.items())))
+        by_op = fused_kernels_by_op(self.capabilities)
+        if by_op and (self.fused or self.node() == "npu"):  # elsewhere no fused kernel is there to reach
+            terminalreporter.write_line(f"fused kernels by op: {describe_fused_by_op(by_op)}")
         slots, wall = self.slots(), time.monotonic() - self.started
         if slots and wall > 0:
             used = sum(slot_seconds(t) for _, t in self.cases)

@@ -303,6 +303,10 @@ def _judge(results: Path, summary: Path | None, found: same_run.ResultsRun) -> _
         doc: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         return _Judged({"verdict": f"{NO_VERDICT}: the summary {path} cannot be read ({exc})"}, None, path)
+    if doc.get("complete") is False:
+        why = (f"the summary {path} is incomplete: run {doc.get('run_id') or '?'} was killed, interrupted or is still "
+               "running")
+        return _Judged({"verdict": f"{NO_VERDICT}: {why}"}, None, path, [why])
     differ = same_run.disagreements(doc, found)
     if differ:
         return _Judged({"verdict": f"{NO_VERDICT}: the summary {path} is another run's"}, None, path, differ)

@@ -35,11 +35,13 @@ corpus judge by too); a failure recorded before stays a failure.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
 import golden
+from conformance import report_properties
 from conformance.cases.groups import GROUP_LAYOUTS, SUBGROUP_SIZES
 from conformance.cases.op_cases import op_sequence_task, op_task
 from conformance.cases.quant_cases import BAD_QUANT, quant_inputs, quant_task
@@ -47,11 +49,12 @@ from conformance.contract.jobs import OPERAND_STRIDES, OpRun, QuantRun
 from conformance.contract.problems import Problem, QuantProblem, exact_limit_ok
 from conformance.judge import checks
 from conformance.judge import ops as judge
-from conformance.judge.determinism import cannot_fail
+from conformance.judge.determinism import cannot_fail, digests
 from conformance.judge.failures import suite_requires
 from conformance.judge.levels import Level
 from conformance.judge.op_verdicts import (
     issued,
+    judge_across_launches,
     judge_deterministic,
     judge_op_runs,
     refusal_names,
@@ -248,9 +251,12 @@ def _tilings(rows: int) -> tuple[tuple[int, ...] | None, ...]:
 
 @pytest.mark.parametrize("op, dtype, tp", _det_params())
 def test_deterministic_is_bitwise_reproducible(coc_ranks: Any, verdicts: Any, coc_declarations: Declarations,
-                                                impl_accepts_blocks: Any, op: str, dtype: str, tp: int) -> None:
-    """The same bits run after run, with late ranks, under each tiling; across tilings where declared
-    split-invariant, each tiling within the error bound otherwise.
+                                                impl_accepts_blocks: Any, record_property: Any, op: str, dtype: str,
+                                                tp: int) -> None:
+    """The same bits run after run, with late ranks, under each tiling -- and in another launch, on fresh ranks
+    with other late ranks; across tilings where declared split-invariant, each tiling within the error bound
+    otherwise.  Each result's digest goes into the JSON summary, where ``coc-gate`` compares it with the
+    baseline's (the same inputs, configuration, implementation code, device and torch).
 
     At TP 3 and 4 (a sum of two ranks is the same in either order) on spread
     data (cancelling columns of a wide exponent spread), where summing the
@@ -265,8 +271,14 @@ def test_deterministic_is_bitwise_reproducible(coc_ranks: Any, verdicts: Any, co
     why = cannot_fail(run)
     suite_requires(not why, f"a deterministic case that cannot fail: {why}")
     outcomes = coc_ranks.run(op_task, tp, run=run)
-    judge_deterministic(verdicts, _judge(verdicts, coc_declarations, [(run, outcomes)]),
-                        coc_declarations.split_invariant_ops)
+    judged = _judge(verdicts, coc_declarations, [(run, outcomes)])
+    judge_deterministic(verdicts, judged, coc_declarations.split_invariant_ops)
+    if not judged:
+        return
+    record_property(report_properties.DIGESTS, digests(run, outcomes))
+    again = [coc_ranks.run(op_task, tp, fresh=True, run=replace(run, launch=1))] if coc_ranks.relaunches else []
+    judge_across_launches(verdicts, [(run, [outcomes, *again])], why_not="" if again else
+                          "this launcher starts no fresh ranks (threads of the session's process, or torchrun's job)")
 
 
 #: The storm breaker's capability of the w8A16 cases: its own path, apart from the plain op.

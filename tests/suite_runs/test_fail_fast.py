@@ -187,3 +187,55 @@ def test_a_rank_server_it_may_not_share_is_not_used_saying_why(run_suite: Callab
     assert run.ret == 0 and run.passed == 1, run.output[-3000:]
     assert re.search(rf"--coc-rank-server {re.escape(str(gone))}: not used, no rank server answers", run.output), \
         run.output[-3000:]
+
+
+def test_os_exit_in_the_test_process_is_the_implementations_error_never_the_end_of_the_run(
+        run_suite: Callable[..., SuiteRun], tmp_path: Path) -> None:
+    """``os._exit(0)`` in ``configure``, which config cases call in the pytest process: the case fails, the run goes
+    on to a complete summary and a failing exit status (issue 50: one process exited 0 with no summary)."""
+    summary = tmp_path / "coc-summary.json"
+    run = run_suite("test_config", "tests.support.faulty_impls:ExitsItsTestProcess", "-n", "0", "-k",
+                    "effective_config", "--coc-summary", str(summary))
+    doc = json.loads(summary.read_text())
+    victims = [c for c in doc["cases"] if "cli-fused" in c["id"]]
+    assert run.ret == 1 and doc["complete"] and doc["reported"] == doc["collected"] == 12, run.output[-3000:]
+    assert victims[0]["outcome"] == "failed" and "os._exit(0) called in the test process" in json.dumps(victims[0])
+
+
+def test_a_run_killed_half_way_leaves_an_incomplete_summary_never_the_last_runs(tmp_path: Path) -> None:
+    """The summary is written when the session starts (``complete: false``) and again when it ends: a session
+    killed half way, in a folder that held the last run's summary, leaves its own incomplete one, which the gate
+    refuses (issue 50: GREEN, "No change", over the last run's summary)."""
+    import subprocess
+    import sys
+
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / "test_dies.py").write_text("import os\n\ndef test_fine():\n    pass\n\n"
+                                         "def test_killed():\n    os.kill(os.getpid(), 9)\n")
+    summary = folder / "coc-summary.json"
+    summary.write_text(json.dumps({"run_id": "the-last-run", "complete": True, "cases": []}))
+
+    def session(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "pytest", "-p", "conformance.plugin", "-p", "no:xdist", "-q",
+                               "--coc-summary", str(summary), *args], cwd=folder, capture_output=True, text=True,
+                              timeout=300)
+
+    session()
+    doc = json.loads(summary.read_text())
+    assert doc["run_id"] != "the-last-run" and doc["complete"] is False, doc
+    gated = subprocess.run([sys.executable, "-m", "conformance.gating.gate", "--current", str(folder)], cwd=ROOT,
+                           capture_output=True, text=True)
+    assert gated.returncode == 2 and "is incomplete" in gated.stderr, gated.stderr
+    session("-k", "fine")
+    assert json.loads(summary.read_text())["complete"] is True
+
+
+def test_reruns_of_failed_cases_are_a_usage_error(run_pytest: Callable[..., pytest.RunResult]) -> None:
+    """pytest-rerunfailures would run a failed case again and report the last attempt: a failure, then a refusal,
+    came out skipped with exit status 0 (issue 50).  The suite refuses the option instead."""
+    pytest.importorskip("pytest_rerunfailures")
+    result = run_pytest("-p", "no:cacheprovider", "-q", "--pyargs", "conformance.suite.test_config", "--rootdir",
+                        str(ROOT), "-c", str(ROOT / "pyproject.toml"), "-k", "effective_config", "--reruns", "1")
+    said = result.stdout.str() + result.stderr.str()
+    assert result.ret == 4 and "reruns (1; pytest-rerunfailures) are refused" in said, said[-3000:]

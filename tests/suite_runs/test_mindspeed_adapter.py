@@ -279,13 +279,13 @@ def expectations() -> Path:
     return fitting[0] if fitting else EXPECTATIONS
 
 
-def _suite(tmp_path: Path, impl: str, select: str) -> tuple[int, dict[str, Any], str]:
+def _suite(tmp_path: Path, impl: str, select: str, *args: str, **env: str | None) -> tuple[int, dict[str, Any], str]:
     summary = tmp_path / "summary.json"
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--pyargs", "conformance.suite.test_layers",
          "--coc-impl", impl, "--coc-tp", "2", "-k", select, "--coc-expectations", str(expectations()),
-         "--coc-summary", str(summary), "-c", str(ROOT / "pyproject.toml"), "--rootdir", str(ROOT), "-q", "-rf"],
-        cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=600)
+         "--coc-summary", str(summary), "-c", str(ROOT / "pyproject.toml"), "--rootdir", str(ROOT), "-q", "-rf",
+         *args], cwd=tmp_path, env=_env(**env), capture_output=True, text=True, timeout=600)
     output = result.stdout[-4000:] + result.stderr[-2000:]
     assert summary.exists(), output
     return result.returncode, json.loads(summary.read_text()), output
@@ -309,3 +309,18 @@ def test_suite_run_turns_red_on_an_injected_fault(tmp_path: Path) -> None:
     for case in failed:  # unexpected failures (no expectation covers them), caught by the numerics
         assert "expectation" not in case, case["id"]
         assert any(c["name"] == "numerics" and not c["passed"] for c in case["checks"]), case
+
+
+@needs_mindspeed
+def test_the_scripted_path_runs_on_the_emulated_npu_node(tmp_path: Path) -> None:
+    """MindSpeed's scripted CoC on the emulated 8-NPU node (--coc-emulate-npu): its buffers on the rank's NPU, as
+    torch_npu's transfer_to_npu gives them (they were put on the CPU, and HCCL took none of them), and its native
+    builders stood in where CANN is missing, as on a CPU (an NPU's torch_npu made the adapter import MindSpeed's
+    real builders, which need torchair)."""
+    code, summary, output = _suite(tmp_path, SPEC, "layer_matches_golden or customized_coc", "--coc-emulate-npu",
+                                   "--coc-lease-dir", str(tmp_path / "leases"),
+                                   NPU_SIM_NODE_DIR=str(tmp_path / "node"), ASCEND_HOME_PATH=None)
+    outcomes = summary["outcomes"]
+    assert code == 0 and not outcomes.get("failed") and not outcomes.get("error"), output
+    assert outcomes.get("passed", 0) >= 70, outcomes
+

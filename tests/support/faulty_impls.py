@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from coc_impl.config import CoCConfig, resolve_config
-from coc_impl.reference import ReferenceCoC
+from coc_impl.reference import ReferenceCoC, ReferenceCoCAuto
 from conformance.protocol import PHASE_COLLECTIVES
 
 
@@ -165,16 +165,16 @@ class _EveryOp(ReferenceCoC):
         return self.through("all_gather_matmul_v2", x, w, bias, kw)
 
 
-class ArrivalOrderReduction(ReferenceCoC):
-    """Claims ``deterministic=True`` but sums the ranks' partials in the order they arrive."""
+class _ReorderedDeterministicSum(ReferenceCoC):
+    """``deterministic=True`` on ``matmul_all_reduce``: the ranks' float32 partials gathered and summed in the order
+    :meth:`ordered` gives (the reference sums them in rank order)."""
 
-    name = "fault-arrival-order"
+    def ordered(self, parts: list[Any], group: Any) -> list[Any]:
+        raise NotImplementedError
 
     def matmul_all_reduce(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
         if not kw.pop("deterministic", False):
             return super().matmul_all_reduce(x, w, bias, **kw)
-        import random
-
         import torch
         import torch.distributed as dist
 
@@ -185,12 +185,23 @@ class ArrivalOrderReduction(ReferenceCoC):
         partial = x.float() @ wk.float()
         gathered = torch.empty((tp * partial.shape[0], partial.shape[1]))
         dist.all_gather_into_tensor(gathered, partial, group=group)
-        parts = list(gathered.view(tp, *partial.shape))
-        random.shuffle(parts)  # whichever rank's block "arrived" first
+        parts = self.ordered(list(gathered.view(tp, *partial.shape)), group)
         total = parts[0].clone()
         for part in parts[1:]:
             total += part
         return (total if bias is None else total + bias.float()).to(x.dtype)
+
+
+class ArrivalOrderReduction(_ReorderedDeterministicSum):
+    """Claims ``deterministic=True`` but sums the ranks' partials in the order they arrive."""
+
+    name = "fault-arrival-order"
+
+    def ordered(self, parts: list[Any], group: Any) -> list[Any]:
+        import random
+
+        random.shuffle(parts)  # whichever rank's block "arrived" first
+        return parts
 
 
 class V2GatheredWrongOrder(ReferenceCoC):
@@ -941,9 +952,24 @@ class KillsItsTestProcess(ReferenceCoC):
 
     def configure(self, argv: Sequence[str] | None, env: Mapping[str, str] | None, **kw: Any) -> CoCConfig:
         import os
+        import signal
 
         if list(argv or ()) == ["--use-ascend-coc", "--coc-fused-kernel"] and kw.get("tp_size") == 8:
-            os._exit(3)
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().configure(argv, env, **kw)
+
+
+class ExitsItsTestProcess(ReferenceCoC):
+    """configure of the plain fused flags at TP 8 calls ``os._exit(0)`` in the process calling it (issue 50: in one
+    pytest process the run ended, exit status 0, with no summary)."""
+
+    name = "fault-exits-with-zero"
+
+    def configure(self, argv: Sequence[str] | None, env: Mapping[str, str] | None, **kw: Any) -> CoCConfig:
+        import os
+
+        if list(argv or ()) == ["--use-ascend-coc", "--coc-fused-kernel"] and kw.get("tp_size") == 8:
+            os._exit(0)
         return super().configure(argv, env, **kw)
 
 
@@ -1719,3 +1745,343 @@ class ClaimsSplitInvariance(RowCountRounding):
 
     name = "fault-claims-split-invariance"
     split_invariant_ops = ("matmul_all_reduce", "matmul_reduce_scatter")
+
+
+# --- state kept on the backward's thread (an accelerator runs every backward of a device on one thread) -------
+
+
+class _BackwardThreadWorkspace(_PatchedPipeline):
+    """The backward keeps each weight's product operand in a per-thread workspace (a ``threading.local``, as a
+    workspace pool per stream or thread is), found again by :meth:`key`; the forward uses the weight as is."""
+
+    target = "rows_times"
+
+    def key(self, weight: Any) -> tuple[Any, ...]:
+        raise NotImplementedError
+
+    def wrap(self, original: Any) -> Any:
+        import threading
+
+        import torch
+
+        workspace = threading.local()
+
+        def rows_times(right: Any, **kw: Any) -> Any:
+            if torch.is_grad_enabled():  # the forward
+                return original(right, **kw)
+            kept = workspace.__dict__.setdefault("operands", {})
+            key = self.key(right)
+            if key not in kept:
+                kept[key] = original(right.detach().clone(), **kw)
+            return kept[key]
+
+        return rows_times
+
+
+class StaleBackwardThreadWorkspace(_BackwardThreadWorkspace):
+    """Keyed by the weight's storage alone: on a device's one backward thread the operand of the first step is
+    used again after the optimizer updated the weight in place (a fresh thread per backward never shows it)."""
+
+    name = "fault-stale-backward-thread-workspace"
+
+    def key(self, weight: Any) -> tuple[Any, ...]:
+        return weight.data_ptr(), tuple(weight.shape)
+
+
+# --- work the probes cannot follow (a helper thread) beside a fault they can see -------------------------------
+
+
+def _helper_thread_matmul() -> None:
+    """A 2x2 matmul on a helper thread, started and joined: work no recording mode reaches."""
+    import threading
+
+    import torch
+
+    helper = threading.Thread(target=lambda: torch.ones(2, 2) @ torch.ones(2, 2), name="coc-helper")
+    helper.start()
+    helper.join()
+
+
+class SerialBackwardBesideAHelperMatmul(MlpSpBackwardGatherSerial):
+    """``MlpSpBackwardGatherSerial`` (the row SP backward, declared chunked, gathers serially), and a 2x2 matmul on
+    a helper thread in the column forward: that phase is not judged, the serial backward still fails (issue 50: the
+    first phase not judged ended the structure check, "not judged")."""
+
+    name = "fault-serial-backward-beside-a-helper-matmul"
+
+    def wrap(self, original: Any) -> Any:
+        import sys
+
+        import coc_impl.scripted as scripted
+
+        row_backward = inspect.unwrap(scripted._RowParallelMatmul.backward).__code__
+
+        def all_gather_matmul(x: Any, matmul: Any, blocks: Any, group: Any, **kw: Any) -> Any:
+            if sys._getframe(1).f_code is row_backward:
+                return _whole_blocking_gather(x, matmul, group)
+            _helper_thread_matmul()
+            return original(x, matmul, blocks, group, **kw)
+
+        return all_gather_matmul
+
+
+class RegathersOnAHelperThread(_PatchedPipeline):
+    """Ignores ``recompute_all_gather=False``, and gathers the input again for the weight gradient on a helper
+    thread, where no probe records it: the check cannot see the re-gather, so it must not pass (issue 50)."""
+
+    name = "fault-regathers-on-a-helper-thread"
+    target = "all_gather"
+
+    def patch_megatron(self, config: CoCConfig) -> Any:
+        from dataclasses import replace
+
+        return super().patch_megatron(replace(config, user_cfgs=replace(config.user_cfgs, recompute_all_gather=True)))
+
+    def wrap(self, original: Any) -> Any:
+        import threading
+
+        class Gathered:
+            def __init__(self, value: Any) -> None:
+                self.value = value
+
+            def wait(self) -> Any:
+                return self.value
+
+        def all_gather(x: Any, blocks: Any, group: Any, **kw: Any) -> Any:
+            box: dict[str, Any] = {}
+            helper = threading.Thread(target=lambda: box.update(out=original(x, blocks, group, **kw).wait()),
+                                      name="coc-regather")
+            helper.start()
+            helper.join()
+            return Gathered(box["out"])
+
+        return all_gather
+
+
+class CallbackFromBeforeTheRecording(_PatchedPipeline):
+    """Registers at ``configure`` (before any recording) a callback that multiplies, on a future a thread started
+    then completes during the next layer forward: that matmul is not in the phase's timeline, so its structure must
+    not be judged (issue 50: whether to watch a callback was decided when it was registered)."""
+
+    name = "fault-callback-from-before-the-recording"
+    target = "matmul_all_reduce"
+
+    def configure(self, argv: Sequence[str] | None, env: Mapping[str, str] | None, **kw: Any) -> CoCConfig:
+        import threading
+
+        import torch
+
+        later: Any = torch.futures.Future()
+        later.then(lambda _: torch.ones(2, 2) @ torch.ones(2, 2))
+        go = threading.Event()
+        self.go, self.completer = go, threading.Thread(target=lambda: (go.wait(), later.set_result(None)),
+                                                       name="coc-completer", daemon=True)
+        self.completer.start()
+        return super().configure(argv, env, **kw)
+
+    def wrap(self, original: Any) -> Any:
+        def pipeline(*args: Any, **kw: Any) -> Any:
+            completer = getattr(self, "completer", None)
+            if completer is not None and completer.is_alive():
+                self.go.set()
+                completer.join()
+            return original(*args, **kw)
+
+        return pipeline
+
+
+class ScatterPiecesOfTwoShapes(ReferenceCoC):
+    """matmul_reduce_scatter drops its last column on every rank but 0: the ranks' pieces are no shards of one
+    tensor (issue 50: assembling them raised, a suite error that dropped the failures recorded before it)."""
+
+    name = "fault-scatter-pieces-of-two-shapes"
+
+    def matmul_reduce_scatter(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
+        import torch.distributed as dist
+
+        out = super().matmul_reduce_scatter(x, w, bias, **kw)
+        return out if dist.get_rank(kw.get("group")) == 0 else out[:, :-1].contiguous()
+
+
+# --- a wrong result beside a refusal in one case (issue 50: the refusal made the whole case "not offered") -----
+
+
+class WrongDefaultTilingRefusesBlocks(_EveryOp):
+    """Every op: under its own tiling its rows come back one row off (rolled by one); an explicit tiling
+    (``blocks=``) raises ``NotImplementedError``.  The cases that call both ended "not offered": skipped."""
+
+    name = "fault-wrong-default-tiling-refuses-blocks"
+
+    def through(self, op: str, x: Any, w: Any, bias: Any, kw: dict[str, Any]) -> Any:
+        import torch
+
+        if kw.get("blocks") is not None:
+            raise NotImplementedError("explicit tilings (blocks=) are not implemented")
+        result = super().through(op, x, w, bias, kw)
+        if isinstance(result, tuple):
+            return (torch.roll(result[0], 1, 0), result[1])
+        return torch.roll(result, 1, 0)
+
+
+class WrongLongMicroBatchRefusesShortOne(_PatchedRowForward):
+    """The row layer: its longer micro-batch comes back one row off (rolled by one), the shorter one (half its
+    tokens) raises ``NotImplementedError``: a training step of both ended "not offered", skipped (issue 50)."""
+
+    name = "fault-wrong-long-micro-batch-refuses-short-one"
+
+    def wrap(self, original: Any) -> Any:
+        import torch
+
+        longest: list[int] = []
+
+        def row_forward(x: Any, weight: Any, bias: Any, **kw: Any) -> Any:
+            tokens = x.shape[0]
+            longest[:] = [max([tokens, *longest])]
+            if tokens < longest[0]:
+                raise NotImplementedError(f"micro-batches of {tokens} tokens are not implemented")
+            return torch.roll(original(x, weight, bias, **kw), 1, 0)
+
+        return row_forward
+
+
+class RowLayerTypeError(_PatchedRowForward):
+    """The patched row layer raises a ``TypeError`` of its own on every rank: no refusal, a crash of its code."""
+
+    name = "fault-row-layer-type-error"
+
+    def wrap(self, original: Any) -> Any:
+        def row_forward(x: Any, weight: Any, bias: Any, **kw: Any) -> Any:
+            raise TypeError("unsupported operand type(s) for +: 'NoneType' and 'Tensor'")
+
+        return row_forward
+
+
+# --- bits fixed per process (issue 50: three sessions at TP 4 gave three digests, each passed) -----------------
+
+
+def _next_plan(group: Any) -> int:
+    """The plan of a process's first deterministic call: a number rank 0 of ``group`` draws from a counter every
+    set of ranks of the session (one fork server) shares, broadcast to the group -- a stand-in for the timings an
+    autotuner measures, which differ from process to process."""
+    import fcntl
+    import os
+    import tempfile
+    from pathlib import Path
+
+    import torch
+    import torch.distributed as dist
+
+    plan = torch.zeros(1, dtype=torch.int64)
+    if dist.get_rank(group) == 0:
+        path = Path(tempfile.gettempdir()) / f"coc-fault-plans-{os.getppid()}"
+        with open(path, "a+") as counter:
+            fcntl.flock(counter, fcntl.LOCK_EX)
+            counter.seek(0)
+            plan[0] = int(counter.read() or 0) + 1
+            counter.seek(0)
+            counter.truncate()
+            counter.write(str(int(plan[0])))
+    dist.broadcast(plan, group=group, group_src=0)
+    return int(plan[0])
+
+
+class PlanFixedPerProcess(_ReorderedDeterministicSum):
+    """``deterministic=True`` sums the ranks' partials in an order fixed at the first deterministic call of the
+    process and kept, as an autotuner that times once and caches its plan: the same bits run after run in one
+    process, other bits on fresh ranks (each new set of ranks takes the next rotation of the ranks)."""
+
+    name = "fault-plan-fixed-per-process"
+    plans: dict[tuple[int, ...], int] = {}  #: per process: the group's ranks -> its rotation
+
+    def ordered(self, parts: list[Any], group: Any) -> list[Any]:
+        import torch.distributed as dist
+
+        key = tuple(dist.get_process_group_ranks(group))
+        if key not in self.plans:
+            self.plans[key] = _next_plan(group) % len(parts)
+        rotation = self.plans[key]
+        return parts[rotation:] + parts[:rotation]
+
+
+# --- misuses of torch_npu's MC2 kernels (judged on the emulated NPU node: --coc-emulate-npu) ----------------------
+
+
+class _CallsMc2Itself(ReferenceCoCAuto):
+    """The all-reduce on torch_npu's ``npu_mm_all_reduce_base`` where the reference's binding would take the call
+    (``coc_impl.backends.ascend.check``), called here by :meth:`all_reduce_on_mc2`; everything else is the
+    reference with ``backend="auto"``."""
+
+    def matmul_all_reduce(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
+        from coc_impl.backends import ascend
+        from coc_impl.errors import CoCArgumentError, CoCBackendUnavailable
+        from coc_impl.validated_call import ValidatedCall
+
+        call = ValidatedCall.validate("matmul_all_reduce", x, w, bias, **kw)
+        try:
+            ascend.check(call)
+        except (CoCBackendUnavailable, CoCArgumentError):
+            return super().matmul_all_reduce(x, w, bias, **kw)
+        if call.deterministic or call.antiquant is not None or call.blocks is not None:
+            return super().matmul_all_reduce(x, w, bias, **kw)
+        return self.all_reduce_on_mc2(call)
+
+    def all_reduce_on_mc2(self, call: Any) -> Any:
+        raise NotImplementedError
+
+    @staticmethod
+    def kernel(x1: Any, x2: Any, group: Any, **kw: Any) -> Any:
+        """``npu_mm_all_reduce_base`` over ``group``'s HCCL communicator."""
+        import torch
+        import torch.distributed as dist
+
+        hccl = group._get_backend(torch.device("npu"))
+        hcom = hccl.get_hccl_comm_name(dist.get_global_rank(group, group.rank()))
+        return torch.ops.npu.npu_mm_all_reduce_base(x1.contiguous(), x2, hcom, reduce_op="sum", **kw)
+
+
+class BiasIntoAllReduceKernel(_CallsMc2Itself):
+    """Hands the bias to ``npu_mm_all_reduce_base``, whose documented formula is ``allreduce(x1 @ x2 + bias)``:
+    every rank adds it before the reduction, so the result carries it ``tp`` times."""
+
+    name = "fault-bias-into-mc2-all-reduce"
+
+    def all_reduce_on_mc2(self, call: Any) -> Any:
+        return self.kernel(call.x, call.w.t() if call.transpose_weight else call.w, call.group, bias=call.bias)
+
+
+class TransposeFlagLost(_CallsMc2Itself):
+    """A weight stored ``[n, k]`` (``transpose_weight=True``) goes to the kernel as a contiguous copy of its storage,
+    shaped ``[k, n]``: MC2 reads ``x2``'s transpose flag from its layout (the transposed view of an ND ``[n, k]``
+    tensor), so without the view it multiplies by another matrix."""
+
+    name = "fault-mc2-transpose-flag-lost"
+
+    def all_reduce_on_mc2(self, call: Any) -> Any:
+        x2 = call.w.contiguous().view(call.k, call.n) if call.transpose_weight else call.w
+        return call.add_bias(self.kernel(call.x, x2, call.group))
+
+
+class SecondMc2Domain(_CallsMc2Itself):
+    """Overlaps two MC2 kernels by giving each half of the rows a communicator of its own (a duplicate of the TP
+    group): on Atlas A2 every MC2 operator of a process must use one communication domain (CANN
+    aclnnMatmulAllReduce), so the second half's kernel is refused."""
+
+    name = "fault-second-mc2-domain"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._duplicates: dict[tuple[int, ...], Any] = {}
+
+    def all_reduce_on_mc2(self, call: Any) -> Any:
+        import torch
+        import torch.distributed as dist
+
+        ranks = tuple(dist.get_process_group_ranks(call.group))
+        if ranks not in self._duplicates:
+            self._duplicates[ranks] = dist.new_group(list(ranks), use_local_synchronization=True)
+        w = call.w.t() if call.transpose_weight else call.w
+        half = call.m // 2
+        if not half:
+            return call.add_bias(self.kernel(call.x, w, call.group))
+        halves = [self.kernel(call.x[:half], w, call.group), self.kernel(call.x[half:], w, self._duplicates[ranks])]
+        return call.add_bias(torch.cat(halves))

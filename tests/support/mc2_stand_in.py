@@ -1,4 +1,4 @@
-"""torch_npu's MC2 kernels as their published contract (``tests/support/mc2_contract.toml``), runnable on a CPU.
+"""torch_npu's MC2 kernels as their published contract (``npu_sim.contract``), runnable in one CPU process.
 
 The three signatures are defined with ``torch.library``, so torch's own
 argument parser checks every call the Ascend binding makes, exactly as
@@ -17,6 +17,10 @@ The ops live in their own namespace (torch_npu owns ``npu`` on an NPU node);
 a test points ``torch.ops.npu`` at :data:`OPS` and installs a
 :class:`FakeTorchNpu`, which exposes them as torch_npu does.  Defining is done
 once per process, so importing this module twice is harmless.
+
+The contract has one source, the emulated NPU node's (``npu-sim/npu_sim/mc2_contract.toml``): the
+emulator's kernels run the same schemas and limits across real HCCL ranks; this stand-in keeps the
+single-process model the binding's unit tests need.
 """
 
 from __future__ import annotations
@@ -26,22 +30,13 @@ import sys
 import types
 import weakref
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from npu_sim.contract import CONTRACT as CONTRACT  # re-exported: the tests read the contract through here
+from npu_sim.contract import LIMITS, SCHEMAS, SOC_FAMILIES
 
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib
-
-CONTRACT: dict[str, Any] = tomllib.loads((Path(__file__).with_name("mc2_contract.toml")).read_text("utf-8"))
-SCHEMAS: dict[str, str] = CONTRACT["schemas"]
-LIMITS: dict[str, dict[str, Any]] = CONTRACT["limits"]
-#: SoC codes by product line, from the contract's ``[first, last]`` ranges.
-SOC_FAMILIES = {family: range(lo, hi + 1) for family, (lo, hi) in CONTRACT["soc"].items()}
 #: An Atlas A2 SoC (Ascend910B3) and an Atlas A3 one (Ascend910_9391).
 A2_SOC, A3_SOC = 223, 250
 

@@ -39,11 +39,16 @@ from typing import Any
 PRELOAD = ("torch", "torch.distributed", "numpy", "pytest")
 #: Variables read when the interpreter, OpenMP or torch starts: a run must share the server's values to be forked.
 STARTUP_PREFIXES = ("PYTHON", "OMP_", "KMP_", "MKL_", "OPENBLAS_", "TORCH_", "PYTORCH_", "CUDA_", "LD_")
+#: ... and these, read whole: ``NPU_SIM`` switches the emulated NPU node on at ``import torch`` (its other settings
+#: are read later, by the process that needs them).
+STARTUP_VARIABLES = ("NPU_SIM",)
 
 
 def startup_settings(environ: Mapping[str, str]) -> dict[str, str]:
-    """The variables of ``environ`` read at start-up (:data:`STARTUP_PREFIXES`; ``PYTHONPATH`` is the run's own)."""
-    return {k: v for k, v in environ.items() if k.startswith(STARTUP_PREFIXES) and k != "PYTHONPATH"}
+    """The variables of ``environ`` read at start-up (:data:`STARTUP_PREFIXES`, :data:`STARTUP_VARIABLES`;
+    ``PYTHONPATH`` is the run's own)."""
+    return {k: v for k, v in environ.items()
+            if (k.startswith(STARTUP_PREFIXES) or k in STARTUP_VARIABLES) and k != "PYTHONPATH"}
 
 
 class PytestForks:

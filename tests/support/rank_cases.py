@@ -330,17 +330,18 @@ def every_wait_style(ctx: RankContext) -> dict[str, object]:
     seen: dict[str, object] = {}
     for how, wait in styles.items():
         with record_collectives() as log:
-            works = [dist.all_reduce(torch.ones(4), group=ctx.group, async_op=True) for _ in range(2)]
+            works = [dist.all_reduce(torch.ones(4, device=ctx.device), group=ctx.group, async_op=True)
+                     for _ in range(2)]
             wait(works)
         seen[how] = [c.waited is not None for c in log.calls]
     with record_collectives() as log:  # a callback only: the program never waited
-        work = dist.all_reduce(torch.ones(4), group=ctx.group, async_op=True)
+        work = dist.all_reduce(torch.ones(4, device=ctx.device), group=ctx.group, async_op=True)
         work.get_future().then(lambda f: f.value())
         time.sleep(0.05)
     seen["callback only"] = [c.waited is not None for c in log.calls]
     work.wait()
     with record_collectives() as log:  # the callback multiplies, on whichever thread completes the future
-        work = dist.all_reduce(torch.ones(4), group=ctx.group, async_op=True)
+        work = dist.all_reduce(torch.ones(4, device=ctx.device), group=ctx.group, async_op=True)
         work.get_future().then(lambda f: torch.ones(3, 3) @ torch.ones(3, 3)).wait()
     timeline = observed_collectives(log)
     seen["callback matmul"] = ([e.shape for e in log.events if e.what == "matmul"],
@@ -351,6 +352,30 @@ def every_wait_style(ctx: RankContext) -> dict[str, object]:
         helper.join()
     timeline = observed_collectives(log)
     seen["helper matmul"] = (timeline.other_threads, timeline.other_thread_matmuls)
+
+    def reduce_inside(_: object) -> int:  # a collective launched and waited inside the callback
+        dist.all_reduce(torch.ones(4, device=ctx.device), group=ctx.group, async_op=True).wait()
+        return 1
+
+    with record_collectives() as log:  # the program waits on the future the callback chains
+        launched = dist.all_reduce(torch.ones(4, device=ctx.device), group=ctx.group, async_op=True)
+        launched.get_future().then(reduce_inside).wait()
+    seen["collective in a callback"] = [c.waited is not None for c in log.calls]
+    with record_collectives() as log:  # the same, the callback run inline (its future done already)
+        future = dist.all_reduce(torch.ones(4, device=ctx.device), group=ctx.group, async_op=True).get_future()
+        poll(future.done)
+        future.then(reduce_inside).wait()
+    seen["collective in an inline callback"] = [c.waited is not None for c in log.calls]
+    later: torch.futures.Future[None] = torch.futures.Future()
+    later.then(lambda _: torch.ones(5, 5) @ torch.ones(5, 5))  # registered before the recording
+    go = threading.Event()
+    completer = threading.Thread(target=lambda: (go.wait(), later.set_result(None)), name="coc-completer")
+    completer.start()  # before the recording: no mode, not watched
+    with record_collectives() as log:  # ... and run during it, on that thread
+        go.set()
+        completer.join()
+    timeline = observed_collectives(log)
+    seen["callback registered before"] = timeline.other_thread_matmuls
     return seen
 
 

@@ -250,7 +250,7 @@ def test_mc2_activation_dtypes_are_checked_before_the_runtime(name):
 
 
 def test_the_binding_keeps_the_contracts_limits():
-    """The binding's limits are the ones recorded with their sources in tests/support/mc2_contract.toml."""
+    """The binding's limits are the ones recorded with their sources in the contract (npu_sim/mc2_contract.toml)."""
     assert {name: (codes.start, codes.stop - 1) for name, codes in ascend.SOC_FAMILIES.items()} == {
         name: tuple(span) for name, span in stand_in.CONTRACT["soc"].items()}
     for op, limits in ascend.LIMITS.items():

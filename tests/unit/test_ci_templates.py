@@ -291,3 +291,50 @@ def test_every_run_with_results_builds_its_report_with_history() -> None:
         assert "$BASELINE" in smoke[0] and "--baseline" in known, f"{template}: {smoke}"
         text = (ROOT / "ci-templates" / template).read_text()
         assert 'BASELINE="--baseline baseline"' in text, template
+
+
+def _gate_check(words: list[str]) -> str | None:
+    """The folder ``coc-gate --current DIR`` (no baseline) checks, for either way of running it; else None."""
+    module = _python_module(words)
+    args = words[1:] if words[0] == "coc-gate" else module[1] if module and module[0] == "conformance.gating.gate" \
+        else None
+    if args is None or "--baseline" in args or "--current" not in args:
+        return None
+    return args[args.index("--current") + 1]
+
+
+def test_every_run_of_the_suite_is_followed_by_a_check_of_its_summary() -> None:
+    """A session that ends without a complete summary (killed, or ``os._exit(0)`` in its process) never passes its
+    job: each job that runs the suite with ``--coc-summary`` checks that summary's folder next (``coc-gate
+    --current``), as a command of its own after the run."""
+    checked = 0
+    for path in TEMPLATES:
+        for name, job in _jobs(_load(path)).items():
+            commands = [words for script in _scripts(job) for words in _commands(script)]
+            for index, words in enumerate(commands):
+                module = _python_module(words)
+                args = module[1] if module and module[0] == "pytest" else []
+                if "--coc-summary" not in args:
+                    continue
+                folder = str(Path(args[args.index("--coc-summary") + 1]).parent)
+                assert folder in [_gate_check(later) for later in commands[index + 1:]], f"{path.name} {name}"
+                checked += 1
+    assert checked >= 8, checked
+
+
+@pytest.mark.parametrize("path", TEMPLATES, ids=lambda p: p.name)
+def test_a_nightly_job_runs_the_npu_job_on_the_emulated_node(path: Path) -> None:
+    """The NPU node's job, on a CPU runner against the emulated node (npu-sim): the reference with MC² first, then the
+    whole suite; npu-sim installed from the pinned repository; CANN's set-up kept (checked with the NPU jobs)."""
+    emulated = {job for template, job, args in _pytest_runs() if template == path.name and "--coc-emulate-npu" in args}
+    assert len(emulated) == 1, emulated
+    job = emulated.pop()
+    assert job in _npu_jobs(path)
+    runs = [args for template, j, args in _pytest_runs() if template == path.name and j == job]
+    assert runs[-1][runs[-1].index("--coc-impl") + 1] == "$COC_IMPL" and "-m" not in runs[-1], runs
+    text = path.read_text()
+    assert re.search(r"^\s*NPU_SIM_PACKAGE: \S+@v?\d\S*#subdirectory=npu-sim$", text, re.M), "npu-sim not pinned"
+    assert '"npu-sim @ $NPU_SIM_PACKAGE"' in text
+    spec = _jobs(_load(path))[job]
+    schedule_only = spec.get("if", "") or str(spec.get("rules", ""))
+    assert "schedule" in schedule_only and "pull_request" not in schedule_only, schedule_only

@@ -14,6 +14,7 @@ import torch.distributed as dist
 
 from coc_impl import fused
 from coc_impl.deterministic import finish, fp32_partial, fp32_weight, rank_ordered_sum
+from conformance.judge.determinism import arrival_ordered
 from tests.support.dist_helpers import GlooPool, run_threaded
 
 # --------------------------------------------------------------------------- local pieces
@@ -214,20 +215,57 @@ def test_ascending_rank_order_on_four_gloo_ranks(gloo4, op: str, tilings) -> Non
 
 # --------------------------------------------------------------------------- split invariance, and what can fail
 
-def test_the_cpu_gemm_gives_a_row_the_same_bits_at_any_row_count_from_sixteen() -> None:
-    """What the reference's CPU claim of split invariance rests on, measured here as the device check measures a
-    device (one thread, as ranks run): tiles of 16 rows or more, at two offsets, against the whole product."""
-    from coc_impl.split_invariance import MIN_GEMM_ROWS
+def _cpu_measured(monkeypatch: pytest.MonkeyPatch, differ_at: list[int]) -> None:
+    """This process's measurement of its CPU GEMM, as given (no test asserts a property of the machine's BLAS)."""
+    from coc_impl import split_invariance
+    from coc_shared.gemm_rows import GemmRows, ShapeRows
+
+    measured = GemmRows("cpu", "float32", 256, (ShapeRows(96, 64, ()), ShapeRows(1024, 1024, tuple(differ_at))))
+    monkeypatch.setattr(split_invariance, "cpu_rows", lambda: measured, raising=False)
+
+
+@pytest.mark.parametrize("differ_at, claims", [
+    ([], True),
+    ([1, 2, 3], True),  # below the reference's 16 padded rows: no tile of its has them (this CI machine)
+    (list(range(1, 129)), False),  # an AVX-512 Xeon with MKL at k = n = 1024 (issue 50)
+])
+def test_the_reference_claims_the_cpu_only_where_this_process_measured_its_gemm_to_hold(
+        monkeypatch: pytest.MonkeyPatch, differ_at: list[int], claims: bool) -> None:
+    from coc_impl.reference import ReferenceCoC
+    from coc_shared import gemm_rows
+    from conformance.protocol import declarations
+
+    monkeypatch.delenv(gemm_rows.ENV, raising=False)
+    _cpu_measured(monkeypatch, differ_at)
+    assert bool(declarations(ReferenceCoC(), device="cpu").split_invariant_ops) is claims
+
+
+def test_the_cpu_is_measured_once_per_process_on_the_shapes_the_claim_covers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tiles of every padded row count up to a whole product, on the weights where one MKL CPU rounds by the row
+    count (k = n = 1024), with one thread (as ranks run) and the process's; the measurement as read back."""
+    from coc_impl import split_invariance
     from coc_shared import gemm_rows
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+    measured: list[tuple[object, ...]] = []
+
+    def measure(device: str, shapes: object, rows: int, **kw: object) -> gemm_rows.GemmRows:
+        measured.append((device, tuple(shapes), rows, kw["counts"], torch.get_num_threads()))  # type: ignore[arg-type]
+        return gemm_rows.GemmRows("cpu", "float32", rows, tuple(gemm_rows.ShapeRows(k, n, (16,) if k == 1024 else ())
+                                                                for k, n in shapes))  # type: ignore[attr-defined]
+
+    monkeypatch.delenv(gemm_rows.ENV, raising=False)
+    monkeypatch.setattr(gemm_rows, "measure", measure)
+    split_invariance.cpu_rows.cache_clear()
     try:
-        measured = gemm_rows.measure("cpu", [(96, 64), (512, 512), (1024, 1024)], rows=1024)
+        assert split_invariance.split_invariant_devices() == split_invariance.split_invariant_devices() == ()
     finally:
-        torch.set_num_threads(threads)
-    assert measured.invariant(MIN_GEMM_ROWS), measured.text()
-    assert gemm_rows.GemmRows.from_dict(json.loads(json.dumps(measured.to_dict()))) == measured
+        split_invariance.cpu_rows.cache_clear()
+    assert len(measured) == len({1, torch.get_num_threads()}) and measured[0][4] == 1, measured
+    device, shapes, rows, counts, _ = measured[0]
+    assert device == "cpu" and (1024, 1024) in shapes and rows >= max(counts)  # type: ignore[operator,type-var]
+    assert min(counts) == split_invariance.MIN_GEMM_ROWS and rows in counts  # type: ignore[type-var,operator]
+    reread = gemm_rows.GemmRows.from_dict(json.loads(json.dumps(split_invariance.cpu_rows().to_dict())))
+    assert reread == split_invariance.cpu_rows()
 
 
 @pytest.mark.parametrize("device, differ_at, claims", [
@@ -246,17 +284,19 @@ def test_the_reference_claims_split_invariance_only_where_its_gemm_was_measured_
     path.write_text(json.dumps({"gemm_rows": {"device": device, "dtype": "float32", "rows": 4096,
                                               "shapes": [{"k": 1024, "n": 1024, "differ_at": differ_at}]}}))
     monkeypatch.setenv(gemm_rows.ENV, str(path))
+    _cpu_measured(monkeypatch, [])  # the device check's file wins over this process's own measurement
     for kind in ("cpu", "cuda", "npu"):
         declared = declarations(ReferenceCoC(), device=kind).split_invariant_ops
         assert declared == (frozenset(DETERMINISTIC_OPS) if kind in claims else frozenset()), kind
 
 
-def test_without_a_measurement_the_reference_claims_the_cpu_only(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_without_a_device_check_the_reference_claims_the_cpu_only(monkeypatch: pytest.MonkeyPatch) -> None:
     from coc_impl.reference import ReferenceCoC
     from coc_shared import gemm_rows
     from conformance.protocol import declarations
 
     monkeypatch.delenv(gemm_rows.ENV, raising=False)
+    _cpu_measured(monkeypatch, [])
     assert declarations(ReferenceCoC()).split_invariant_ops
     assert not declarations(ReferenceCoC(), device="cuda").split_invariant_ops
 
@@ -265,6 +305,10 @@ def test_without_a_measurement_the_reference_claims_the_cpu_only(monkeypatch: py
     ("matmul_all_reduce", "must name ops"),
     (("all_gather_matmul",), "must name ops"),
     ({"": ("matmul_all_reduce",)}, "keys must be device kinds"),
+    # keys that name no device kind ranks run on would judge nothing anywhere (issue 50)
+    ({"gpu": ("matmul_all_reduce",)}, "keys must be device kinds"),
+    ({"CUDA": ("matmul_all_reduce",)}, "keys must be device kinds"),
+    ({"cuda:0": ("matmul_all_reduce",)}, "keys must be device kinds"),
 ])
 def test_a_malformed_split_invariance_declaration_is_refused(raw: object, why: str) -> None:
     from conformance.protocol import DeclarationError, declarations
@@ -275,6 +319,43 @@ def test_a_malformed_split_invariance_declaration_is_refused(raw: object, why: s
 
     with pytest.raises(DeclarationError, match=why):
         declarations(Declares())
+
+
+
+def test_a_session_start_refuses_plain_declarations_without_computing_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The session's up-front check reads plain declarations and leaves a computed one (the reference measures its
+    GEMM, importing torch) to the cases that judge by it: every pytest session loads the plugin."""
+    import conformance.plugin as plugin
+    from conformance.protocol import DeclarationError, declarations
+
+    reads: list[str] = []
+
+    class Measures:
+        name = "measures"
+
+        @property
+        def split_invariant_ops(self) -> dict[str, tuple[str, ...]]:
+            reads.append("measured")
+            return {"cpu": ("matmul_all_reduce",)}
+
+    assert not declarations(Measures(), computed=False).split_invariant_ops and reads == []
+    assert declarations(Measures()).split_invariant_ops == {"matmul_all_reduce"} and reads == ["measured"]
+
+    class PlainAndMalformed:
+        name = "plain"
+        split_invariant_ops = {"gpu": ("matmul_all_reduce",)}
+
+    with pytest.raises(DeclarationError, match="keys must be device kinds"):
+        declarations(PlainAndMalformed(), computed=False)
+    seen: list[bool] = []
+    monkeypatch.setattr("conformance.protocol.declarations", lambda impl, **kw: seen.append(kw.get("computed", True)))
+    monkeypatch.setattr("coc_shared.megatron_range.check", lambda: None)
+    config = type("Config", (), {"getoption": lambda self, name, default=None: None, "workerinput": None})()
+    monkeypatch.setattr(plugin, "is_xdist_worker", lambda config: False)
+    monkeypatch.setattr(plugin, "impl_spec", lambda config: "coc_impl.reference:ReferenceCoC")
+    monkeypatch.setattr(plugin, "_check_shared_devices", lambda config: None)
+    plugin.pytest_sessionstart(type("Session", (), {"config": config})())
+    assert seen == [False]
 
 
 def _det_run(tp: int, dtype: str = "float32", **changes: object):
@@ -312,8 +393,8 @@ def test_a_deterministic_case_that_cannot_fail_says_why(run, why: str) -> None:
 def _outcomes(results_per_rank: list[list[torch.Tensor]]):
     from conformance.contract.results import OpCallResults, OpRunOutcome
 
-    return [OpRunOutcome([OpCallResults(list(results))], 0, rank, tuple(range(len(results_per_rank))))
-            for rank, results in enumerate(results_per_rank)]
+    return [OpRunOutcome([OpCallResults(list(results), [None] * len(results))], 0, rank,
+                         tuple(range(len(results_per_rank)))) for rank, results in enumerate(results_per_rank)]
 
 
 def _judged(run, outcomes, declared: frozenset[str]) -> dict[str, tuple[str, str]]:
@@ -361,3 +442,16 @@ def test_no_run_to_judge_records_no_deterministic_check() -> None:
     verdicts = Verdicts()
     judge_deterministic(verdicts, [], frozenset({"matmul_all_reduce"}))
     assert verdicts.results == []
+
+
+@pytest.mark.parametrize("backend, value, ordered", [
+    ("hccl", None, True), ("hccl", "false", True), ("hccl", "TRUE", False), ("hccl", "strict", False),
+    ("gloo", None, False), ("nccl", None, False), ("threaded", None, False), (None, None, False),
+])
+def test_only_a_backend_reducing_in_arrival_order_leaves_a_default_mode_nothing_to_judge(
+        backend: str | None, value: str | None, ordered: bool) -> None:
+    environ = {} if value is None else {"HCCL_DETERMINISTIC": value}
+    why = arrival_ordered(backend, environ)
+    assert bool(why) == ordered
+    if ordered:
+        assert "HCCL_DETERMINISTIC" in why and ("unset" if value is None else repr(value)) in why

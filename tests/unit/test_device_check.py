@@ -182,3 +182,30 @@ def test_the_device_hang_cases_run_on_cpu_ranks() -> None:
     bound = run.bound.result
     assert isinstance(bound, list) and all(o.error is None and o.value >= 1 for o in bound), bound
     assert isinstance(run.deadlock.result, CaseTimeout), run.deadlock
+
+
+#: The device hang cases on the emulated NPU node, in a fresh process (the emulator stays out of this one).
+EMULATED_HANGS = ("import json\n"
+                  "from conformance.bench.device import hang_evidence\n"
+                  "from conformance.harness.launchers.devices import detect_device_kind\n"
+                  "kind = detect_device_kind()\n"
+                  "print(json.dumps({'kind': kind.name, 'on_host': kind.computes_on_host,"
+                  " **hang_evidence(kind)}))")
+
+
+def test_the_device_hang_verdicts_hold_on_the_emulated_npu_node(tmp_path: Path) -> None:
+    """On the emulated node the device's work is the host's (its events complete at once): a rank's CPU time is its
+    evidence, so the device-bound case passes (it was declared hung: 'CPU time is no evidence on a device'); the
+    deadlock waits on the device's own tensor (a CPU one failed the hccl group: 'No backend type associated with
+    device type cpu') and is declared at its budget."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith(("NPU_SIM", "ASCEND_", "HCCL_"))},
+           "NPU_SIM": "1", "NPU_SIM_NODE_DIR": str(tmp_path / "node")}
+    done = subprocess.run([sys.executable, "-c", EMULATED_HANGS], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300, check=True)
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["kind"] == "npu" and seen["on_host"] and seen["ran"], seen
+    assert seen["problems"] == [], seen

@@ -251,7 +251,7 @@ def test_a_mode_raising_not_implemented_is_not_offered_and_no_longer_drawn(on_ra
     reason, no case needing it is drawn again, and the exploration passes."""
     ranks, scope = on_ranks("NoDeterministicMode")
     explorer = Explorer(ranks, seed=3, budget_s=4.0, scope=scope, kinds=(op_calls.KIND,))
-    deterministic = OpSpec((Call(64, 64, 32),), tp=2, deterministic=True, runs=2)
+    deterministic = OpSpec((Call(64, 96, 32),), tp=3, deterministic=True, runs=2)
     judged = explorer.judge(deterministic)
     assert judged.skipped and not judged.failures and not judged.judged, judged
     assert explorer.report.not_offered == {
@@ -404,3 +404,16 @@ def test_a_configure_that_raises_for_everything_is_never_refusing_moe_naming_it(
     moe = config_settings.judge_spec(_NoRanks(), config_settings.ConfigSpec(incompatible="moe"),
                                      replace(scope, impl=impl), Verdicts())
     assert ("refused, naming the setting", Level.SHOULD) in {(k.check, k.level) for k, _ in moe.failures}
+
+
+def test_a_wrong_result_beside_a_refused_tiling_fails_the_explorers_case_never_skips_it(on_ranks: Any) -> None:
+    """Replayed or drawn, a spec whose own tiling comes back wrong while its explicit one is refused with
+    ``NotImplementedError`` (repeated): the result that came back fails its check; only the tiling is not offered
+    (issue 50: the whole case was skipped as not offered)."""
+    ranks, scope = on_ranks("WrongDefaultTilingRefusesBlocks")
+    spec = _op(64, tiling="halves", runs=2, exact=True)
+    judged = op_calls.judge_spec(ranks, spec, scope, verdicts := Verdicts())
+    assert ("exact layout", Level.MUST) in _failed(judged), judged
+    offered = [r for r in verdicts.results if r.outcome == "not offered"]
+    assert [r.message for r in offered] == ["matmul_all_reduce tiling [32, 32]: not implemented: explicit tilings "
+                                            "(blocks=) are not implemented"], verdicts.results

@@ -81,6 +81,11 @@ def test_the_space_reaches_the_corners_the_fixed_suite_lacks() -> None:
      "must be able to fail: one run per tiling"),
     ({"kind": "op", "tp": 3, "deterministic": True, "exact": True, "runs": 2, "calls": [{"m": 4, "k": 6, "n": 4}]},
      "must be able to fail: exact data"),
+    # the fixed suite's rule (cannot_fail): a TP sum of one or two ranks is the same in any order (issue 50)
+    ({"kind": "op", "tp": 2, "deterministic": True, "runs": 2, "calls": [{"m": 64, "k": 96, "n": 64}]},
+     "must be able to fail: .*the same bits for the TP sum in any order"),
+    ({"kind": "op", "tp": 1, "deterministic": True, "runs": 2, "calls": [{"m": 64, "k": 96, "n": 64}]},
+     "must be able to fail: .*the same bits for the TP sum in any order"),
     ({"kind": "op", "tp": 1, "strides": "diagonal", "calls": [{"m": 4, "k": 4, "n": 4}]}, "strides"),
 ])
 def test_a_spec_that_names_no_runnable_case_is_refused_saying_why(data: dict[str, object], why: str) -> None:
@@ -162,11 +167,12 @@ def test_every_explorer_only_fault_is_a_faulty_implementation() -> None:
 
 def test_no_deterministic_draw_neighbour_or_mutation_is_a_case_that_cannot_fail() -> None:
     """Every deterministic spec the explorer builds compares something that could differ: two runs of each tiling
-    or more, never exact data, spread data (issue 43: mutations built one run, one tiling, no exact data)."""
+    or more, never exact data, spread data (issue 43: mutations built one run, one tiling, no exact data), at TP 3
+    or more, by the fixed suite's own rule (issue 50: TP 1 and 2 specs recorded passes)."""
     from coc_impl.reference import ReferenceCoC
     from conformance.explore.explorer import mutations
     from conformance.explore.kind import Scope
-    from conformance.judge.determinism import nothing_to_compare
+    from conformance.judge.determinism import cannot_fail, nothing_to_compare
     from conformance.protocol import declarations
 
     scope = Scope.of(ReferenceCoC(), declarations(ReferenceCoC()))
@@ -179,6 +185,7 @@ def test_no_deterministic_draw_neighbour_or_mutation_is_a_case_that_cannot_fail(
     for spec in deterministic:
         assert nothing_to_compare(runs=spec.runs, exact=spec.exact) == "", spec.describe()
         assert all(p.spread and not p.exact for run in spec.jobs() for p in run.problems), spec.describe()
+        assert spec.tp >= 3 and all(cannot_fail(run) == "" for run in spec.jobs()), spec.describe()
     one_run = replace(specs[0], runs=1)
     assert "one run per tiling" in one_run.invalid() and one_run not in built
 

@@ -10,6 +10,7 @@ from conformance.harness.launchers.devices import cpu
 from conformance.harness.launchers.process_launcher import ProcessLauncher
 from conformance.harness.probes import FUSED_KERNEL_NAMESPACE, FUSED_KERNELS
 from conformance.harness.runner import CaseTimings, RankRunner
+from conformance.plugins.time_breakdown import describe_fused_by_op, fused_kernels_by_op
 from tests.support import rank_cases
 
 IMPL = "coc_impl.reference:ReferenceCoC"
@@ -33,3 +34,21 @@ def test_a_case_records_the_fused_kernels_its_implementation_reached_per_rank() 
 
 def test_the_kernels_counted_include_every_one_the_reference_binds() -> None:
     assert FUSED_KERNEL_NAMESPACE == "npu" and set(ascend.MC2_OPS) <= FUSED_KERNELS
+
+
+def test_per_fused_op_the_cases_that_reached_a_fused_kernel_and_their_calls() -> None:
+    """What an NPU run says per fused op: how many of its cases reached MC², with how many calls; an op whose cases
+    reached none says so (it never ran fused), and no layer or sequence case is counted under an op."""
+    cases = [("op:matmul_all_reduce", {"npu_mm_all_reduce_base": 2}), ("op:matmul_all_reduce", {}),
+             ("op:matmul_all_reduce/w8a16", {"npu_mm_all_reduce_base": 1}), ("op:matmul_reduce_scatter", {}),
+             ("op:all_gather_matmul_v2", {"npu_all_gather_base_mm": 3}), ("op:sequence", {"npu_all_gather_base_mm": 1}),
+             ("layer:row", {"npu_mm_all_reduce_base": 5}), (None, {})]
+    by_op = fused_kernels_by_op(cases)
+    assert by_op == {
+        "all_gather_matmul_v2": {"cases": 1, "reached": 1, "calls": {"npu_all_gather_base_mm": 3}},
+        "matmul_all_reduce": {"cases": 3, "reached": 2, "calls": {"npu_mm_all_reduce_base": 3}},
+        "matmul_reduce_scatter": {"cases": 1, "reached": 0, "calls": {}},
+    }
+    assert describe_fused_by_op(by_op) == (
+        "all_gather_matmul_v2 npu_all_gather_base_mm 3 in 1 of 1 case(s); "
+        "matmul_all_reduce npu_mm_all_reduce_base 3 in 2 of 3 case(s); matmul_reduce_scatter none in 1 case(s)")

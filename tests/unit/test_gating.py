@@ -333,3 +333,105 @@ def test_losses_of_single_checks_missing_cases_and_suite_errors_are_red_but_a_sa
     assert sorted((x.case.split("::")[1], x.check, x.after) for x in result.lost) == [
         ("test_broke[x]", "numerics", "error"), ("test_gone[x]", "numerics", "missing"),
         ("test_uneven_token_counts[matmul_all_reduce-tp2]", "m=3: numerics", "missing")]
+
+
+def test_a_summary_its_run_never_finished_writing_gets_no_verdict(tmp_path: Path) -> None:
+    """The suite writes its summary ``complete: false`` when the session starts: a run killed half way in a
+    folder that held the last run's summary leaves that one, which the gate refuses (issue 50: GREEN, "No change");
+    and a summary beside Allure results of another run is not one run's record."""
+    baseline = _summary(tmp_path, "base", [_numeric("passed")])
+    current = _summary(tmp_path, "cur", [_numeric("passed")])
+    doc = json.loads((current / "coc-summary.json").read_text())
+    (current / "coc-summary.json").write_text(json.dumps({**doc, "run_id": "r2", "complete": False}))
+
+    def gate_(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "conformance.gating.gate", *args], cwd=ROOT, capture_output=True,
+                              text=True)
+
+    refused = gate_("--baseline", str(baseline), "--current", str(current))
+    assert refused.returncode == 2 and "is incomplete" in refused.stderr, refused.stderr
+    assert gate_("--current", str(current)).returncode == 2  # the templates' check after the suite
+    (current / "coc-summary.json").write_text(json.dumps({**doc, "run_id": "r2", "complete": True}))
+    assert gate_("--current", str(current)).returncode == 0
+    assert gate_("--baseline", str(baseline), "--current", str(current)).returncode == 0
+    (current / "x-result.json").write_text(json.dumps({"labels": [{"name": "coc_run", "value": "r1"}]}))
+    other = gate_("--current", str(current))
+    assert other.returncode == 2 and "not one run" in other.stderr, other.stderr
+
+
+def _summary_doc(tmp_path: Path, name: str, cases: list[dict[str, Any]], **fields: Any) -> Path:
+    folder = _summary(tmp_path, name, cases)
+    doc = json.loads((folder / "coc-summary.json").read_text())
+    (folder / "coc-summary.json").write_text(json.dumps({**doc, **fields}))
+    return folder
+
+
+def _should(outcome: str, gated: bool) -> dict[str, Any]:
+    case = {"id": "test_layers.py::test_uneven_token_counts[row-nosp-tp2]", "area": "layers",
+            "outcome": outcome if outcome == "passed" else "failed" if gated else "not-gated",
+            "checks": [{"name": "m=7: one fallback warning per layer", "level": "SHOULD", "outcome": outcome,
+                        "passed": outcome == "passed"}]}
+    return case
+
+
+def test_the_gates_smaller_silences_are_listed(tmp_path: Path) -> None:
+    """A check outside the gate going from passed to failed is listed (not red); a gate lower than the baseline's
+    is red, a higher one listed; stale expectations entries are listed, red only in a run of the whole suite."""
+    baseline = _summary_doc(tmp_path, "base", [_should("passed", False)], gate="all")
+    quiet = _summary_doc(tmp_path, "quiet", [_should("failed", False)], gate="all")
+    lowered = _summary_doc(tmp_path, "lowered", [_should("failed", False)], gate="must")
+    result = run_diff.diff_runs(run_diff.load_run(baseline), run_diff.load_run(lowered))
+    titles = {section.title: section for section in result.sections}
+    ungated = titles["New failing checks at levels this run does not gate"]
+    assert ungated.rows[0].cells == ("m=7: one fallback warning per layer (SHOULD)",) and not ungated.red
+    gates = titles["The gate differs from the baseline's"]
+    assert gates.red and gates.rows[0].cells == ("all", "must", "lowered: failures at SHOULD, STRUCTURE no longer "
+                                                                "fail the run")
+    assert result.red and "No change" not in gate.markdown(result)
+    raised = run_diff.diff_runs(run_diff.load_run(lowered), run_diff.load_run(quiet))
+    assert not raised.red and any(s.title.startswith("The gate differs") for s in raised.sections)
+    for full in (False, True):
+        stale = _summary_doc(tmp_path, f"stale{full}", [_should("passed", True)], gate="all", full_run=full,
+                             stale_expectations=["known.toml:3: pattern 'x' matches no case of the run"])
+        diff = run_diff.diff_runs(run_diff.load_run(baseline), run_diff.load_run(stale))
+        (section,) = diff.sections
+        assert section.rows[0].case == "known.toml:3" and diff.red is full
+
+
+def test_an_expectations_entry_is_stale_when_it_matches_no_case_or_names_no_recorded_check() -> None:
+    from conformance.judge.expected import Expectation, stale
+
+    cases = {"test_ops.py::test_a[x]": ["numerics", "results are values"], "test_ops.py::test_b[y]": []}
+    entries = [Expectation("test_ops.py::test_a*", "fail", "r", check="numerics", source="e.toml:1"),
+               Expectation("test_ops.py::test_a*", "fail", "r", check="numerix", source="e.toml:5"),
+               Expectation("test_ops.py::test_b*", "fail", "r", check="anything", source="e.toml:9"),  # no checks
+               Expectation("test_gone.py::*", "skip", "r", source="e.toml:13")]
+    assert stale(entries, cases) == ["e.toml:5: check 'numerix' names no check its 1 case(s) recorded",
+                                     "e.toml:13: pattern 'test_gone.py::*' matches no case of the run"]
+
+
+def test_a_deterministic_result_whose_bits_changed_between_runs_is_red_where_nothing_else_changed(
+        tmp_path: Path) -> None:
+    """Digests of the same case, inputs and tiling are compared where the two runs are of one implementation code,
+    device and torch: other bits are red; another environment compares nothing (its bits may differ)."""
+    env = {"implementation": "x:Y", "implementation_code": "c1", "device": "cpu", "name": "EPYC", "backend": "gloo",
+           "torch": "2.13.0"}
+
+    def case(digest: str) -> dict[str, Any]:
+        return {"id": "test_ops.py::test_deterministic_is_bitwise_reproducible[matmul_all_reduce-float32-tp4]",
+                "area": "ops", "outcome": "passed", "checks": [{"name": "numerics", "level": "MUST", "passed": True}],
+                "digests": [{"op": "matmul_all_reduce", "tp": 4, "layout": "contiguous", "strides": "contiguous",
+                             "transpose_weight": False, "tiling": None, "problem": {"m": 64, "dtype": "float32"},
+                             "digest": digest}]}
+
+    baseline = _summary_doc(tmp_path, "base", [case("aa")], determinism_environment=env)
+    same = _summary_doc(tmp_path, "same", [case("aa")], determinism_environment=env)
+    other_bits = _summary_doc(tmp_path, "bits", [case("bb")], determinism_environment=env)
+    other_code = _summary_doc(tmp_path, "code", [case("bb")],
+                              determinism_environment={**env, "implementation_code": "c2"})
+    assert not run_diff.diff_runs(run_diff.load_run(baseline), run_diff.load_run(same)).sections
+    changed = run_diff.diff_runs(run_diff.load_run(baseline), run_diff.load_run(other_bits))
+    (section,) = changed.sections
+    assert changed.red and section.title.startswith("Deterministic results whose bits changed")
+    assert section.rows[0].cells == ("matmul_all_reduce tp4 float32 its own tiling",)
+    assert not run_diff.diff_runs(run_diff.load_run(baseline), run_diff.load_run(other_code)).sections

@@ -26,6 +26,7 @@ from conformance.harness.launchers.devices import cpu
 from conformance.harness.launchers.process_launcher import ProcessLauncher
 from conformance.harness.launchers.rank_server_client import RankServer, ServerLauncher, why_not_shared
 from conformance.harness.launchers.session_env import SessionEnv
+from conformance.harness.launchers.threaded import ThreadedLauncher
 from conformance.harness.runner import RankRunner
 from tests.support import rank_cases
 
@@ -392,3 +393,14 @@ def test_a_ranks_backward_thread_warns_logs_and_reduces_for_that_rank_only(launc
                                  "total": 3.0}
         assert f"rank {rank} logged" in outcome.log
         assert all(f"rank {other} logged" not in outcome.log for other in range(3) if other != rank), outcome.log
+
+
+def test_a_task_asking_for_fresh_ranks_runs_on_processes_that_ran_no_case(pool_launcher: Launcher) -> None:
+    """Another launch of a case, as the deterministic checks ask: its ranks are new processes (what a process fixed
+    at its first call is fixed anew), and they stay warm for the next case; threads cannot be fresh processes."""
+    first = [o.value for o in pool_launcher.run(RankTask(rank_cases.pid, 2), (), IMPL)]
+    assert [o.value for o in pool_launcher.run(RankTask(rank_cases.pid, 2), (), IMPL)] == first  # warm
+    fresh = [o.value for o in pool_launcher.run(RankTask(rank_cases.pid, 2, fresh=True), (), IMPL)]
+    assert not set(fresh) & set(first)
+    assert [o.value for o in pool_launcher.run(RankTask(rank_cases.pid, 2), (), IMPL)] == fresh
+    assert pool_launcher.relaunches and not ThreadedLauncher.relaunches

@@ -112,3 +112,29 @@ def test_a_matmul_is_known_by_its_operands_when_its_shape_is_the_weights() -> No
     assert part.named(ObservedMatmul((32, 32), frozenset({"w1"})), "backward") == "input_grad"
     assert part.named(ObservedMatmul((32, 32)), "backward") == "weight_grad"
     assert part.named(ObservedMatmul((64, 32)), "backward") is None
+
+
+@pytest.mark.parametrize("op, transpose", [("matmul_all_reduce", False), ("matmul_all_reduce", True),
+                                           ("matmul_reduce_scatter", True), ("all_gather_matmul", True)])
+def test_a_result_of_misread_operands_is_named_by_what_was_misread(op: str, transpose: bool) -> None:
+    """A wrong result says what it matches: the bias added on every rank before the reduction, or the weight's
+    storage read in its other layout (a fused kernel's transpose flag lost); a result matching neither says
+    nothing more."""
+    from conformance.contract.jobs import OpRun
+    from conformance.contract.problems import Problem, global_operands
+    from conformance.judge.ops import _misread
+
+    tp = 4
+    problem = Problem(64, 96, 48, "float32", True)
+    run = OpRun(op, (problem,), tp, transpose_weight=transpose)
+    t = {k: v.double() if v is not None else None for k, v in global_operands(problem, 0).items()}
+    pieces = [shard(t["w"], Split.SEQ if op != "all_gather_matmul" else Split.FULL, r, tp)
+              for r in range(tp if op != "all_gather_matmul" else 1)]
+    read = [p.T.contiguous().reshape(p.shape) if transpose else p.reshape(p.shape[1], p.shape[0]).T for p in pieces]
+    misread = t["x"] @ torch.cat(read) + t["bias"]
+    layout = "[n, k] storage read as an ND [k, n] matrix" if transpose else "[k, n] storage read as the transposed"
+    assert f"the result matches the weight's {layout}" in _misread(run, problem, 0, misread)
+    bias_tp_times = t["x"] @ t["w"] + tp * t["bias"]
+    said = _misread(run, problem, 0, bias_tp_times)
+    assert ("the bias added on each of the 4 ranks before the reduction" in said) == (op != "all_gather_matmul")
+    assert _misread(run, problem, 0, t["x"] @ t["w"] + 2 * t["bias"] + 1) == ""

@@ -418,3 +418,28 @@ def test_a_node_no_profile_names_runs_the_figures_only_profile():
     assert hardware.why_not_here(figures, H100, 2) == ""
     assert hardware.matching_profile(H100["device"], H100["name"], 2, H100["backend"]) is None
     assert "this node has cpu-gloo" in hardware.why_not_here(figures, CPU_GLOO, 2)
+
+
+def test_rank_side_times_a_perf_case_on_the_emulated_npu_node(tmp_path, monkeypatch):
+    """On HCCL ranks (the emulated NPU node: hccl, MC2 under the reference with auto) the ranks agree on their timings
+    in a dtype HCCL reduces (the float64 all-reduce of the timings failed every perf case on an NPU node)."""
+    from conformance.cases.perf_cases import pipeline_perf_case
+    from conformance.harness.case import RankTask
+    from conformance.harness.launchers.devices import DeviceKind
+    from conformance.harness.launchers.process_launcher import ProcessLauncher
+
+    monkeypatch.setenv("NPU_SIM", "1")
+    monkeypatch.setenv("NPU_SIM_NODE_DIR", str(tmp_path / "node"))
+    launcher = ProcessLauncher(DeviceKind("npu", "hccl", "ASCEND_RT_VISIBLE_DEVICES", 2, emulated=True),
+                               max_live_ranks=2)
+    try:
+        params = dict(op="matmul_all_reduce", m=64, k=512, n=64, dtype="bfloat16", variants=["scripted-2", "fused"],
+                      warmup=1, repeats=2)
+        outcomes = launcher.run(RankTask(pipeline_perf_case, 2, params), ("0", "1"),
+                                "coc_impl.reference:ReferenceCoCAuto")
+    finally:
+        launcher.close()
+    assert all(o.ok for o in outcomes), [o.error.traceback for o in outcomes if o.error]
+    result = outcomes[0].value
+    assert {"scripted-2", "fused"} <= result["samples"].keys()
+    assert result["identity"] == {"device": "npu-sim", "name": "Ascend910B3", "backend": "hccl", "tp": 2}

@@ -236,15 +236,17 @@ def test_auto_workers_leave_other_test_suites_to_xdist(pytester: pytest.Pytester
     assert "created:" in result.stdout.str() or "bringing up nodes" in result.stdout.str()
 
 
-@pytest.mark.parametrize(("cores", "workers"), [(2, 0), (16, 4)])
+@pytest.mark.parametrize(("node", "cores", "workers"), [("cpu", 2, 0), ("cpu", 16, 4), ("npu-sim", 2, 0),
+                                                         ("npu-sim", 16, 4), ("npu", 2, 8)])
 def test_auto_workers_on_the_suite_are_the_suites(pytestconfig: pytest.Config, monkeypatch: pytest.MonkeyPatch,
-                                                  cores: int, workers: int) -> None:
-    """The answer xdist gets: on 2 cores no workers, on 16 cores four; asked before xdist's own (which always
+                                                  node: str, cores: int, workers: int) -> None:
+    """The answer xdist gets: on 2 cores no workers, on 16 cores four, where the devices compute on the host (a
+    CPU, the emulated NPU node's eight cards); one per card on an NPU node; asked before xdist's own (which always
     answers, and the first answer wins)."""
     from types import SimpleNamespace
 
     from conformance import options
-    from conformance.harness.launchers.devices import cpu
+    from conformance.harness.launchers.devices import DeviceKind, cpu
     from conformance.plugin import pytest_xdist_auto_num_workers
 
     impls = pytestconfig.pluginmanager.hook.pytest_xdist_auto_num_workers.get_hookimpls()
@@ -255,8 +257,10 @@ def test_auto_workers_on_the_suite_are_the_suites(pytestconfig: pytest.Config, m
                              getoption=lambda name, default=None: given.get(name, default))
     monkeypatch.delenv("PYTEST_XDIST_AUTO_NUM_WORKERS", raising=False)
     monkeypatch.setattr("conformance.options.available_cores", lambda: cores)
-    # A CPU node, said without asking torch (pytester's runs in this process unload what they imported).
-    monkeypatch.setattr("conformance.harness.launchers.devices.detect_device_kind", lambda *_, **__: cpu(8))
+    # The node, said without asking torch (pytester's runs in this process unload what they imported).
+    kind = cpu(8) if node == "cpu" else DeviceKind("npu", "hccl", "ASCEND_RT_VISIBLE_DEVICES", 8,
+                                                   emulated=node == "npu-sim")
+    monkeypatch.setattr("conformance.harness.launchers.devices.detect_device_kind", lambda *_, **__: kind)
     assert pytest_xdist_auto_num_workers(config) == workers  # type: ignore[arg-type]
     monkeypatch.setenv("PYTEST_XDIST_AUTO_NUM_WORKERS", "3")  # the user's say stays xdist's
     assert pytest_xdist_auto_num_workers(config) is None  # type: ignore[arg-type]
@@ -302,3 +306,78 @@ def test_collecting_the_suite_imports_no_torch(tmp_path: Path) -> None:
     said = [line for line in done.stdout.splitlines() if line.startswith("collected")]
     assert said and int(said[0].split()[1]) > 100, done.stdout[-2000:] + done.stderr[-2000:]
     assert "'torch'" not in said[0], said[0]
+
+
+def test_a_test_that_is_no_conformance_check_keeps_its_own_exceptions(pytester: pytest.Pytester) -> None:
+    """``NotJudged`` or ``NotOffered`` raised by a test of the session that judges no implementation (the project's
+    own tests) fails it: the plugin records them only for conformance checks, and never turns them into a pass."""
+    pytester.makepyfile(test_own="""
+        from conformance.judge.verdicts import NotJudged, NotOffered
+
+        def test_not_judged():
+            raise NotJudged("a rule under test raised where it should not")
+
+        def test_not_offered():
+            raise NotOffered("the same")
+    """)
+    result = pytester.runpytest("-p", "conformance.plugin", "-q")
+    result.assert_outcomes(failed=2)
+
+
+def test_a_suite_error_keeps_the_checks_before_it_and_the_case_is_the_worse_verdict(pytester: pytest.Pytester,
+                                                                                    tmp_path: Path) -> None:
+    """A bug of the suite after a failed MUST check: the case failed (the worse verdict), its checks kept, the
+    suite's error beside them; after a passed check only: an error of the run, the check kept (issue 50: the
+    failure recorded before it was dropped, and the headline blamed the suite)."""
+    pytester.makepyfile(test_bug="""
+        from conformance.judge.failures import ContractViolation
+        from conformance.judge.levels import Level
+
+        def test_failed_then_bug(verdicts):
+            with verdicts.check("results are values", Level.MUST):
+                raise ContractViolation("rank 1: expected a tensor [64, 48], got [64, 47]")
+            raise RuntimeError("a judge's own bug")
+
+        def test_passed_then_bug(verdicts):
+            with verdicts.check("results are values", Level.MUST):
+                pass
+            raise RuntimeError("a judge's own bug")
+    """)
+    summary = tmp_path / "summary.json"
+    result = pytester.runpytest("-p", "conformance.plugin", "--coc-summary", str(summary), "-q")
+    result.assert_outcomes(failed=1, errors=1)
+    cases = {c["id"].rsplit("::", 1)[-1]: c for c in json.loads(summary.read_text())["cases"]}
+    failed, error = cases["test_failed_then_bug"], cases["test_passed_then_bug"]
+    assert failed["outcome"] == "failed" and "a judge's own bug" in failed["suite_error"], failed
+    assert [(c["name"], c["outcome"]) for c in failed["checks"]] == [("results are values", "failed")]
+    assert failed["failure"]["category"] == "result contract", failed
+    assert error["outcome"] == "error" and error["failure"]["category"] == "suite error", error
+    assert [(c["name"], c["outcome"]) for c in error["checks"]] == [("results are values", "passed")]
+
+
+def test_stale_expectations_warn_in_a_partial_run_and_fail_a_whole_one(pytester: pytest.Pytester, tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """An entry matching no case, or naming a check none of its cases recorded, is reported at the end of the run
+    and in the summary; it fails only a run of the whole suite (where it can only be stale)."""
+    from conformance.plugins import known_outcomes
+
+    pytester.makefile(".toml", known='[[expect]]\npattern = "test_x.py::test_known"\noutcome = "fail"\n'
+                                     'reason = "r"\ncheck = "numerix"\n\n[[expect]]\npattern = "test_gone.py::*"\n'
+                                     'outcome = "skip"\nreason = "r"\n')
+    pytester.makepyfile(test_x="""
+        from conformance.judge.levels import Level
+
+        def test_known(verdicts):
+            with verdicts.check("numerics", Level.MUST):
+                pass
+    """)
+    summary = tmp_path / "s.json"
+    args = ("-p", "conformance.plugin", "--coc-expectations", "known.toml", "--coc-summary", str(summary))
+    partial = pytester.runpytest(*args)
+    assert partial.ret == 0 and "coc-conformance: stale expectations" in partial.stdout.str()
+    doc = json.loads(summary.read_text())
+    assert doc["full_run"] is False and [entry.split(": ", 1)[1] for entry in doc["stale_expectations"]] == [
+        "check 'numerix' names no check its 1 case(s) recorded", "pattern 'test_gone.py::*' matches no case of the run"]
+    monkeypatch.setattr(known_outcomes.StaleEntries, "full_run", lambda self: True)
+    whole = pytester.runpytest(*args)
+    assert whole.ret == 1 and json.loads(summary.read_text())["full_run"] is True

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
 import pytest
 
-from conformance.contract.results import ObservedCollective, ObservedCollectives
+from conformance.contract.results import ObservedCollective, ObservedCollectives, ObservedMatmul
 from conformance.harness.case import RankTask
 from conformance.harness.launchers.process_launcher import ProcessLauncher
 from conformance.judge.structure import PartMatmuls, check_phase
@@ -52,7 +56,7 @@ def test_a_phase_with_a_helper_threads_collective_is_not_judged_for_structure() 
     serial = ObservedCollective("all_gather", "c10d._allgather_base_", None, False, (0, 1), ((4,),), (), False)
     timeline = ObservedCollectives((serial,), other_threads=("all_gather_into_tensor on thread 'helper'",))
     with pytest.raises(NotJudged, match="on a thread the probes cannot follow .all_gather_into_tensor on thread "
-                                        "'helper'.: the phase's timeline is incomplete"):
+                                        "'helper'.: the timeline is incomplete"):
         check_phase(timeline, "column/sp/forward", Chunked(), chunks=1, matmuls=PartMatmuls("w", (4, 4)))
 
 
@@ -85,6 +89,32 @@ def test_every_documented_wait_is_a_wait_whichever_thread_waits(pool: ProcessLau
         assert seen["callback only"] == [False]  # a callback runs because the future is done: no wait of the program
         assert seen["callback matmul"] == ([(3, 3)], ())  # the callback carries the recording's mode
         assert seen["helper matmul"] == ((), ("aten.mm in helper thread 'coc-helper'",))  # no collective
+        # waiting on the future a callback chains completes what the callback waited for, inline or not
+        assert seen["collective in a callback"] == seen["collective in an inline callback"] == [True, True], seen
+        # a callback registered before the recording that runs during it: watched (decided when it runs)
+        assert len(seen["callback registered before"]) == 1, seen  # type: ignore[arg-type]
+        assert "'coc-completer'" in seen["callback registered before"][0], seen  # type: ignore[index]
+
+
+def _every_wait_style_on_npus(rank: int, world: int) -> dict[str, object]:
+    from types import SimpleNamespace
+
+    import torch.distributed as dist
+
+    return rank_cases.every_wait_style(SimpleNamespace(group=dist.group.WORLD, device="npu"))  # type: ignore[arg-type]
+
+
+def test_every_documented_wait_is_a_wait_on_a_work_written_in_python(tmp_path: Path) -> None:
+    """The emulated NPU's hccl Work is a Python subclass of dist.Work (as any Python backend's): through the probes'
+    wrappers every wait is still a wait, and taking a future still works (a wrapper named get_future made pybind11
+    skip the override: "Work::getFuture not implemented")."""
+    from npu_sim.testing import run_ranks
+
+    for seen in run_ranks(_every_wait_style_on_npus, 2, tmp_path, timeout=120):
+        for how in ("collect_all", "then", "then then", "wait_all", "Future.wait",
+                    "Future.done polled", "Work.is_completed polled", "on another thread"):
+            assert seen[how] == [True, True], (how, seen[how])
+        assert seen["callback only"] == [False]
 
 
 def test_a_phase_with_a_helper_threads_matmul_is_not_judged_and_issued_no_collective() -> None:
@@ -93,3 +123,66 @@ def test_a_phase_with_a_helper_threads_matmul_is_not_judged_and_issued_no_collec
     assert timeline.other_threads == ()  # a refusal after it came before any collective
     with pytest.raises(NotJudged, match="aten.mm in helper thread 'helper'"):
         check_phase(timeline, "column/sp/forward", Chunked(), chunks=1, matmuls=PartMatmuls("w", (4, 4)))
+
+
+def test_a_recordings_nesting_of_entry_points_is_its_own_on_each_thread() -> None:
+    """Threads carrying one recording (the device thread, a callback's) each have their own nesting of
+    ``torch.distributed`` entry points: one thread inside ``all_reduce(async_op=False)`` never makes another
+    thread's collective look called through it (blocking, on its group)."""
+    import threading
+
+    from conformance.harness.probes import CollectiveLog, _Recording
+
+    recording = _Recording(CollectiveLog(), None, None)
+    recording.api_stack().append(("all_reduce", False, None))
+    seen: list[object] = []
+    other = threading.Thread(target=lambda: seen.append(list(recording.api_stack())))
+    other.start()
+    other.join()
+    assert seen == [[]] and recording.api_stack() == [("all_reduce", False, None)]
+
+
+def _column_sp(forward: ObservedCollectives, backward: ObservedCollectives) -> list[Any]:
+    from conformance.contract.results import LayerOutcome
+
+    return [LayerOutcome(None, [], timelines={"column/forward": forward, "column/backward": backward})]
+
+
+_CHUNKED_GATHER = ObservedCollectives(tuple(
+    ObservedCollective("all_gather", "c10d._allgather_base_", None, True, (0, 1), ((4,),),
+                       (ObservedMatmul((4, 4), frozenset({"w"})),), False) for _ in range(2)))
+_SERIAL_SCATTER = ObservedCollectives((ObservedCollective("reduce_scatter", "c10d._reduce_scatter_base_", None,
+                                                          False, (0, 1), ((4,),), (), False),))
+_HELPER_MATMUL = replace(_CHUNKED_GATHER, other_thread_matmuls=("aten.mm in helper thread 'helper'",))
+
+
+def test_structure_is_judged_phase_by_phase_one_unseen_phase_hides_no_other() -> None:
+    """A helper thread's matmul in the forward leaves that phase not judged; the backward, declared chunked and
+    serial, still fails (issue 50: the first phase not judged ended the check 'not judged')."""
+    from conformance.contract.problems import LayerProblem
+    from conformance.judge.failures import StructureMismatch
+    from conformance.judge.structure import check_layer_structure
+
+    problem = LayerProblem("column", True, 8, 8, "float32")
+    declared = {"column/sp/forward": Chunked(), "column/sp/backward": Chunked()}
+    with pytest.raises(StructureMismatch, match=r"(?s)column/sp/backward: declared chunked.*not judged: rank 0: "
+                                                r"column/sp/forward: .*helper thread 'helper'"):
+        check_layer_structure(problem, _column_sp(_HELPER_MATMUL, _SERIAL_SCATTER), declared, chunks=2, tp=2)
+    chunked_scatter = ObservedCollectives(tuple(replace(c, kind="reduce_scatter") for c in _CHUNKED_GATHER.collectives))
+    with pytest.raises(NotJudged, match="column/sp/forward: .*every other phase overlapped as declared"):
+        check_layer_structure(problem, _column_sp(_HELPER_MATMUL, chunked_scatter), declared, chunks=2, tp=2)
+    check_layer_structure(problem, _column_sp(_CHUNKED_GATHER, chunked_scatter), declared, chunks=2, tp=2)
+
+
+def test_a_saved_gather_is_honoured_only_where_the_backward_is_seen_whole() -> None:
+    """``recompute_all_gather=False``: a re-gather seen fails; none seen while a helper thread issued collectives in
+    the backward is not judged, never passed."""
+    from conformance.judge.failures import WrongError
+    from conformance.judge.layers import check_saved_gather
+
+    unseen = ObservedCollectives((), other_threads=("all_gather_into_tensor on thread 'coc-regather'",))
+    with pytest.raises(NotJudged, match="coc-regather"):
+        check_saved_gather(_column_sp(_CHUNKED_GATHER, unseen))
+    with pytest.raises(WrongError, match="all-gathered its input again"):
+        check_saved_gather(_column_sp(_CHUNKED_GATHER, replace(_CHUNKED_GATHER, other_threads=unseen.other_threads)))
+    check_saved_gather(_column_sp(_CHUNKED_GATHER, _SERIAL_SCATTER))

@@ -45,8 +45,13 @@ def test_a_spin_polling_in_one_line_keeps_one_stack_and_a_changing_call_tree_doe
         thread = threading.Thread(target=target, daemon=True)
         thread.start()
         sampler = TaskSampler(thread.ident or 0, lambda: 0)
-        for _ in range(20):
+        samples, evidence = 0, sampler.sample()
+        # 20 samples at least; on a loaded machine the varied thread may not run between
+        # two of them, so its samples go on (up to 10 s) until its changes show
+        deadline = time.monotonic() + 10
+        while samples < 20 or (target is varied and evidence.stack_changes < 5 and time.monotonic() < deadline):
             evidence = sampler.sample()
+            samples += 1
             time.sleep(0.013)
         stop.set()
         stopped.append(True)

@@ -384,3 +384,18 @@ def test_checks_carry_the_time_they_took() -> None:
     assert verdicts.results[0].as_dict()["seconds"] >= 0.01
     verdicts.not_judged("perf", Level.MUST, "no gate here")
     assert "seconds" not in verdicts.results[1].as_dict()
+
+
+def test_an_incomplete_summary_gives_no_verdict(tmp_path: Path) -> None:
+    """The summary of a run killed half way (``complete: false``, written when its session started) is no record
+    a verdict rests on, even where its run id is the results'."""
+    results = tmp_path / "results"
+    results.mkdir()
+    _result(results, "u1", "passed", "run-a", "t.py::a", "h1")
+    summary = results / "coc-summary.json"
+    summary.write_text(json.dumps({"run_id": "run-a", "complete": False, "cases": []}))
+    judged = report_build._judge(results, None, same_run.read_results(results))
+    assert judged.summary is None and judged.shown["verdict"].startswith("NO VERDICT: the summary")
+    assert "is incomplete" in judged.reasons[0]
+    summary.write_text(json.dumps({"run_id": "run-a", "complete": True, "cases": []}))
+    assert report_build._judge(results, None, same_run.read_results(results)).summary is not None

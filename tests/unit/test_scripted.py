@@ -296,3 +296,24 @@ def test_resolve_shape_errors(m: int, sp: bool, tp: int, match: str) -> None:
     with pytest.raises(CoCShapeError, match=match) as info:
         resolve(coc(4), m, sp=sp, tp=tp)
     assert f"m={m}" in str(info.value) and "p=4" in str(info.value) and f"tp={tp}" in str(info.value)
+
+
+def _auto_row_layer_on_npus(rank: int, world: int) -> int:
+    """A row-parallel layer with ``parallel_num auto`` on this emulated NPU rank's device: the chunk count it
+    measured, its forward and backward run over the hccl group."""
+    from coc_impl import autotune
+
+    x = torch.randn(32, 2, 16, device="npu", requires_grad=True)
+    w = torch.randn(24, 16, device="npu", requires_grad=True)
+    y = scripted.row_forward(x, w, None, group=dist.group.WORLD, sequence_parallel=True, config=coc("auto"))
+    y.sum().backward()
+    return len(autotune._decisions)
+
+
+def test_parallel_num_auto_measures_on_the_layers_device(tmp_path) -> None:
+    """``parallel_num auto`` times its candidates with the layer's own tensors' device and group: on an NPU the
+    group is HCCL, which takes no CPU tensor (measuring on the CPU failed "No backend type associated with device
+    type cpu" on the emulated NPU node)."""
+    from npu_sim.testing import run_ranks
+
+    assert run_ranks(_auto_row_layer_on_npus, 2, tmp_path, timeout=120) == [2, 2]  # forward and backward sites

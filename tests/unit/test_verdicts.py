@@ -330,3 +330,19 @@ def test_fusion_checks_are_not_judged_where_no_rank_recorded_a_weight_gradient(
         else:
             with pytest.raises(NotJudged, match="no rank recorded where a weight gradient went"):
                 check(outcomes)
+
+
+def test_pieces_that_are_no_shards_of_one_tensor_fail_the_check_naming_each_ranks_shape() -> None:
+    """Reduce-scatter pieces of other shapes on other ranks: the check that assembles them fails (issue 50: the
+    assembly raised, a suite error)."""
+    import torch
+
+    from conformance.contract.layouts import Split
+    from conformance.judge.assembly import assemble
+    from conformance.judge.failures import ContractViolation
+
+    with pytest.raises(ContractViolation, match=r"rank 0 \[4, 3\], rank 1 \[4, 2\]"):
+        assemble([torch.ones(4, 3), torch.ones(4, 2)], Split.SEQ)
+    with pytest.raises(ContractViolation, match=r"rank 0 \[4, 3\], rank 1 \[5, 3\]"):
+        assemble([torch.ones(4, 3), torch.ones(5, 3)], Split.SEQ)  # torch.cat would have joined these
+    assert assemble([torch.ones(4, 3), torch.ones(4, 3)], Split.SEQ).shape == (8, 3)

@@ -144,15 +144,23 @@ def register_layer(ms: MindSpeed, layer: Any, config: MindSpeedConfig, functions
 
 
 @contextmanager
-def cuda_device_on_cpu() -> Iterator[None]:
-    """``torch.cuda.current_device()`` -> CPU while active, when CUDA is absent (MindSpeed allocates on it)."""
+def cuda_device_where_mindspeed_runs() -> Iterator[None]:
+    """``torch.cuda.current_device()`` -> the NPU's current device while active, as torch_npu's
+    ``transfer_to_npu`` answers it where MindSpeed runs Megatron (MindSpeed allocates on it); the CPU where there is
+    no NPU; nothing where CUDA is there."""
     import torch
 
     if torch.cuda.is_available():
         yield
         return
+    npu: Any = getattr(torch, "npu", None)
+    on_npu = npu is not None and npu.is_available()
+
+    def npu_device(*_: Any) -> Any:
+        return torch.device("npu", npu.current_device())
+
     saved = torch.cuda.current_device
-    torch.cuda.current_device = cpu_device
+    torch.cuda.current_device = npu_device if on_npu else cpu_device
     try:
         yield
     finally:
@@ -232,7 +240,7 @@ def patched_layers(ms: MindSpeed, config: MindSpeedConfig, functions: Mapping[st
 
     column_forward.__wrapped__ = megatron_column  # type: ignore[attr-defined]
     row_forward.__wrapped__ = megatron_row  # type: ignore[attr-defined]
-    with user_cfgs(ms, config.user_cfgs), cuda_device_on_cpu():
+    with user_cfgs(ms, config.user_cfgs), cuda_device_where_mindspeed_runs():
         column_cls.forward, row_cls.forward = column_forward, row_forward
         try:
             yield

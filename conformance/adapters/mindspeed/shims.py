@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import importlib.machinery
 import importlib.util
+import os
 import sys
 import types
 from typing import Any
@@ -77,6 +78,16 @@ def unavailable_builder(name: str) -> type:
 BUILDERS = ("AtbOpBuilder", "LcalOpBuilder", "MatmulAddOpBuilder")
 
 
+#: Where MindSpeed's op builders look for CANN (``mindspeed/op_builder/builder.py``); CANN's ``set_env.sh`` sets it.
+CANN_HOME = "ASCEND_HOME_PATH"
+
+
+def cann_installed() -> bool:
+    """Whether MindSpeed's native-op builders would find CANN (its toolkit's directory), as they look for it."""
+    home = os.environ.get(CANN_HOME)
+    return bool(home) and os.path.isdir(home)  # type: ignore[arg-type]
+
+
 def install_cpu_shims(stand_in_for: tuple[str, ...] = ()) -> None:
     """Stand-ins for what MindSpeed's CoC imports from the NPU stack, each only where the real one is absent.
 
@@ -86,8 +97,10 @@ def install_cpu_shims(stand_in_for: tuple[str, ...] = ()) -> None:
       backward for ``gradient_accumulation_fusion``;
     * ``mindspeed.op_builder`` (its ``__init__`` imports every native-op
       builder, some needing ``torchair``): builders whose ``load()`` raises
-      :class:`NativeKernelsUnavailable`.  Only without torch_npu: with it the
-      real builders can build the kernels;
+      :class:`NativeKernelsUnavailable`.  Only where MindSpeed cannot build its
+      kernels: without CANN (``ASCEND_HOME_PATH``, where MindSpeed's builders
+      look for it), as on a CPU or the emulated NPU node, whose torch_npu has
+      no CANN behind it;
     * the modules named in ``stand_in_for`` (the user's opt-in, see
       :mod:`.loading`): empty modules.
     """
@@ -97,9 +110,9 @@ def install_cpu_shims(stand_in_for: tuple[str, ...] = ()) -> None:
         sys.modules["torch_npu"] = stub_module("torch_npu", npu=npu_namespace(), __version__="0+cpu.stand.in")
         if not hasattr(torch, "npu"):
             torch.npu = stub_module("torch.npu", **vars(npu_namespace()))  # type: ignore[attr-defined]
-        if "mindspeed.op_builder" not in sys.modules:
-            sys.modules["mindspeed.op_builder"] = stub_module(
-                "mindspeed.op_builder", **{n: unavailable_builder(n) for n in BUILDERS})
+    if not cann_installed() and "mindspeed.op_builder" not in sys.modules:
+        sys.modules["mindspeed.op_builder"] = stub_module(
+            "mindspeed.op_builder", **{n: unavailable_builder(n) for n in BUILDERS})
     if "megatron.training" not in sys.modules and importlib.util.find_spec("megatron.training") is None:
         import megatron
 

@@ -15,6 +15,8 @@ from conformance.harness.case import RankOutcome, RankTask
 
 class Launcher(Protocol):
     name: str
+    #: Whether a task asking for ``fresh`` ranks runs on ranks that ran no case before (processes started anew).
+    relaunches: bool
 
     def run(self, task: RankTask, devices: Sequence[str], impl_spec: str) -> list[RankOutcome]:
         """Run ``task`` on ``task.world_size`` ranks bound to ``devices``.

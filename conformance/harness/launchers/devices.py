@@ -48,6 +48,8 @@ class DeviceKind:
     count: int
     ranks_per_device: int = 1
     ids: tuple[str, ...] = ()
+    #: The emulated NPU node's (npu-sim): its devices are the host's memory and cores.
+    emulated: bool = False
 
     def __post_init__(self) -> None:
         if self.ids and len(self.ids) != self.count:
@@ -57,6 +59,12 @@ class DeviceKind:
     def binds_devices(self) -> bool:
         """Whether a rank must be pinned to its leased device (false for CPU slots)."""
         return self.visibility_var is not None
+
+    @property
+    def computes_on_host(self) -> bool:
+        """Whether the devices' work is the host's CPU work (a CPU, the emulated NPU node): a rank's CPU time is then
+        evidence of its progress, and it computes at a CPU's speed; on a real device a waiting rank spins."""
+        return self.name == "cpu" or self.emulated
 
     @property
     def one_process_per_device(self) -> bool:
@@ -121,7 +129,8 @@ def detect_device_kind(cpu_slots: int = 8, backend: str | None = None, ranks_per
     """
     npu = _npu_count()
     if npu:
-        kind = _accelerator("npu", backend or "hccl", "ASCEND_RT_VISIBLE_DEVICES", npu)
+        kind = dataclasses.replace(_accelerator("npu", backend or "hccl", "ASCEND_RT_VISIBLE_DEVICES", npu),
+                                   emulated=emulated_npu() and _real_torch_npu() is None)
     else:
         cuda = _cuda_count()
         kind = _accelerator("cuda", backend or "nccl", "CUDA_VISIBLE_DEVICES", cuda) if cuda \
@@ -158,20 +167,85 @@ def cpu(slots: int = 8, backend: str | None = None) -> DeviceKind:
     return DeviceKind("cpu", backend or "gloo", None, slots)
 
 
-def _torch_npu_present() -> bool:
-    """Whether torch_npu can be imported, without importing it.
+#: The emulated Ascend NPU node (npu-sim, ``docs/DESIGN.md#the-emulated-npu-node``): ``1`` switches it on at
+#: ``import torch`` in every process that has it, as torch_npu's entry point loads torch_npu.
+EMULATED_NPU_VAR = "NPU_SIM"
 
-    A module already in ``sys.modules`` counts as present even without a
-    ``__spec__`` (CPU shims often lack one, and ``find_spec`` raises on them).
-    """
-    import sys
 
-    if "torch_npu" in sys.modules:
-        return sys.modules["torch_npu"] is not None
+class EmulatedNpuError(ValueError):
+    """The emulated NPU node cannot be switched on here (the message says why)."""
+
+
+def _importable(name: str) -> bool:
+    """Whether module ``name`` can be imported, without importing it (one already in ``sys.modules`` counts, even
+    without a ``__spec__``: CPU shims often lack one, and ``find_spec`` raises on them)."""
+    if name in sys.modules:
+        return sys.modules[name] is not None
     try:
-        return importlib.util.find_spec("torch_npu") is not None
+        return importlib.util.find_spec(name) is not None
     except (ImportError, ValueError):
         return False
+
+
+def _real_torch_npu() -> str | None:
+    """Where Huawei's torch_npu is, when it is installed or imported (the emulator's own module aside)."""
+    loaded = sys.modules.get("torch_npu")
+    if loaded is not None:
+        spec = getattr(loaded, "__spec__", None)
+        return None if spec is not None and spec.origin == "npu-sim" else str(getattr(loaded, "__file__", loaded))
+    try:
+        spec = importlib.util.find_spec("torch_npu")
+    except (ImportError, ValueError):
+        return None
+    return None if spec is None else str(spec.origin)
+
+
+def emulated_npu() -> bool:
+    """Whether this session's processes meet the emulated NPU node at ``import torch`` (:data:`EMULATED_NPU_VAR`
+    set and npu-sim installed), read without importing torch."""
+    return os.environ.get(EMULATED_NPU_VAR) == "1" and _importable("npu_sim")
+
+
+#: The device kind the emulated NPU node shows hardware profiles: its own, never a real NPU's (its timings are the
+#: host CPU's: no gate measured on Ascend hardware holds there).
+EMULATED_NPU_IDENTITY = "npu-sim"
+
+
+def identity_device(kind: str) -> str:
+    """The device kind a hardware profile matches on for device kind ``kind`` of this node (``npu-sim`` for the
+    emulated NPU node; the ranks and this process say it alike)."""
+    return EMULATED_NPU_IDENTITY if kind == "npu" and emulated_npu() else kind
+
+
+def emulate_npu() -> None:
+    """Switch the emulated NPU node on for this process and every process it starts (``--coc-emulate-npu``).
+
+    :data:`EMULATED_NPU_VAR` goes into the environment, so the fork servers, ranks, workers and subprocesses
+    started from here meet the node at ``import torch``; where torch is imported already it is switched on
+    here too.  Refused where npu-sim is not installed, or where a real torch_npu is: the emulator never stands in
+    for the hardware's own stack.
+    """
+    if not _importable("npu_sim"):
+        raise EmulatedNpuError("the emulated NPU node needs npu-sim, which is not installed here "
+                               "(pip install ./npu-sim from a checkout of coc-conformance)")
+    real = _real_torch_npu()
+    if real is not None:
+        raise EmulatedNpuError(f"a real torch_npu is installed ({real}): this node's own NPU stack is used, "
+                               "never the emulated node in its place")
+    import npu_sim
+
+    try:
+        npu_sim.node()  # a setting the node does not take (NPU_SIM_CARDS, NPU_SIM_SOC) is refused now
+    except ValueError as exc:
+        raise EmulatedNpuError(str(exc)) from None
+    os.environ[EMULATED_NPU_VAR] = "1"
+    if "torch" in sys.modules:
+        npu_sim.activate()
+
+
+def _torch_npu_present() -> bool:
+    """Whether torch_npu can be imported, without importing it: installed, or the emulated node's."""
+    return _importable("torch_npu") or emulated_npu()
 
 
 def _npu_count() -> int:
@@ -179,7 +253,8 @@ def _npu_count() -> int:
 
     ``torch.npu.device_count()`` in this process would initialise the NPU
     runtime, which a forked rank cannot then use: the visibility variable is
-    read where it is set, else a short-lived subprocess counts.
+    read where it is set, else a short-lived subprocess counts (the emulated
+    node answers here, without torch).
     """
     if not _torch_npu_present():
         return 0
@@ -193,7 +268,13 @@ def _npu_count() -> int:
 def _runtime_probe(kind: str) -> dict[str, Any]:
     """``{"count": N, "name": device 0's name}`` of a device runtime, asked in a subprocess (the runtime
     starts there, never in this process); ``{}`` when the subprocess fails (a broken install: no such
-    devices for us)."""
+    devices for us).  The emulated NPU node answers in this process, reading its settings (no runtime, no
+    torch)."""
+    if kind == "npu" and emulated_npu() and _real_torch_npu() is None:
+        import npu_sim
+
+        count, name = npu_sim.node()
+        return {"count": count, "name": name if count else ""}
     module = "torch_npu" if kind == "npu" else "torch"
     script = (f"import json, torch, {module}\n"
               f"m = getattr(torch, {kind!r})\n"
@@ -227,7 +308,7 @@ def node_identity(kind: DeviceKind) -> dict[str, str]:
     from ``/proc``, an accelerator's from a subprocess (once per process).
     """
     name = cpu_name() if kind.name == "cpu" else str(_runtime_probe(kind.name).get("name", ""))
-    return {"device": kind.name, "name": name, "backend": kind.backend}
+    return {"device": identity_device(kind.name), "name": name, "backend": kind.backend}
 
 
 #: Libraries a torch build that can see GPUs ships (CUDA, ROCm): without them ``torch.cuda`` sees none.

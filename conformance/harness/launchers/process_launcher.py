@@ -58,6 +58,7 @@ class ProcessLauncher:
     """
 
     name = "process"
+    relaunches = True
 
     def __init__(self, kind: DeviceKind, *, max_live_ranks: int = 16, num_threads: int = 1,
                  fork_server: bool = True, preload: Sequence[str] = (), zygote: Zygote | None = None,
@@ -193,6 +194,9 @@ class ProcessLauncher:
         key = PoolKey(task.world_size, tuple(devices) if self.kind.binds_devices else (), session)
         self._calls.start_s = 0.0
         pool = self._checkout(key)
+        if pool is not None and task.fresh:  # ranks that ran cases before: retired for new ones
+            pool.close()
+            pool = None
         if pool is None:
             pool = RankPool(task.world_size, self.kind, devices, num_threads=self._num_threads,
                             fork_server=self._zygote_for_start, session=session)

@@ -243,8 +243,9 @@ class RankPool:
         return [outcomes[rank] if raw else pickle.loads(outcomes[rank]) for rank in range(self.world_size)]
 
     def _progress_watch(self) -> ProgressWatch | None:
-        """CPU time of each rank's task thread (its main thread); none on devices, where a rank waiting spins."""
-        if self.kind.name != "cpu":
+        """CPU time of each rank's task thread (its main thread); none on devices, where a rank waiting spins (the
+        emulated NPU node's device work is its host's: CPU time is evidence there)."""
+        if not self.kind.computes_on_host:
             return None
         return ProgressWatch({rank: Rank(proc.pid, proc.pid) for rank, proc in enumerate(self._procs)})
 

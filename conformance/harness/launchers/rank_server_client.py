@@ -111,6 +111,8 @@ class ServerLauncher:
     its xdist controller).
     """
 
+    relaunches = True  #: the server's process launcher starts fresh ranks for a task that asks
+
     name = "process"
 
     def __init__(self, address: str, preload: Sequence[str] = (), *, binds_devices: bool = True,

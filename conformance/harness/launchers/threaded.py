@@ -25,6 +25,7 @@ _LOCK = threading.Lock()  # one threaded world at a time per process
 
 class ThreadedLauncher(StartsNothingAhead):
     name = "threaded"
+    relaunches = False  #: every run's rank threads are new, but the process (and what it keeps) is the session's
 
     def run(self, task: RankTask, devices: Sequence[str], impl_spec: str) -> list[RankOutcome]:
         import torch

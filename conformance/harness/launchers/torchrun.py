@@ -35,6 +35,7 @@ def stacks_path(rank: int | str) -> Path:
 
 class TorchrunLauncher(StartsNothingAhead):
     name = "torchrun"
+    relaunches = False  #: the job's ranks run the whole session
 
     def __init__(self, backend: str | None = None) -> None:
         import torch.distributed as dist
