@@ -44,8 +44,8 @@ from typing import Any, Protocol
 
 from conformance.bench import kill_runs
 from conformance.bench.kill_runs import CORPUS_MODULE, JUDGED, ROOT, Candidate, RunStore, SuiteRuns
-from conformance.options import DEFAULT_IMPL
 from conformance.caseids import matches
+from conformance.options import DEFAULT_IMPL
 from conformance.tiers import CORPUS, HELD, TIER_FILE
 
 

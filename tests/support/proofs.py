@@ -69,8 +69,8 @@ class Proof:
 
     def shown_by(self, cases: list[dict[str, Any]]) -> list[str]:
         """What the JSON summary's ``cases`` fail to show of this row (empty when they prove it): the check came
-        out as the row says (saying :attr:`says`) in at least one case, every case that failed it came out failed, and (a failing
-        row) none passed; with :attr:`must_hold`, no MUST check failed."""
+        out as the row says (saying :attr:`says`) in at least one case, every case that failed it came out failed,
+        and (a failing row) none passed; with :attr:`must_hold`, no MUST check failed."""
         records = [(case["id"], check) for case in cases for check in case.get("checks", ())]
         hits = [(cid, c) for cid, c in records if re.fullmatch(self.check, c["name"]) and c["level"] == self.level
                 and outcome_of(c) == self.outcome and (not self.category or re.fullmatch(self.category, c["category"]))
