@@ -28,8 +28,8 @@ from conformance.harness.case import CapturedError
 from conformance.judge import assembly, checks, numerics
 from conformance.judge.assembly import assemble, by_replica, copies
 from conformance.judge.attempts import RAISED, sort_attempt
-from conformance.judge.failures import ContractViolation, NumericMismatch, WrongError
 from conformance.judge.group_notes import group_note
+from conformance.record.failures import ContractViolation, NumericMismatch, WrongError
 
 if TYPE_CHECKING:
     import torch
@@ -298,6 +298,8 @@ def _misread(run: OpRun, problem: Problem, replica: int, out: Any) -> str:
     every rank before the reduction (an MC2 all-reduce's documented formula), and the weight's storage read in
     the other layout (a kernel reads the transpose flag from the layout: a transposed weight handed over as a
     contiguous copy is another matrix).  "" when it matches neither."""
+    import torch
+
     t = global_operands(problem, replica)
     x = numerics.as_float64(t["x"])
     bias = 0 if t["bias"] is None else numerics.as_float64(t["bias"])
