@@ -134,7 +134,7 @@ def source_digest(source: str, name: str) -> str:
 def _condensed(record: Mapping[str, Any]) -> dict[str, Any]:
     """A fault run's case record as kept: its outcome and its checks that did not pass (without their messages,
     which no row reads)."""
-    from conformance.judge.verdicts import PASSED, outcome_of
+    from conformance.record.verdicts import PASSED, outcome_of
 
     checks = [{"name": c["name"], "level": c["level"], "outcome": outcome_of(c), "category": c.get("category", ""),
                "message": ""} for c in record.get("checks", ())]

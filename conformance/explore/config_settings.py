@@ -22,8 +22,8 @@ from conformance.explore.space import Dimension, Space, towards, valid_neighbour
 from conformance.harness.case import call_capturing_errors, observed_warnings
 from conformance.harness.impl_loader import accepts_keyword
 from conformance.judge.config_verdicts import judge_effective, judge_refused
-from conformance.judge.levels import Level
-from conformance.judge.verdicts import Verdicts
+from conformance.record.levels import Level
+from conformance.record.verdicts import Verdicts
 
 KIND_NAME = "config"
 #: Chunk counts: the valid ones, then values around and beyond them.

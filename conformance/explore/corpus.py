@@ -24,7 +24,7 @@ from typing import Any
 from conformance.explore.kind import Ranks, Scope
 from conformance.explore.registry import kind_of, load_finding
 from conformance.explore.spec import SPEC_SCHEMA, Spec, SpecError, spec_key
-from conformance.judge.verdicts import NotOffered, Verdicts
+from conformance.record.verdicts import NotOffered, Verdicts
 
 #: The corpus the package ships (package data).
 SHIPPED = Path(__file__).resolve().parent.parent / "corpus"
@@ -77,7 +77,7 @@ def replay(ranks: Ranks, spec: Spec, scope: Scope, verdicts: Verdicts) -> str:
     """Judge ``spec`` as the explorer judges it, into ``verdicts``; why it was not judged ("" when it was).
 
     A kind, or a mode of it, the implementation does not offer raises
-    :class:`~conformance.judge.verdicts.NotOffered` (after recording what the
+    :class:`~conformance.record.verdicts.NotOffered` (after recording what the
     rest of the case judged: a failure recorded stays one); a case out of
     this run's reach (more ranks than the node hosts, a TP size ``--coc-tp``
     leaves out) is not run either.

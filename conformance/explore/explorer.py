@@ -41,8 +41,8 @@ from conformance.explore.registry import KINDS, kind_of
 from conformance.explore.shrink import shrink
 from conformance.explore.spec import SPEC_SCHEMA, Spec, spec_key
 from conformance.harness.runner import CaseTimings
-from conformance.judge.levels import Level
-from conformance.judge.verdicts import Verdicts
+from conformance.record.levels import Level
+from conformance.record.verdicts import Verdicts
 
 #: Share of the budget that shrinking may use, over all failures.
 SHRINK_SHARE = 0.5

@@ -25,10 +25,10 @@ from conformance.harness.case_errors import HANGS, CaseError
 from conformance.harness.impl_loader import accepts_keyword, missing_capability
 from conformance.harness.runner import CaseTimings
 from conformance.judge.checks import not_implemented
-from conformance.judge.failures import CheckFailure
-from conformance.judge.levels import Level
-from conformance.judge.verdicts import FAILED, PASSED, Verdicts
 from conformance.protocol import FUSED_OPS, Declarations
+from conformance.record.failures import CheckFailure
+from conformance.record.levels import Level
+from conformance.record.verdicts import FAILED, PASSED, Verdicts
 
 #: The check a case fails when it does not finish on every rank (hang, crash, unexpected rank error).
 FINISHED = "the case finished on every rank"

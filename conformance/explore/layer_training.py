@@ -29,7 +29,7 @@ from conformance.judge.layer_verdicts import (
     layer_refusal_names,
     sort_layer_attempts,
 )
-from conformance.judge.verdicts import NotOffered, Verdicts
+from conformance.record.verdicts import NotOffered, Verdicts
 from golden.catalogue import DTYPES
 
 KIND_NAME = "layer"

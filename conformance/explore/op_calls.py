@@ -30,8 +30,8 @@ from conformance.explore.space import Dimension, Space, nothing_simpler, size, s
 from conformance.explore.spec import OnReplicas, SpecError, require_runnable
 from conformance.judge.determinism import cannot_fail, nothing_to_compare
 from conformance.judge.op_verdicts import judge_deterministic, judge_op_runs, rows_per_rank, sort_refusals
-from conformance.judge.verdicts import Verdicts
 from conformance.protocol import DETERMINISTIC_OPS, FUSED_OPS
+from conformance.record.verdicts import Verdicts
 from golden.catalogue import DTYPES
 
 #: The ops whose weight (``k``) is split over the TP ranks; the reduce-scatter also splits its rows.

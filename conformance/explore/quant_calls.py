@@ -23,9 +23,9 @@ from conformance.explore import space
 from conformance.explore.kind import Judged, Kind, Ranks, Scope, outcomes_to_judge, read_spec
 from conformance.explore.space import Dimension, Space, size, smaller_ints, towards, weighted
 from conformance.explore.spec import require_runnable
-from conformance.judge.levels import Level
 from conformance.judge.quant_verdicts import check_w8a16, judge_bad_argument, quant_truth
-from conformance.judge.verdicts import Verdicts
+from conformance.record.levels import Level
+from conformance.record.verdicts import Verdicts
 
 KIND_NAME = "w8a16"
 #: Activation dtypes of w8A16 (float32 activations are one of the invalid arguments).

@@ -41,9 +41,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from conformance.judge.expected import FAIL, FAILING, HANG, OUTCOMES, SKIP, UNJUDGED, Expectation
-from conformance.judge.levels import Level
-from conformance.judge.verdicts import FAILED, PASSED, outcome_of
+from conformance.record.expected import FAIL, FAILING, HANG, OUTCOMES, SKIP, UNJUDGED, Expectation
+from conformance.record.levels import Level
+from conformance.record.verdicts import FAILED, PASSED, outcome_of
 
 if sys.version_info >= (3, 11):
     import tomllib

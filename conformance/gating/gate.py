@@ -1,6 +1,6 @@
 """``coc-gate --baseline DIR --current DIR``: a run compared with a baseline run, for a CI gate and a PR comment.
 
-The comparison, and what turns it red, is :mod:`conformance.judge.run_diff`
+The comparison, and what turns it red, is :mod:`conformance.record.run_diff`
 (the report's baseline view shows the same sections): new failures, hangs,
 unexpected passes, lost judgment (a case or a check the baseline judged that
 the current run skipped, did not offer, did not judge or lost, unless the
@@ -18,7 +18,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from conformance.judge.run_diff import PERF_THRESHOLD, RunDiff, RunError, diff_runs, load_run
+from conformance.record.run_diff import PERF_THRESHOLD, RunDiff, RunError, diff_runs, load_run
 
 #: Rows shown per section (the rest counted).
 ROWS_SHOWN = 50

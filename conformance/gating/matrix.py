@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from conformance import options
-from conformance.judge.levels import Level
-from conformance.judge.verdicts import FAILED, NOT_JUDGED, NOT_OFFERED, PASSED, outcome_of
+from conformance.record.levels import Level
+from conformance.record.verdicts import FAILED, NOT_JUDGED, NOT_OFFERED, PASSED, outcome_of
 
 AREAS = ("config", "ops", "layers", "training", "perf")
 PASS, KNOWN, FAIL = "pass", "known", "fail"

@@ -1,1 +1,1 @@
-"""Judging: error bounds, layouts, bitwise and error checks, requirement levels, perf figures and gates."""
+"""Judging rank results: error bounds, assembly, checks, overlap structure, determinism, perf figures and gates."""

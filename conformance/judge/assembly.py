@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from conformance.contract.equality import bitwise_equal, describe_difference
 from conformance.contract.layouts import Split
-from conformance.judge.failures import ContractViolation, ReplicaMismatch
-from conformance.judge.levels import Level
+from conformance.record.failures import ContractViolation, ReplicaMismatch
+from conformance.record.levels import Level
 
 if TYPE_CHECKING:
     import torch
@@ -41,7 +41,7 @@ def assemble(pieces: Sequence[torch.Tensor], split: Split) -> torch.Tensor:
     """The global tensor from every rank's piece (inverse of :func:`shard`); rank 0's copy when replicated.
 
     Pieces that cannot be one tensor's shards -- of other shapes on other ranks -- fail the check that assembles
-    them (:class:`~conformance.judge.failures.ContractViolation`, naming every rank's shape), never the suite.
+    them (:class:`~conformance.record.failures.ContractViolation`, naming every rank's shape), never the suite.
     """
     import torch
 

@@ -1,9 +1,9 @@
 """Assertions shared by the suite: numerics, bitwise equality, expected errors.
 
-Each raises a :class:`~conformance.judge.failures.CheckFailure` subclass (so the
+Each raises a :class:`~conformance.record.failures.CheckFailure` subclass (so the
 report files it under the right category) whose message says what was
 expected, what was observed and where (rank, rows), and records its evidence
-(:mod:`conformance.judge.evidence`) for the report.
+(:mod:`conformance.record.evidence`) for the report.
 """
 
 from __future__ import annotations
@@ -17,14 +17,16 @@ import numpy as np
 from conformance.contract.equality import bitwise_equal, describe_difference, wrong_cells
 from conformance.contract.layouts import Split
 from conformance.harness.case import CapturedError
-from conformance.judge import evidence, numerics
-from conformance.judge.failures import DeterminismViolation, NumericMismatch, WrongError, suite_requires
-from conformance.judge.levels import Level
-from conformance.judge.verdicts import NotOffered
+from conformance.judge import numerics
+from conformance.record import evidence
+from conformance.record.comparison import ErrorStats
+from conformance.record.failures import DeterminismViolation, NumericMismatch, WrongError, suite_requires
+from conformance.record.levels import Level
+from conformance.record.verdicts import NotOffered
 
 
 def check_close(name: str, out: Any, truth: Any, serial: Any, envelope: tuple[np.ndarray, int],
-                dtype: Any, *, roundings: int, split: Split | None = None, tp: int = 1) -> numerics.ErrorStats:
+                dtype: Any, *, roundings: int, split: Split | None = None, tp: int = 1) -> ErrorStats:
     """``out`` within the bound of float64 ``truth`` (``docs/DESIGN.md#error-bound``).
 
     ``envelope`` is ``(|A| @ |B|, K)``; ``roundings`` the R of the bound.  On a
@@ -70,13 +72,13 @@ def check_bitwise_equal(name: str, runs: Sequence[Any], what: str = "run") -> No
 
 
 def require_offered(errors: Sequence[CapturedError | None]) -> None:
-    """Raise :class:`~conformance.judge.verdicts.NotOffered` when *every* rank, replica and call raised
+    """Raise :class:`~conformance.record.verdicts.NotOffered` when *every* rank, replica and call raised
     ``NotImplementedError`` (the mode is absent: the case, or the sub-case, is not offered).
 
     ``errors`` holds one entry per rank and call, None where it returned.  When
     some raise it and others return, the mode is there on some ranks only,
     which the checks that follow judge.  A case that recorded a failed check
-    before stays failed (``conformance.judge.verdicts.case_outcome``).
+    before stays failed (``conformance.record.verdicts.case_outcome``).
     """
     reason = not_implemented(errors)
     if reason:

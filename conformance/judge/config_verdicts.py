@@ -12,10 +12,10 @@ from typing import Any
 
 from conformance.harness.case import CapturedError
 from conformance.judge import checks
-from conformance.judge.failures import WrongError
-from conformance.judge.levels import Level
-from conformance.judge.verdicts import NotJudged, Verdicts
 from conformance.protocol import Declarations
+from conformance.record.failures import WrongError
+from conformance.record.levels import Level
+from conformance.record.verdicts import NotJudged, Verdicts
 
 
 def judge_effective(verdicts: Verdicts, config: Any, error: CapturedError | None, expect: Mapping[str, Any],

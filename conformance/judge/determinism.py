@@ -32,8 +32,8 @@ from conformance.contract.jobs import OpRun
 from conformance.contract.layouts import OPERAND_SPLITS, Split, shard
 from conformance.contract.problems import Problem, global_operands
 from conformance.contract.results import OpRunOutcome
-from conformance.judge.failures import DeterminismViolation
 from conformance.judge.ops import returned_everywhere
+from conformance.record.failures import DeterminismViolation
 
 if TYPE_CHECKING:
     import torch

@@ -16,9 +16,9 @@ from conformance.contract.results import LayerOutcome
 from conformance.judge import checks
 from conformance.judge import layers as judge
 from conformance.judge.attempts import Attempts, sort_attempts
-from conformance.judge.levels import Level
-from conformance.judge.verdicts import NotOffered, Verdicts
 from conformance.protocol import Declarations
+from conformance.record.levels import Level
+from conformance.record.verdicts import NotOffered, Verdicts
 
 #: What a layer case records of an attempt every rank refused with ``NotImplementedError`` beside others.
 OFFERED = "the patched layers are offered"

@@ -23,10 +23,10 @@ from conformance.contract.results import LayerOutcome
 from conformance.harness.case import CapturedError
 from conformance.judge import assembly, checks, numerics
 from conformance.judge.assembly import assemble, by_replica, copies
-from conformance.judge.failures import ContractViolation, NumericMismatch, WrongError, suite_requires
 from conformance.judge.group_notes import group_note
-from conformance.judge.levels import Level
-from conformance.judge.verdicts import NotJudged
+from conformance.record.failures import ContractViolation, NumericMismatch, WrongError, suite_requires
+from conformance.record.levels import Level
+from conformance.record.verdicts import NotJudged
 
 if TYPE_CHECKING:
     import torch

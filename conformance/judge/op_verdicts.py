@@ -23,10 +23,10 @@ from conformance.judge.determinism import (
     check_split_invariant,
     nothing_to_compare,
 )
-from conformance.judge.levels import Level
 from conformance.judge.ops import Attempt
-from conformance.judge.verdicts import NotJudged, Verdicts
 from conformance.protocol import Declarations
+from conformance.record.levels import Level
+from conformance.record.verdicts import NotJudged, Verdicts
 
 #: What a refusal of strided operands may name.
 STRIDE_NAMES = [r"contiguous", r"strides?", r"layout", r"view", r"offset", r"\bw\b|weight", r"\bx\b"]

@@ -44,7 +44,8 @@ import numpy as np
 from coc_shared.cost_model import MeasuredCurve
 from coc_shared.timeline import Order, Timeline, simulate
 from conformance.contract.perf_items import COMM, MM, SERIAL
-from conformance.report_properties import GATE_ENFORCED, GATE_REPORTED
+from conformance.record.intervals import CI_LEVEL, percentile_interval
+from conformance.record.report_properties import GATE_ENFORCED, GATE_REPORTED
 
 
 def pooled(*runs: Mapping[str, Sequence[float]]) -> dict[str, list[float]]:
@@ -83,10 +84,6 @@ def paired_gains(serial: Sequence[float], coc: Sequence[float]) -> list[float]:
     return [(s - c) / s for s, c in zip(serial, coc, strict=True)]
 
 
-#: Confidence level of the interval around a median paired gain.
-CI_LEVEL = 0.90
-
-
 def median_ci(values: Sequence[float], *, level: float = CI_LEVEL, resamples: int = 2000,
               seed: int = 0) -> tuple[float, float]:
     """Percentile-bootstrap interval for the median of ``values`` (fixed seed: reproducible)."""
@@ -94,10 +91,7 @@ def median_ci(values: Sequence[float], *, level: float = CI_LEVEL, resamples: in
     if data.size == 0:
         raise ValueError("no samples")
     picks = np.random.default_rng(seed).integers(0, data.size, size=(resamples, data.size))
-    medians = np.median(data[picks], axis=1)
-    tail = (1 - level) / 2 * 100
-    low, high = np.percentile(medians, [tail, 100 - tail])
-    return float(low), float(high)
+    return percentile_interval(np.median(data[picks], axis=1), level=level)
 
 
 def overlap_efficiency(t_serial: float, t_coc: float, t_mm: float, t_comm: float) -> float | None:

@@ -18,10 +18,10 @@ from conformance.contract.results import OpCallResults
 from conformance.judge import checks, numerics
 from conformance.judge import ops as judge
 from conformance.judge.assembly import assemble, copies
-from conformance.judge.failures import WrongError
-from conformance.judge.levels import Level
-from conformance.judge.verdicts import Verdicts
 from conformance.protocol import Declarations
+from conformance.record.failures import WrongError
+from conformance.record.levels import Level
+from conformance.record.verdicts import Verdicts
 
 #: What each refusal's message must name.
 BAD_QUANT_NAMES = {"scale-shape": "scale", "offset-shape": "offset", "offset-without-scale": "offset",

@@ -27,8 +27,6 @@ from typing import Any
 
 from conformance.contract.problems import LayerProblem
 from conformance.contract.results import LayerOutcome, ObservedCollectives, ObservedMatmul
-from conformance.judge.failures import StructureMismatch
-from conformance.judge.verdicts import NotJudged
 from conformance.protocol import (
     PHASE_COLLECTIVES,
     Chunked,
@@ -37,6 +35,8 @@ from conformance.protocol import (
     OverlapStrategy,
     overlap_key,
 )
+from conformance.record.failures import StructureMismatch
+from conformance.record.verdicts import NotJudged
 
 Shape = tuple[int, ...]
 
@@ -143,7 +143,7 @@ def check_layer_structure(problem: LayerProblem, outcomes: Sequence[LayerOutcome
     overlap some matmul there.  A phase with work the probes could not follow
     is not judged, and the others still are: any phase that fails fails the
     check (naming the phases not judged beside it); else a phase not judged
-    makes the check not judged (:class:`~conformance.judge.verdicts.NotJudged`,
+    makes the check not judged (:class:`~conformance.record.verdicts.NotJudged`,
     never passed), as does every phase declared ``none``.
     """
     judged, failed, unjudged = False, [], []

@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
-from conformance import options, report_properties
-from conformance.report_properties import property_of
+from conformance import options
+from conformance.record import report_properties
+from conformance.record.report_properties import property_of
 from conformance.roster import is_xdist_worker
 
 #: The test of the suite each option runs (``conformance/suite/test_explore.py``).

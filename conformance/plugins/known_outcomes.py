@@ -18,7 +18,7 @@ Each matched report carries ``coc_expectation`` in its user properties (the
 JSON summary shows it); an unexpected pass carries its failure as data
 (``coc_failure``, category ``unexpected pass``) for ``coc-gate``.  An entry
 that matches no case of the run, or names no check its cases recorded, is
-stale (:func:`~conformance.judge.expected.stale`): listed at the end of the
+stale (:func:`~conformance.record.expected.stale`): listed at the end of the
 run and in the summary (``stale_expectations``), a warning in a partial run,
 a failure of a run of the whole suite (and red in ``coc-gate``).
 """
@@ -31,12 +31,13 @@ from typing import Any
 
 import pytest
 
-from conformance import options, report_properties
+from conformance import options
 from conformance.caseids import case_id
 from conformance.gating.expectations import Expectations, ExpectationsError, judge_checks
 from conformance.harness.case_errors import HANGS
-from conformance.judge.expected import Expectation
-from conformance.judge.failures import UNEXPECTED_PASS
+from conformance.record import report_properties
+from conformance.record.expected import Expectation
+from conformance.record.failures import UNEXPECTED_PASS
 from conformance.roster import is_xdist_worker
 
 expectations_key = pytest.StashKey[Expectations]()
@@ -55,7 +56,7 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.register(StaleEntries(config), "coc-stale-expectations")
 
 
-#: What the run found of its expectations file: its stale entries (:func:`~conformance.judge.expected.stale`) and
+#: What the run found of its expectations file: its stale entries (:func:`~conformance.record.expected.stale`) and
 #: whether the run was the whole suite (then they fail it).
 stale_key = pytest.StashKey[tuple[list[str], bool]]()
 
@@ -79,7 +80,7 @@ class StaleEntries:
 
     @pytest.hookimpl(tryfirst=True)  # before the summary is written
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
-        from conformance.judge.expected import stale
+        from conformance.record.expected import stale
         from conformance.roster import roster
 
         cases = {case_id(nodeid): self.checks.get(case_id(nodeid), []) for nodeid in roster(self.config).collected}

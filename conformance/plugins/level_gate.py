@@ -13,9 +13,9 @@ MUST) or per check through the ``verdicts`` fixture.  After the test body:
 
 Failures are sticky (``docs/DESIGN.md#requirement-levels``): the case's
 outcome follows from everything it recorded by one rule,
-:func:`~conformance.judge.verdicts.case_outcome`, here and nowhere else.  A
-skip, a :class:`~conformance.judge.verdicts.NotOffered`, a
-:class:`~conformance.judge.verdicts.NotJudged` raised after a check failed is
+:func:`~conformance.record.verdicts.case_outcome`, here and nowhere else.  A
+skip, a :class:`~conformance.record.verdicts.NotOffered`, a
+:class:`~conformance.record.verdicts.NotJudged` raised after a check failed is
 recorded beside that failure (``not offered`` / ``not judged``, with its
 reason), never instead of it; hangs, storm breaks and timeouts are failures
 themselves.  A case whose every record is ``not offered`` is skipped as not
@@ -26,7 +26,7 @@ check, so every count (terminal, summary, matrix, gate) shows it.
 Hangs, crashes and unexpected rank errors are always MUST: no implementation
 may hang or die, whatever it declares.  Any other exception from a test body
 (not a check failure, not an assertion) is the suite's own bug: it is raised
-as :class:`~conformance.judge.failures.SuiteError` and reported as an *error*
+as :class:`~conformance.record.failures.SuiteError` and reported as an *error*
 of the run, never as a failed check of the implementation; the checks recorded
 before it are kept, and a gated check that failed before it makes the case
 failed (the worse verdict), the suite's error recorded beside it.  A test that
@@ -45,12 +45,12 @@ from typing import Any, NoReturn, cast
 
 import pytest
 
-from conformance import options, report_properties
+from conformance import options
 from conformance.harness.case_errors import CaseError
-from conformance.judge import level_tally
-from conformance.judge.failures import CheckFailure, SuiteError
-from conformance.judge.levels import Level
-from conformance.judge.verdicts import (
+from conformance.record import level_tally, report_properties
+from conformance.record.failures import CheckFailure, SuiteError
+from conformance.record.levels import Level
+from conformance.record.verdicts import (
     FAILED,
     NOT_JUDGED,
     NOT_OFFERED,
@@ -178,7 +178,7 @@ def _record_the_skip(item: pytest.Item, name: str, skip: BaseException) -> None:
 
 
 def conclude(item: pytest.Item, refusal: BaseException | None = None) -> None:
-    """The case's outcome from its record, by :func:`~conformance.judge.verdicts.case_outcome`: failed, its failed
+    """The case's outcome from its record, by :func:`~conformance.record.verdicts.case_outcome`: failed, its failed
     checks raised (those of gating levels first; none gating: the report makes it an expected failure); else the
     ``refusal`` (a skip) raised again; else, when every record is not offered, skipped as not offered."""
     recorded = item.stash.get(verdicts_key, None)

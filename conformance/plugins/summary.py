@@ -45,12 +45,13 @@ from typing import Any
 
 import pytest
 
-from conformance import options, report_properties
+from conformance import options
 from conformance.caseids import area, case_id
-from conformance.judge.verdicts import NOT_JUDGED, case_outcome, outcome_of
 from conformance.options import impl_spec
 from conformance.plugins.time_breakdown import fused_kernels_by_op, process_started
-from conformance.report_properties import property_of
+from conformance.record import report_properties
+from conformance.record.report_properties import property_of
+from conformance.record.verdicts import NOT_JUDGED, case_outcome, outcome_of
 from conformance.roster import is_xdist_worker, roster, run_id
 
 SCHEMA = 1
@@ -73,7 +74,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     report = yield
     if call.excinfo is not None and report.failed:
         from conformance.harness.case_errors import HANGS
-        from conformance.judge.failures import HANG, SUITE_ERROR, CheckFailure, SuiteError
+        from conformance.record.failures import HANG, SUITE_ERROR, CheckFailure, SuiteError
 
         exc = call.excinfo.value
         failed = [c for c in property_of(report, report_properties.CHECKS) or () if outcome_of(c) == "failed"]
@@ -87,7 +88,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 def not_judged(report: pytest.TestReport) -> bool:
     """Whether a case that passed judged nothing: it recorded checks, and none passed
-    (:func:`~conformance.judge.verdicts.case_outcome`)."""
+    (:func:`~conformance.record.verdicts.case_outcome`)."""
     checks = property_of(report, report_properties.CHECKS) or []
     return case_outcome(outcome_of(c) for c in checks) == NOT_JUDGED
 

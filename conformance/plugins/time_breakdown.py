@@ -35,10 +35,10 @@ from typing import Any, cast
 
 import pytest
 
-from conformance import report_properties
 from conformance.caseids import capability, needs
 from conformance.harness.runner import CaseTimings
 from conformance.protocol import FUSED_OPS
+from conformance.record import report_properties
 
 timings_key = pytest.StashKey[CaseTimings]()
 #: When the case began (epoch seconds) and this process's CPU time then.
@@ -142,7 +142,7 @@ class TimeTally:
         self.config = config
         self.cases: list[tuple[str, dict[str, Any]]] = []
         self.started = time.monotonic()
-        #: torch_npu's fused kernel calls of every case (:data:`~conformance.report_properties.FUSED_KERNELS`).
+        #: torch_npu's fused kernel calls of every case (:data:`~conformance.record.report_properties.FUSED_KERNELS`).
         self.fused: Counter[str] = Counter()
         self.fused_cases = 0
         #: Every case on ranks: its capability and its fused kernel calls (:func:`fused_kernels_by_op`).

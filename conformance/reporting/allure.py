@@ -2,7 +2,7 @@
 
 The one module that imports ``allure``.  The hooks in
 :mod:`conformance.reporting.hooks` describe every case from its parametrization,
-attach what its checks recorded (:mod:`conformance.judge.evidence`) and, on
+attach what its checks recorded (:mod:`conformance.record.evidence`) and, on
 failure, every rank's evidence.  Every function returns at once unless
 allure-pytest records results (``--alluredir``).
 """
@@ -18,18 +18,18 @@ from typing import TYPE_CHECKING, Any
 
 import allure
 
-from conformance.judge.levels import Level
-from conformance.judge.verdicts import FAILED, JUDGED, NOT_JUDGED, NOT_OFFERED, PASSED, outcome_of
-from conformance.judge.verdicts import case_outcome as outcome_of_checks
-from conformance.report_properties import CASE_LABEL, RUN_LABEL
+from conformance.record.levels import Level
+from conformance.record.report_properties import CASE_LABEL, RUN_LABEL
+from conformance.record.verdicts import FAILED, JUDGED, NOT_JUDGED, NOT_OFFERED, PASSED, outcome_of
+from conformance.record.verdicts import case_outcome as outcome_of_checks
 
 if TYPE_CHECKING:
     import pytest
 
     from coc_shared.timeline import Timeline
     from conformance.harness.case_errors import CaseError
-    from conformance.judge.evidence import CaseEvidence
-    from conformance.judge.numerics import Comparison
+    from conformance.record.comparison import Comparison
+    from conformance.record.evidence import CaseEvidence
 
 EPIC = "CoC"
 #: Parameters shown but left out of the history id, so trends follow a case across machines and

@@ -1,7 +1,7 @@
 """The report's baseline view: this run against an earlier one, case by case and check by check.
 
-The comparison is ``coc-gate``'s own (:mod:`conformance.judge.run_diff`):
-the view walks :meth:`~conformance.judge.run_diff.RunDiff.sections` in their
+The comparison is ``coc-gate``'s own (:mod:`conformance.record.run_diff`):
+the view walks :meth:`~conformance.record.run_diff.RunDiff.sections` in their
 order (new failures, new failing checks in failed cases, hangs and crashes,
 unexpected passes, lost judgment -- a case or check judged in the baseline
 and skipped, not offered, not judged or missing now -- and perf regressions,
@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from conformance.judge.run_diff import Run, RunDiff, RunError, load_run
+from conformance.record.run_diff import Run, RunDiff, RunError, load_run
 
 #: Cases each section of the view lists before "... and N more".
 LISTED = 50
@@ -33,7 +33,7 @@ _OUTCOMES = {"passed": "passed", "failed": "failed", "broken": "error", "skipped
 def history_run(path: Path, cases_by_title: Mapping[tuple[str, str], str]) -> Run:
     """The last run of a report's history (``allure-history.jsonl``), case by case: each result named by the case
     id it carries (label ``coc_case``), else by this run's case of the same full name and title."""
-    from conformance.report_properties import CASE_LABEL
+    from conformance.record.report_properties import CASE_LABEL
 
     try:
         lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]

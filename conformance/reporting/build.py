@@ -20,7 +20,7 @@ the suite writes it, else beside it), and only when the summary and the
 results are one run (:mod:`conformance.reporting.same_run`: the run id both
 carry, and the implementation); otherwise the report shows NO VERDICT and
 why, in red, and the command exits 2.  The verdict is counted by
-:mod:`conformance.judge.level_tally`, the terminal's own function: a level
+:mod:`conformance.record.level_tally`, the terminal's own function: a level
 with no check judged is *not judged*, never conformant.  It is the first
 thing the page shows (:mod:`conformance.reporting.page`: a banner above
 Allure's app, coloured by outcome, each level with its counts), then the
@@ -115,8 +115,8 @@ def find_summary(results: Path, summary: Path | None) -> Path | None:
 
 
 def _tally(summary: Mapping[str, Any]) -> tuple[Any, Any]:
-    from conformance.judge import level_tally
-    from conformance.judge.levels import Level
+    from conformance.record import level_tally
+    from conformance.record.levels import Level
 
     gate = Level.parse_many(str(summary.get("gate") or "all"))
     checks = (check for case in summary.get("cases", []) for check in case.get("checks", ()))
@@ -126,15 +126,15 @@ def _tally(summary: Mapping[str, Any]) -> tuple[Any, Any]:
 def verdict(summary: Mapping[str, Any], environment: Mapping[str, str]) -> dict[str, str]:
     """What a reviewer decides from, in the order the overview shows it.
 
-    ``verdict``: :func:`conformance.judge.level_tally.headline` (conformant,
+    ``verdict``: :func:`conformance.record.level_tally.headline` (conformant,
     not conformant, not judged or not decided, per level); one entry per
     level, the terminal's line for it; ``cases``: every outcome the summary
     counts (any outcome other than passed is shown by its name, never as
     passed); then the implementation, device and profile.
     """
-    from conformance.judge import level_tally
-    from conformance.judge.levels import Level
-    from conformance.report_properties import GATE_ENFORCED, GATE_NOT_RUN
+    from conformance.record import level_tally
+    from conformance.record.levels import Level
+    from conformance.record.report_properties import GATE_ENFORCED, GATE_NOT_RUN
 
     counts, gate = _tally(summary)
     cases = summary.get("cases", [])
@@ -160,7 +160,7 @@ def verdict(summary: Mapping[str, Any], environment: Mapping[str, str]) -> dict[
 
 def verdict_markdown(shown: Mapping[str, str], gate_result: str, summary: Mapping[str, Any]) -> str:
     """The verdict as a global attachment: headline, the terminal's table verbatim, the gate, what ran."""
-    from conformance.judge import level_tally
+    from conformance.record import level_tally
 
     counts, gate = _tally(summary)
     failed = [f"- `{case['nodeid']}`: " + "; ".join(f"[{c['level']}] {c['name']}" for c in case.get("checks", ())
@@ -176,8 +176,8 @@ def verdict_markdown(shown: Mapping[str, str], gate_result: str, summary: Mappin
 
 def level_rows(summary: Mapping[str, Any]) -> list[tuple[str, list[tuple[str, int]], str]]:
     """Each level the terminal's table shows: its counts by column and its verdict (the banner's table)."""
-    from conformance.judge import level_tally
-    from conformance.judge.levels import Level
+    from conformance.record import level_tally
+    from conformance.record.levels import Level
 
     counts, gate = _tally(summary)
     rows = []
@@ -193,7 +193,7 @@ def level_rows(summary: Mapping[str, Any]) -> list[tuple[str, list[tuple[str, in
 
 def not_judged_cases(summary: Mapping[str, Any]) -> list[str]:
     """Cases that judged nothing: every check not judged, or skipped as not judged (a perf gate not run here)."""
-    from conformance.judge.verdicts import NOT_JUDGED
+    from conformance.record.verdicts import NOT_JUDGED
 
     return [str(case["id"]) for case in summary.get("cases", []) if case.get("outcome") == NOT_JUDGED
             or str(case.get("skip_reason", "")).startswith(NOT_JUDGED)]
@@ -249,7 +249,7 @@ def allure_config(results: Path, out: Path, history: Path | None, name: str,
                   history_limit: int, variables: Mapping[str, str] | None = None) -> dict[str, object]:
     """Allure 3 configuration: single-file awesome report, history, the run's categories, the charts that say
     what they show, the build's own labels hidden."""
-    from conformance.report_properties import CASE_LABEL, RUN_LABEL
+    from conformance.record.report_properties import CASE_LABEL, RUN_LABEL
 
     categories_file = results / "categories.json"
     if categories_file.exists():
@@ -318,7 +318,7 @@ def _judge(results: Path, summary: Path | None, found: same_run.ResultsRun) -> _
 
 def _baseline(given: Path, judged: _Judged, found: same_run.ResultsRun) -> tuple[Any, list[str]]:
     """The comparison with ``given`` (None, and why, when there is none)."""
-    from conformance.judge.run_diff import RunError, diff_runs, load_run
+    from conformance.record.run_diff import RunError, diff_runs, load_run
     from conformance.reporting import baseline
 
     if judged.summary_path is None or judged.summary is None:

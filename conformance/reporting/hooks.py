@@ -7,7 +7,7 @@
   severity and title (with parameter names) for what the test did not
   describe through :func:`conformance.reporting.allure.describe_case`;
 * a failing :class:`~conformance.harness.case_errors.CaseError`: every rank's evidence;
-* after the call: what the checks recorded (:mod:`conformance.judge.evidence`):
+* after the call: what the checks recorded (:mod:`conformance.record.evidence`):
   comparisons, texts, timelines and the case's own description;
 * each report as it is logged (its final outcome: known, not gated): one
   step per check, tags, ``requirement`` and severity from the failed level,
@@ -31,10 +31,10 @@ from typing import Any
 
 import pytest
 
-from conformance import options, report_properties
+from conformance import options
 from conformance.caseids import case_id
 from conformance.harness.case_errors import CaseError
-from conformance.judge import evidence
+from conformance.record import evidence, report_properties
 from conformance.reporting import allure as reporting
 from conformance.reporting import meta as report_meta
 from conformance.reporting.allure import readable
@@ -91,7 +91,7 @@ def reproduce_command(config: pytest.Config, nodeid: str) -> str:
 
 #: Frames of the suite's machinery, cut from the traceback a failed case shows.
 _INTERNAL = ("/_pytest/", "/pluggy/", "/conformance/plugins/", "/conformance/reporting/", "/conformance/plugin.py",
-             "/conformance/judge/verdicts.py", "/contextlib.py")
+             "/conformance/record/verdicts.py", "/contextlib.py")
 
 
 def check_frames(exc: BaseException) -> str:

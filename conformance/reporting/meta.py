@@ -1,6 +1,6 @@
 """Run-level files of an Allure results directory: ``categories.json``, ``environment.properties``.
 
-Categories are derived from the failure classes in :mod:`conformance.judge.failures`
+Categories are derived from the failure classes in :mod:`conformance.record.failures`
 and the hang classes of :mod:`conformance.harness.case_errors`, so a new check
 category is one class away.  They match the start of a failure's message
 (``module.Class: ...``, after the line naming the failed checks), or the first remote error of a
@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from conformance.harness import case_errors
-from conformance.judge import failures
+from conformance.record import failures
 
 HANG = "Hang / timeout"
 #: The line of failed checks a failed case's message starts with (``[MUST] numerics: failed``), before the error.

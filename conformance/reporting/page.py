@@ -109,7 +109,7 @@ def tone(headline: str) -> str:
 
 #: The terminal's column names, as the banner's cells say them.
 _COLUMN_NAMES = {"not gated": "failed but not gated"}
-#: A level's verdict (:func:`conformance.judge.level_tally.level_verdict`) -> its colour.
+#: A level's verdict (:func:`conformance.record.level_tally.level_verdict`) -> its colour.
 LEVEL_TONES = {"NOT CONFORMANT": "red", "conformant": "green", "not judged": "amber", "not gated": "grey"}
 
 

@@ -3,8 +3,8 @@
 The report shows a verdict from the suite's JSON summary beside the cases of
 the results folder; the two must be one run.  Every result carries the
 session's run id and its case id as labels
-(:data:`~conformance.report_properties.RUN_LABEL`,
-:data:`~conformance.report_properties.CASE_LABEL`), ``environment.properties``
+(:data:`~conformance.record.report_properties.RUN_LABEL`,
+:data:`~conformance.record.report_properties.CASE_LABEL`), ``environment.properties``
 the run id and the implementation, and the summary the same run id and
 implementation: :func:`disagreements` names every way they differ (results of
 several runs in one folder among them), and the build then shows no verdict.
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from conformance.report_properties import CASE_LABEL, RUN_LABEL
+from conformance.record.report_properties import CASE_LABEL, RUN_LABEL
 
 
 @dataclass(frozen=True)

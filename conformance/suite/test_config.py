@@ -30,10 +30,10 @@ from conformance.harness.case import CapturedError, call_capturing_errors, obser
 from conformance.harness.impl_loader import accepts_keyword
 from conformance.judge import checks
 from conformance.judge.config_verdicts import judge_effective, judge_refused
-from conformance.judge.failures import WrongError
-from conformance.judge.levels import Level
-from conformance.judge.verdicts import NotJudged, NotOffered
 from conformance.protocol import Declarations
+from conformance.record.failures import WrongError
+from conformance.record.levels import Level
+from conformance.record.verdicts import NotJudged, NotOffered
 
 ON = ["--use-ascend-coc"]
 

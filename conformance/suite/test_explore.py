@@ -16,14 +16,15 @@ from typing import Any
 
 import pytest
 
-from conformance import options, report_properties
+from conformance import options
 from conformance.explore.corpus import read_corpus, replay
 from conformance.explore.explorer import Exploration, Explorer, write_finding
 from conformance.explore.kind import record
 from conformance.explore.registry import load_finding
-from conformance.judge.levels import Level
-from conformance.judge.verdicts import NotOffered
 from conformance.protocol import Declarations
+from conformance.record import report_properties
+from conformance.record.levels import Level
+from conformance.record.verdicts import NotOffered
 from conformance.suite.explorer_run import corpus_directories, run_scope
 
 

@@ -33,15 +33,12 @@ from conformance.harness.impl_loader import accepts_keyword
 from conformance.judge import checks, structure
 from conformance.judge import layers as judge
 from conformance.judge.determinism import arrival_ordered
-from conformance.judge.failures import WrongError
 from conformance.judge.layer_verdicts import (
     judge_layer_refusal,
     layer_refusal_names,
     layers_ran,
     sort_layer_attempts,
 )
-from conformance.judge.levels import Level
-from conformance.judge.verdicts import NotJudged, NotOffered
 from conformance.plugin import rank_backend
 from conformance.protocol import (
     PHASE_COLLECTIVES,
@@ -50,6 +47,9 @@ from conformance.protocol import (
     NotOverlapped,
     OverlapsMatmul,
 )
+from conformance.record.failures import WrongError
+from conformance.record.levels import Level
+from conformance.record.verdicts import NotJudged, NotOffered
 from golden.catalogue import TP_SIZES
 
 pytestmark = pytest.mark.coc_requires("patch_megatron")

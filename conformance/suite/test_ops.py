@@ -41,7 +41,6 @@ from typing import Any
 import pytest
 
 import golden
-from conformance import report_properties
 from conformance.cases.groups import GROUP_LAYOUTS, SUBGROUP_SIZES
 from conformance.cases.op_cases import op_sequence_task, op_task
 from conformance.cases.quant_cases import BAD_QUANT, quant_inputs, quant_task
@@ -50,8 +49,6 @@ from conformance.contract.problems import Problem, QuantProblem, exact_limit_ok
 from conformance.judge import checks
 from conformance.judge import ops as judge
 from conformance.judge.determinism import cannot_fail, digests
-from conformance.judge.failures import suite_requires
-from conformance.judge.levels import Level
 from conformance.judge.op_verdicts import (
     issued,
     judge_across_launches,
@@ -63,6 +60,9 @@ from conformance.judge.op_verdicts import (
 )
 from conformance.judge.quant_verdicts import check_w8a16, judge_bad_argument, quant_truth
 from conformance.protocol import DETERMINISTIC_OPS, FUSED_OPS, Declarations
+from conformance.record import report_properties
+from conformance.record.failures import suite_requires
+from conformance.record.levels import Level
 from golden.catalogue import DTYPES, TP_SIZES
 
 OP_CASES: tuple[Any, ...] = golden.catalogue("op")

@@ -39,13 +39,14 @@ from typing import Any
 import pytest
 
 from coc_shared import chunk_efficiency
-from conformance import options, report_properties
+from conformance import options
 from conformance.cases.perf_cases import pipeline_perf_case
 from conformance.contract import perf_items
 from conformance.harness.launchers.devices import detect_device_kind, node_identity
-from conformance.judge import evidence, hardware, perf
-from conformance.judge.failures import PerfRegression
-from conformance.judge.verdicts import NotJudged
+from conformance.judge import hardware, perf
+from conformance.record import evidence, report_properties
+from conformance.record.failures import PerfRegression
+from conformance.record.verdicts import NotJudged
 
 #: This node as a profile sees it, with the backend its device kind defaults to (``--coc-backend`` is
 #: checked again when a case runs).

@@ -33,11 +33,12 @@ import pytest
 
 from coc_shared.timeline import simulate
 from conformance.harness import case_errors as errors
-from conformance.judge import failures, numerics
+from conformance.judge import numerics
+from conformance.record import failures
 from conformance.reporting import allure as reporting
 from conformance.harness.case import RankOutcome, CapturedError
-from conformance.judge.levels import Level
-from conformance.judge.verdicts import NotJudged
+from conformance.record.levels import Level
+from conformance.record.verdicts import NotJudged
 
 DEVICE = os.environ["SYNTH_DEVICE"]
 
@@ -75,10 +76,10 @@ def test_hang(tp):
 
 @pytest.mark.parametrize("tp", [2])
 def test_rank_raised(tp):
-    error = CapturedError("conformance.judge.failures.DeterminismViolation", "runs differ",
+    error = CapturedError("conformance.record.failures.DeterminismViolation", "runs differ",
                         "Traceback (most recent call last):\\nDeterminismViolation: runs differ")
     raise errors.RankRaised(
-        "rank(s) [1] raised; rank 1: conformance.judge.failures.DeterminismViolation: runs differ",
+        "rank(s) [1] raised; rank 1: conformance.record.failures.DeterminismViolation: runs differ",
         outcomes=[RankOutcome(0, value=1, log="rank 0 done"), RankOutcome(1, error=error, log="rank 1 log")])
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from conformance.gating import expectations, gate, matrix
-from conformance.judge import run_diff
-from conformance.report_properties import GATE_NOT_RUN, GATE_REPORTED
+from conformance.record import run_diff
+from conformance.record.report_properties import GATE_NOT_RUN, GATE_REPORTED
 from tests.support import ROOT
 from tests.support.suite_run import SuiteRun
 

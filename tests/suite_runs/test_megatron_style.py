@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from conformance.judge.verdicts import FAILED, NOT_JUDGED, PASSED, outcome_of
+from conformance.record.verdicts import FAILED, NOT_JUDGED, PASSED, outcome_of
 from tests.support import ROOT
 
 IMPL = "tests.support.megatron_style_impl:MegatronStyleCoC"

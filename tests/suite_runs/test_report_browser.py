@@ -286,7 +286,7 @@ def test_report_in_browser_is_what_a_reviewer_decides_from(run_suite: Callable[.
     route = _report_id(failed)
     failure = _open(index, tmp_path, route, "report-failure.png", expand=_attachment_ids(index, route))
     message = failure.texts("test-result-error-message")
-    assert message and message[0].startswith("[MUST] numerics: failed conformance.judge.failures.NumericMismatch")
+    assert message and message[0].startswith("[MUST] numerics: failed conformance.record.failures.NumericMismatch")
     assert f"reproduce: pytest 'conformance/suite/test_ops.py::test_{CORNER}[all_gather_matmul-tp2]' " \
            f"--coc-impl {FAULTY}" in message[0]
     assert "[MUST] numerics: failed" in failure.texts("test-result-step-title")
@@ -295,7 +295,7 @@ def test_report_in_browser_is_what_a_reviewer_decides_from(run_suite: Callable[.
     assert failure.probe["cut"] == [], failure.probe
     assert failure.probe["frames"]["Markdown attachment"] > 400, failure.probe  # 22 rows, not 150 px
     assert 10 < failure.probe["frames"]["Description"] < 100, failure.probe  # one line, not 12em
-    assert not any("judge/verdicts.py" in trace for trace in failure.texts("test-result-error-trace"))
+    assert not any("record/verdicts.py" in trace for trace in failure.texts("test-result-error-trace"))
     steps = [step for doc in named.values() if doc["status"] == "failed" for step in doc["steps"]]
     assert any(step["stop"] > step["start"] for step in steps if "start" in step), steps  # not every step 0 s
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance.judge.verdicts import outcome_of
+from conformance.record.verdicts import outcome_of
 from conformance.tiers import smoke_tier
 from tests.support.proofs import FAULT_TABLE, FAULTS, MODULE_OPTIONS, Proof
 from tests.support.suite_run import SuiteRun

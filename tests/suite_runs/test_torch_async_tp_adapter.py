@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from conformance.judge.verdicts import FAILED, outcome_of
+from conformance.record.verdicts import FAILED, outcome_of
 from tests.support import ROOT
 from tests.support.adapter_runs import OPS_TP2, adapter_run, assert_green
 from tests.support.suite_run import SuiteRun

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from conformance.judge.verdicts import FAILED, outcome_of
+from conformance.record.verdicts import FAILED, outcome_of
 from tests.support.suite_run import SuiteRun
 
 #: The ops at TP 2: each op's float32 golden and exact-layout cases and its uneven token counts (under a minute on 2

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from conformance.judge.verdicts import outcome_of
+from conformance.record.verdicts import outcome_of
 from tests.support import ROOT
 
 #: The module of the faults the rows name (``--coc-impl FAULTS:<fault>``).

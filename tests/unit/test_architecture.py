@@ -39,19 +39,22 @@ FORBIDDEN = {
 }
 #: part of ``conformance`` -> the parts it must not import (the direction of the data flow).
 SUB_FORBIDDEN = {
-    "conformance.harness": {"contract", "cases", "judge", "explore", "suite", "plugins", "reporting", "gating",
-                            "bench"},
-    "conformance.contract": {"cases", "judge", "explore", "suite", "plugins", "reporting", "gating", "bench"},
+    "conformance.harness": {"contract", "record", "cases", "judge", "explore", "suite", "plugins", "reporting",
+                            "gating", "bench"},
+    "conformance.contract": {"record", "cases", "judge", "explore", "suite", "plugins", "reporting", "gating",
+                             "bench"},
+    "conformance.record": {"cases", "judge", "explore", "suite", "plugins", "reporting", "gating", "bench"},
     "conformance.cases": {"judge", "explore", "suite", "plugins", "reporting", "gating", "bench"},
     "conformance.judge": {"cases", "explore", "suite", "plugins", "reporting", "gating", "bench"},
     "conformance.explore": {"suite", "plugins", "reporting", "gating", "bench"},
     "conformance.suite": {"plugins", "reporting", "gating", "bench"},
-    "conformance.gating": {"cases", "explore", "suite", "plugins", "reporting", "bench"},
-    "conformance.reporting": {"cases", "explore", "suite", "plugins", "gating", "bench"},
-    "conformance.plugins": {"cases", "suite", "bench"},
-    "conformance.adapters": {"harness", "contract", "cases", "judge", "explore", "suite", "plugins", "reporting",
-                             "gating", "bench"},
+    "conformance.gating": {"cases", "judge", "explore", "suite", "plugins", "reporting", "bench"},
+    "conformance.reporting": {"cases", "judge", "explore", "suite", "plugins", "gating", "bench"},
+    "conformance.plugins": {"cases", "judge", "suite", "bench"},
+    "conformance.adapters": {"harness", "contract", "record", "cases", "judge", "explore", "suite", "plugins",
+                             "reporting", "gating", "bench"},
 }
+
 #: foreign package -> the modules (or, ending in ``/``, the folders) allowed to import it
 OWNERS = {
     "megatron": {"coc_shared/megatron/", "conformance/adapters/mindspeed/shims.py",

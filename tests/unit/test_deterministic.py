@@ -399,7 +399,7 @@ def _outcomes(results_per_rank: list[list[torch.Tensor]]):
 
 def _judged(run, outcomes, declared: frozenset[str]) -> dict[str, tuple[str, str]]:
     from conformance.judge.op_verdicts import judge_deterministic
-    from conformance.judge.verdicts import Verdicts
+    from conformance.record.verdicts import Verdicts
 
     verdicts = Verdicts()
     judge_deterministic(verdicts, [(run, outcomes)], declared)
@@ -437,7 +437,7 @@ def test_one_tiling_records_no_split_invariance_check() -> None:
 def test_no_run_to_judge_records_no_deterministic_check() -> None:
     """Every run refused: nothing was compared, so nothing is recorded (an empty loop is no pass)."""
     from conformance.judge.op_verdicts import judge_deterministic
-    from conformance.judge.verdicts import Verdicts
+    from conformance.record.verdicts import Verdicts
 
     verdicts = Verdicts()
     judge_deterministic(verdicts, [], frozenset({"matmul_all_reduce"}))

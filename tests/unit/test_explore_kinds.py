@@ -22,9 +22,9 @@ from conformance.explore.registry import KINDS, kind_of, spec_from_dict
 from conformance.explore.shrink import shrink
 from conformance.explore.spec import SpecError
 from conformance.harness.runner import CaseTimings
-from conformance.judge.levels import Level
-from conformance.judge.verdicts import NOT_JUDGED, Verdicts
 from conformance.protocol import declarations
+from conformance.record.levels import Level
+from conformance.record.verdicts import NOT_JUDGED, Verdicts
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from conformance.gating import expectations, gate, matrix
-from conformance.judge import run_diff
+from conformance.record import run_diff
 from tests.support import ROOT
 
 
@@ -399,7 +399,7 @@ def test_the_gates_smaller_silences_are_listed(tmp_path: Path) -> None:
 
 
 def test_an_expectations_entry_is_stale_when_it_matches_no_case_or_names_no_recorded_check() -> None:
-    from conformance.judge.expected import Expectation, stale
+    from conformance.record.expected import Expectation, stale
 
     cases = {"test_ops.py::test_a[x]": ["numerics", "results are values"], "test_ops.py::test_b[y]": []}
     entries = [Expectation("test_ops.py::test_a*", "fail", "r", check="numerics", source="e.toml:1"),

@@ -14,10 +14,10 @@ from conformance.contract.equality import describe_difference, wrong_cells
 from conformance.contract.layouts import Split, shard
 from conformance.contract.results import ObservedCollective, ObservedCollectives, ObservedMatmul
 from conformance.judge import assembly, checks
-from conformance.judge.failures import NumericMismatch, ReplicaMismatch, StructureMismatch
 from conformance.judge.group_notes import group_note
 from conformance.judge.structure import PartMatmuls, check_phase
 from conformance.protocol import OverlapsMatmul
+from conformance.record.failures import NumericMismatch, ReplicaMismatch, StructureMismatch
 
 
 def test_a_column_split_tensor_names_each_ranks_rows_and_its_own_columns() -> None:

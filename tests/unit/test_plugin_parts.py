@@ -143,7 +143,7 @@ def test_a_case_that_judged_nothing_is_not_judged_in_the_summary_never_passed(py
     ``NotJudged``, is a case ``not judged`` with a check not judged; a test judging by its own assertions passes."""
     pytester.makepyfile(test_nothing="""
         import pytest
-        from conformance.judge.verdicts import NotJudged
+        from conformance.record.verdicts import NotJudged
 
         def test_records_nothing(verdicts):
             pass
@@ -312,7 +312,7 @@ def test_a_test_that_is_no_conformance_check_keeps_its_own_exceptions(pytester: 
     """``NotJudged`` or ``NotOffered`` raised by a test of the session that judges no implementation (the project's
     own tests) fails it: the plugin records them only for conformance checks, and never turns them into a pass."""
     pytester.makepyfile(test_own="""
-        from conformance.judge.verdicts import NotJudged, NotOffered
+        from conformance.record.verdicts import NotJudged, NotOffered
 
         def test_not_judged():
             raise NotJudged("a rule under test raised where it should not")
@@ -330,8 +330,8 @@ def test_a_suite_error_keeps_the_checks_before_it_and_the_case_is_the_worse_verd
     suite's error beside them; after a passed check only: an error of the run, the check kept (issue 50: the
     failure recorded before it was dropped, and the headline blamed the suite)."""
     pytester.makepyfile(test_bug="""
-        from conformance.judge.failures import ContractViolation
-        from conformance.judge.levels import Level
+        from conformance.record.failures import ContractViolation
+        from conformance.record.levels import Level
 
         def test_failed_then_bug(verdicts):
             with verdicts.check("results are values", Level.MUST):
@@ -365,7 +365,7 @@ def test_stale_expectations_warn_in_a_partial_run_and_fail_a_whole_one(pytester:
                                      'reason = "r"\ncheck = "numerix"\n\n[[expect]]\npattern = "test_gone.py::*"\n'
                                      'outcome = "skip"\nreason = "r"\n')
     pytester.makepyfile(test_x="""
-        from conformance.judge.levels import Level
+        from conformance.record.levels import Level
 
         def test_known(verdicts):
             with verdicts.check("numerics", Level.MUST):

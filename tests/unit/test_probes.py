@@ -12,8 +12,8 @@ from conformance.contract.results import ObservedCollective, ObservedCollectives
 from conformance.harness.case import RankTask
 from conformance.harness.launchers.process_launcher import ProcessLauncher
 from conformance.judge.structure import PartMatmuls, check_phase
-from conformance.judge.verdicts import NotJudged
 from conformance.protocol import Chunked
+from conformance.record.verdicts import NotJudged
 from tests.support import rank_cases
 
 IMPL = "coc_impl.reference:ReferenceCoC"
@@ -160,8 +160,8 @@ def test_structure_is_judged_phase_by_phase_one_unseen_phase_hides_no_other() ->
     """A helper thread's matmul in the forward leaves that phase not judged; the backward, declared chunked and
     serial, still fails (issue 50: the first phase not judged ended the check 'not judged')."""
     from conformance.contract.problems import LayerProblem
-    from conformance.judge.failures import StructureMismatch
     from conformance.judge.structure import check_layer_structure
+    from conformance.record.failures import StructureMismatch
 
     problem = LayerProblem("column", True, 8, 8, "float32")
     declared = {"column/sp/forward": Chunked(), "column/sp/backward": Chunked()}
@@ -177,8 +177,8 @@ def test_structure_is_judged_phase_by_phase_one_unseen_phase_hides_no_other() ->
 def test_a_saved_gather_is_honoured_only_where_the_backward_is_seen_whole() -> None:
     """``recompute_all_gather=False``: a re-gather seen fails; none seen while a helper thread issued collectives in
     the backward is not judged, never passed."""
-    from conformance.judge.failures import WrongError
     from conformance.judge.layers import check_saved_gather
+    from conformance.record.failures import WrongError
 
     unseen = ObservedCollectives((), other_threads=("all_gather_into_tensor on thread 'coc-regather'",))
     with pytest.raises(NotJudged, match="coc-regather"):

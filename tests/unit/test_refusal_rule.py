@@ -14,9 +14,9 @@ from conformance.explore import op_calls
 from conformance.explore.kind import Scope
 from conformance.explore.op_calls import Call, OpSpec
 from conformance.harness.runner import CaseTimings
-from conformance.judge.levels import Level
-from conformance.judge.verdicts import NOT_OFFERED, Verdicts
 from conformance.protocol import declarations
+from conformance.record.levels import Level
+from conformance.record.verdicts import NOT_OFFERED, Verdicts
 
 #: A gather, then a reduce-scatter of the same shape (a sequence, as the fixed suite's corner runs it).
 SEQUENCE = OpSpec((Call(64, 64, 32, op="all_gather_matmul"), Call(64, 64, 32, op="matmul_reduce_scatter")), tp=2)

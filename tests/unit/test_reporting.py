@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conformance.judge import run_diff
+from conformance.record import run_diff
 from conformance.reporting import allure as reporting
 from conformance.reporting import baseline, page, plots, quality_gate, same_run
 from conformance.reporting import build as report_build
@@ -59,10 +59,10 @@ def test_heatmap_view_and_pooling() -> None:
 
 
 @pytest.mark.parametrize("message, category", [
-    ("conformance.judge.failures.PerfRegression: gain 1% < 3%", "Perf regression"),
+    ("conformance.record.failures.PerfRegression: gain 1% < 3%", "Perf regression"),
     ("conformance.harness.case_errors.RankCrashed: rank 3 died (signal 9)", report_meta.HANG),
     ("conformance.harness.case_errors.RankRaised: rank(s) [0] raised; rank 0: "
-     "conformance.judge.failures.NumericMismatch: x", "Numeric mismatch"),
+     "conformance.record.failures.NumericMismatch: x", "Numeric mismatch"),
     ("conformance.harness.case_errors.RankRaised: rank(s) [0] raised; rank 0: builtins.ValueError: x", None),
     ("AssertionError: NumericMismatch mentioned later", None),
     ("Failed: DID NOT RAISE <class 'Exception'>", "Missing or wrong error"),
@@ -112,8 +112,8 @@ def _check(name: str, level: str, outcome: str) -> dict[str, str]:
 
 def test_verdict_first_with_the_terminals_table() -> None:
     """The overview's verdict and per-level lines, from the summary, through the terminal's own count."""
-    from conformance.judge import level_tally
-    from conformance.judge.levels import Level
+    from conformance.record import level_tally
+    from conformance.record.levels import Level
 
     cases = [{"nodeid": "t.py::a", "outcome": "failed",
               "checks": [_check("numerics", "MUST", "passed"), _check("warning", "SHOULD", "failed")]},
@@ -157,8 +157,8 @@ def test_a_level_with_no_check_judged_is_never_conformant() -> None:
     terminal's table and in the verdict alike (one function says what a level comes to)."""
     from collections import Counter
 
-    from conformance.judge import level_tally
-    from conformance.judge.levels import Level
+    from conformance.record import level_tally
+    from conformance.record.levels import Level
 
     every = frozenset(Level)
     counts = Counter({("MUST", "passed"): 11, ("MUST", "failed"): 4, ("SHOULD", "passed"): 13})
@@ -207,7 +207,7 @@ def test_staged_results_leave_out_fixtures_and_add_the_globals(tmp_path: Path) -
 
 
 def test_the_overview_says_how_many_perf_cases_were_enforced_reported_or_not_run() -> None:
-    from conformance.report_properties import GATE_ENFORCED, GATE_NOT_RUN, GATE_REPORTED
+    from conformance.record.report_properties import GATE_ENFORCED, GATE_NOT_RUN, GATE_REPORTED
 
     def perf_case(gate: str) -> dict[str, object]:
         return {"nodeid": "test_perf.py::x", "outcome": "skipped", "checks": [], "perf_gate": gate}
@@ -375,8 +375,8 @@ def test_a_case_that_judged_nothing_is_shown_skipped_by_the_case_rule(
 
 
 def test_checks_carry_the_time_they_took() -> None:
-    from conformance.judge.levels import Level
-    from conformance.judge.verdicts import Verdicts
+    from conformance.record.levels import Level
+    from conformance.record.verdicts import Verdicts
 
     verdicts = Verdicts()
     with verdicts.check("numerics", Level.MUST):

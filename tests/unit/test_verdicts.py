@@ -12,9 +12,9 @@ from conformance.contract.layouts import Split
 from conformance.harness.case import CapturedError
 from conformance.harness.case_errors import CaseTimeout
 from conformance.judge import assembly, checks
-from conformance.judge.failures import ReplicaMismatch, WrongError
-from conformance.judge.levels import Level
-from conformance.judge.verdicts import NOT_JUDGED, NotJudged, NotOffered, Verdicts
+from conformance.record.failures import ReplicaMismatch, WrongError
+from conformance.record.levels import Level
+from conformance.record.verdicts import NOT_JUDGED, NotJudged, NotOffered, Verdicts
 
 
 def _error(exc: BaseException) -> CapturedError:
@@ -82,9 +82,9 @@ def _summary(pytester: pytest.Pytester, *args: str) -> tuple[pytest.RunResult, d
 CASES = """
     import pytest
     from conformance.harness.case_errors import CaseTimeout
-    from conformance.judge.failures import WrongError, suite_requires
-    from conformance.judge.levels import Level
-    from conformance.judge.verdicts import NotJudged
+    from conformance.record.failures import WrongError, suite_requires
+    from conformance.record.levels import Level
+    from conformance.record.verdicts import NotJudged
 
     def test_hang_in_should(verdicts):
         with verdicts.check("declared error type", Level.SHOULD):
@@ -166,9 +166,9 @@ def test_outcomes_per_check_in_the_summary_and_the_tally(pytester: pytest.Pytest
 STICKY = """
     import pytest
     from conformance.harness.case_errors import CaseTimeout
-    from conformance.judge.failures import WrongError
-    from conformance.judge.levels import Level
-    from conformance.judge.verdicts import NotJudged, NotOffered
+    from conformance.record.failures import WrongError
+    from conformance.record.levels import Level
+    from conformance.record.verdicts import NotJudged, NotOffered
 
     def _fails(verdicts):
         with verdicts.check("m=1: numerics", Level.MUST):
@@ -264,7 +264,7 @@ def test_a_failure_is_sticky_whatever_is_raised_after_it(pytester: pytest.Pytest
 
 
 def test_the_gate_reads_an_unexpected_pass_from_a_real_summary(pytester: pytest.Pytester) -> None:
-    from conformance.judge import run_diff
+    from conformance.record import run_diff
 
     pytester.makepyfile(test_cases=CASES)
     pytester.makefile(".toml", known=EXPECTED)
@@ -307,7 +307,7 @@ def test_effective_settings_judge_a_refusal_before_what_there_is_to_compare(
     from types import SimpleNamespace
 
     from conformance.judge.config_verdicts import judge_effective
-    from conformance.judge.levels import Level
+    from conformance.record.levels import Level
 
     verdicts = Verdicts()
     captured = CapturedError("ValueError", error, "") if error else None
@@ -339,7 +339,7 @@ def test_pieces_that_are_no_shards_of_one_tensor_fail_the_check_naming_each_rank
 
     from conformance.contract.layouts import Split
     from conformance.judge.assembly import assemble
-    from conformance.judge.failures import ContractViolation
+    from conformance.record.failures import ContractViolation
 
     with pytest.raises(ContractViolation, match=r"rank 0 \[4, 3\], rank 1 \[4, 2\]"):
         assemble([torch.ones(4, 3), torch.ones(4, 2)], Split.SEQ)

@@ -2,13 +2,13 @@
 
 Every check failure is a :class:`CheckFailure` subclass; the class names the
 report category, ``level`` the requirement the check states
-(:class:`~conformance.judge.levels.Level`).  A check picks the level when it
+(:class:`~conformance.record.levels.Level`).  A check picks the level when it
 raises; the class gives the default.
 """
 
 from __future__ import annotations
 
-from conformance.judge.levels import Level
+from conformance.record.levels import Level
 
 #: Categories of failures that are no check's: a hang (timeout, crash, storm break), a known failure that passed
 #: (the expectations file), the suite's own error.

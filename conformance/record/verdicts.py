@@ -23,8 +23,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from conformance.harness.case_errors import CaseError
-from conformance.judge.failures import CheckFailure
-from conformance.judge.levels import Level
+from conformance.record.failures import CheckFailure
+from conformance.record.levels import Level
 
 PASSED, FAILED, NOT_JUDGED, NOT_OFFERED = "passed", "failed", "not judged", "not offered"
 #: Every outcome a check can have, in the order reports list them.
@@ -91,7 +91,7 @@ class Verdicts:
     """The checks of one test, each at its level.
 
     ``with verdicts.check("numerics", Level.MUST): ...`` records a pass, the
-    :class:`~conformance.judge.failures.CheckFailure` (or plain assertion)
+    :class:`~conformance.record.failures.CheckFailure` (or plain assertion)
     raised inside, or :class:`NotJudged`, and goes on, so later checks of the
     same run are still judged.  Hangs and crashes
     (:class:`~conformance.harness.case_errors.CaseError`) are not a check's

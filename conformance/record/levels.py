@@ -9,7 +9,7 @@
 * ``STRUCTURE``: how the overlap is achieved, judged against what the
   implementation declares (``docs/DESIGN.md#overlap-structure``).
 
-A test may hold several checks (:class:`~conformance.judge.verdicts.Verdicts`);
+A test may hold several checks (:class:`~conformance.record.verdicts.Verdicts`);
 each is recorded with its level, and ``--coc-gate`` chooses which levels fail the run.
 """
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from coc_shared.timeline import Timeline
-    from conformance.judge.numerics import Comparison
+    from conformance.record.comparison import Comparison
 
 
 @dataclass

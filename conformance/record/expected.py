@@ -4,7 +4,7 @@ The file itself -- TOML, read and written by
 :mod:`conformance.gating.expectations` -- lives with the gating tools; the
 entry lives here because every consumer judges with it: the run's plugin
 (``conformance.plugins.known_outcomes``: known failures, known skips), and
-the comparison of two runs (:mod:`conformance.judge.run_diff`: losses of
+the comparison of two runs (:mod:`conformance.record.run_diff`: losses of
 judgment a user expects), which ``coc-gate`` and the report both read.
 """
 

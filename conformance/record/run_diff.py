@@ -52,12 +52,12 @@ import numpy as np
 
 from conformance.caseids import case_id
 from conformance.harness.case_errors import HANGS, WorkerLost
-from conformance.judge.expected import SKIP, UNJUDGED, Expectation
-from conformance.judge.failures import HANG, SUITE_ERROR, UNEXPECTED_PASS
-from conformance.judge.levels import Level
-from conformance.judge.perf import CI_LEVEL
-from conformance.judge.verdicts import FAILED as CHECK_FAILED
-from conformance.judge.verdicts import JUDGED, NOT_JUDGED, NOT_OFFERED, outcome_of
+from conformance.record.expected import SKIP, UNJUDGED, Expectation
+from conformance.record.failures import HANG, SUITE_ERROR, UNEXPECTED_PASS
+from conformance.record.intervals import CI_LEVEL, percentile_interval
+from conformance.record.levels import Level
+from conformance.record.verdicts import FAILED as CHECK_FAILED
+from conformance.record.verdicts import JUDGED, NOT_JUDGED, NOT_OFFERED, outcome_of
 
 #: Drop of the median paired gain (fraction of the serial time) that counts as a perf regression.
 PERF_THRESHOLD = 0.03
@@ -123,7 +123,7 @@ def _require_complete(path: Path, doc: Mapping[str, Any]) -> None:
     if doc.get("complete") is False:
         raise RunError(f"{path}: the summary of run {run} is incomplete (the run was killed, interrupted or is still "
                        "running): no verdict rests on it")
-    from conformance.report_properties import RUN_LABEL
+    from conformance.record.report_properties import RUN_LABEL
 
     others: set[str] = set()
     for result in path.parent.glob("*-result.json"):
@@ -141,7 +141,7 @@ def _require_complete(path: Path, doc: Mapping[str, Any]) -> None:
 def _allure_run(path: Path) -> Run:
     """Cases from Allure result files (status and message only; no levels, no perf figures), each named by the
     case id it carries (label ``coc_case``, as a summary names it), else by its full name and parameters."""
-    from conformance.report_properties import CASE_LABEL
+    from conformance.record.report_properties import CASE_LABEL
 
     status = {"passed": "passed", "failed": "failed", "broken": "failed", "skipped": "skipped"}
     cases: dict[str, dict[str, Any]] = {}
@@ -479,6 +479,4 @@ def difference_ci(before: Sequence[float], after: Sequence[float], *, level: flo
     x, y = np.asarray(before, dtype=np.float64), np.asarray(after, dtype=np.float64)
     mx = np.median(x[rng.integers(0, x.size, size=(resamples, x.size))], axis=1)
     my = np.median(y[rng.integers(0, y.size, size=(resamples, y.size))], axis=1)
-    tail = (1 - level) / 2 * 100
-    low, high = np.percentile(my - mx, [tail, 100 - tail])
-    return float(low), float(high)
+    return percentile_interval(my - mx, level=level)

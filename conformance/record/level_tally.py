@@ -17,8 +17,8 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from conformance.judge.levels import Level
-from conformance.judge.verdicts import FAILED, NOT_JUDGED, NOT_OFFERED, PASSED, outcome_of
+from conformance.record.levels import Level
+from conformance.record.verdicts import FAILED, NOT_JUDGED, NOT_OFFERED, PASSED, outcome_of
 
 NOT_GATED = "not gated"
 #: The columns every level's line shows, in order (other outcomes follow them).
