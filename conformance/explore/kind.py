@@ -26,7 +26,6 @@ from conformance.harness.impl_loader import accepts_keyword, missing_capability
 from conformance.harness.runner import CaseTimings
 from conformance.judge.checks import not_implemented
 from conformance.protocol import FUSED_OPS, Declarations
-from conformance.record.failures import CheckFailure
 from conformance.record.levels import Level
 from conformance.record.verdicts import FAILED, PASSED, Verdicts
 
@@ -131,10 +130,7 @@ def unoffered(errors: Sequence[CapturedError | None], modes: Iterable[str]) -> J
 
 def record(verdicts: Verdicts, key: FailureKey, message: str) -> None:
     """Record into ``verdicts`` that check ``key`` failed with ``message`` (its category kept)."""
-    failure = CheckFailure(message, level=key.level)
-    failure.category = key.category
-    with verdicts.check(key.name, key.level):
-        raise failure
+    verdicts.fail(key.name, key.level, message, category=key.category)
 
 
 def run_to_the_end(ranks: Ranks, spec: Spec, verdicts: Verdicts, task: Any, **params: Any) -> list[Any] | Judged:

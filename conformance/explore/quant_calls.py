@@ -191,7 +191,7 @@ def judge_spec(ranks: Ranks, spec: QuantSpec, scope: Scope, verdicts: Verdicts) 
     else:
         with verdicts.check(NUMBERS, Level.MUST):
             quant = quant_inputs(run)
-            check_w8a16(outcomes, run, quant, quant_truth(quant))
+            check_w8a16(outcomes, run, quant, quant_truth(quant), evidence=verdicts.evidence)
     return Judged.of(verdicts)
 
 

@@ -18,18 +18,20 @@ from conformance.contract.equality import bitwise_equal, describe_difference, wr
 from conformance.contract.layouts import Split
 from conformance.harness.case import CapturedError
 from conformance.judge import numerics
-from conformance.record import evidence
 from conformance.record.comparison import ErrorStats
+from conformance.record.evidence import CaseEvidence
 from conformance.record.failures import DeterminismViolation, NumericMismatch, WrongError, suite_requires
 from conformance.record.levels import Level
 from conformance.record.verdicts import NotOffered
 
 
 def check_close(name: str, out: Any, truth: Any, serial: Any, envelope: tuple[np.ndarray, int],
-                dtype: Any, *, roundings: int, split: Split | None = None, tp: int = 1) -> ErrorStats:
+                dtype: Any, *, roundings: int, evidence: CaseEvidence, split: Split | None = None,
+                tp: int = 1) -> ErrorStats:
     """``out`` within the bound of float64 ``truth`` (``docs/DESIGN.md#error-bound``).
 
-    ``envelope`` is ``(|A| @ |B|, K)``; ``roundings`` the R of the bound.  On a
+    ``envelope`` is ``(|A| @ |B|, K)``; ``roundings`` the R of the bound; the comparison goes into the case's
+    ``evidence``.  On a
     violation the message names the rows that are wrong and, given how the
     tensor is ``split`` over ``tp`` ranks, which rank holds them and where in
     its own shard (:func:`~conformance.contract.equality.wrong_cells`).

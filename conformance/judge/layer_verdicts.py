@@ -64,8 +64,8 @@ def judge_training(verdicts: Verdicts, job: LayerJob, outcomes: Sequence[LayerOu
     """Every check of a training job, each at its level (failures recorded, none raised), of what came back on every
     rank (:func:`sort_layer_attempts` judged what raised)."""
     with verdicts.check("numerics of every step, micro-batch and replica", Level.MUST):
-        judge.check_training(job.problem, outcomes, tp=job.tp, chunks=chunks, fusion=job.main_grad,
-                             autocast=job.autocast)
+        judge.check_training(job.problem, outcomes, tp=job.tp, chunks=chunks, evidence=verdicts.evidence,
+                             fusion=job.main_grad, autocast=job.autocast)
     with verdicts.check("results are values", Level.MUST):
         judge.check_values(outcomes)
     if judge.replicated(job.problem, job.tp):  # else (SP, TP 1) nothing is replicated: the check cannot apply

@@ -24,6 +24,7 @@ from conformance.harness.case import CapturedError
 from conformance.judge import assembly, checks, numerics
 from conformance.judge.assembly import assemble, by_replica, copies
 from conformance.judge.group_notes import group_note
+from conformance.record.evidence import CaseEvidence
 from conformance.record.failures import ContractViolation, NumericMismatch, WrongError, suite_requires
 from conformance.record.levels import Level
 from conformance.record.verdicts import NotJudged
@@ -130,15 +131,17 @@ def check_ran(outcomes: Sequence[LayerOutcome], what: str, raised: Sequence[str]
 
 
 def check_training(problem: LayerProblem, outcomes: Sequence[LayerOutcome], *, tp: int, chunks: int,
-                   fusion: bool = False, run: int = 0, autocast: str | None = None) -> None:
-    """Every output and gradient of every step, micro-batch and replica within the bound.
+                   evidence: CaseEvidence, fusion: bool = False, run: int = 0, autocast: str | None = None) -> None:
+    """Every output and gradient of every step, micro-batch and replica within the bound (each comparison kept in
+    the case's ``evidence``).
 
     Under ``autocast`` the products are rounded to that dtype, so the bound is
     that dtype's (the truth stays float64).  A mismatch says so when the
     patched layers issued collectives outside their TP group.
     """
     try:
-        _check_training(problem, outcomes, tp=tp, chunks=chunks, fusion=fusion, run=run, autocast=autocast)
+        _check_training(problem, outcomes, tp=tp, chunks=chunks, fusion=fusion, run=run, autocast=autocast,
+                        evidence=evidence)
     except NumericMismatch as failure:
         raise NumericMismatch(f"{failure}{foreign_groups(outcomes)}") from None
 
@@ -151,7 +154,7 @@ def foreign_groups(outcomes: Sequence[LayerOutcome]) -> str:
 
 
 def _check_training(problem: LayerProblem, outcomes: Sequence[LayerOutcome], *, tp: int, chunks: int,
-                    fusion: bool, run: int, autocast: str | None) -> None:
+                    fusion: bool, run: int, autocast: str | None, evidence: CaseEvidence) -> None:
     import torch
 
     splits = layout(problem.layer, problem.sequence_parallel)
@@ -177,7 +180,7 @@ def _check_training(problem: LayerProblem, outcomes: Sequence[LayerOutcome], *, 
                         continue  # its forward or backward raised on some rank: nothing came back to compare
                     _compare(name, pieces, [o.serial[step].outputs[micro][name] for o in ranks if o.serial] or None,
                              expected.micro[micro][name], expected.envelopes[micro][name], splits[name],
-                             dtype, r, tp, _label(where, micro, micro_count))
+                             dtype, r, tp, _label(where, micro, micro_count), evidence)
                     compared += 1
             if not all(o.coc[run][step].grads for o in ranks):
                 continue  # a forward or backward of the step raised: its gradients are partial
@@ -187,7 +190,7 @@ def _check_training(problem: LayerProblem, outcomes: Sequence[LayerOutcome], *, 
                     raise NumericMismatch(f"{name} ({where or 'step 0'}): the patched layers left no gradient")
                 grad_dtype = torch.float32 if fusion and name.startswith("dw") and exact_wgrad_inputs else dtype
                 _compare(name, got, [o.serial[step].grads[name] for o in ranks if o.serial] or None, value,
-                         expected.grad_envelopes[name], splits[name], grad_dtype, r, tp, where)
+                         expected.grad_envelopes[name], splits[name], grad_dtype, r, tp, where, evidence)
                 compared += 1
     if not compared:
         raise NotJudged("no output or gradient of the patched layers came back on every rank: nothing to compare")
@@ -202,7 +205,7 @@ def _label(where: str, micro: int, count: int) -> str:
 
 def _compare(name: str, pieces: list[Any], serial_pieces: list[Any] | None, truth: np.ndarray,
              envelope: tuple[np.ndarray, int], split: Split, dtype: Any, roundings: int, tp: int,
-             where: str) -> None:
+             where: str, evidence: CaseEvidence) -> None:
     try:
         held = copies(pieces, split)
     except ContractViolation as failure:
@@ -216,7 +219,7 @@ def _compare(name: str, pieces: list[Any], serial_pieces: list[Any] | None, trut
         expected = np.asarray(truth).reshape(tuple(out.shape))
         magnitude = np.asarray(envelope[0]).reshape(tuple(out.shape))
         checks.check_close(label, out, expected, serial, (magnitude, envelope[1]), dtype, roundings=roundings,
-                           split=split, tp=tp)
+                           evidence=evidence, split=split, tp=tp)
 
 
 def replicated(problem: LayerProblem, tp: int) -> bool:

@@ -50,7 +50,7 @@ def judge_op_runs(verdicts: Verdicts, judged: Sequence[tuple[OpRun, Sequence[OpR
             judge.check_contract(run, outcomes, in_place_ops)
     with verdicts.check("numerics" if not exact else "exact layout", Level.MUST):
         for run, outcomes in _came_back(judged):
-            judge.check_numerics(run, outcomes, exact=exact)
+            judge.check_numerics(run, outcomes, evidence=verdicts.evidence, exact=exact)
     if not any(judge.replicated(run) for run, _ in judged):
         return
     with verdicts.check("replicated results bitwise identical", Level.SHOULD):

@@ -29,6 +29,7 @@ from conformance.judge import assembly, checks, numerics
 from conformance.judge.assembly import assemble, by_replica, copies
 from conformance.judge.attempts import RAISED, sort_attempt
 from conformance.judge.group_notes import group_note
+from conformance.record.evidence import CaseEvidence
 from conformance.record.failures import ContractViolation, NumericMismatch, WrongError
 
 if TYPE_CHECKING:
@@ -170,7 +171,8 @@ def _kind(value: Any) -> str:
     return f"{type(value).__name__} {value!r}"[:120]
 
 
-def check_numerics(run: OpRun, outcomes: Sequence[OpRunOutcome], *, exact: bool = False) -> None:
+def check_numerics(run: OpRun, outcomes: Sequence[OpRunOutcome], *, evidence: CaseEvidence, exact: bool = False
+                   ) -> None:
     """MUST: every call's result within the bound of its replica's float64 truth (bitwise when ``exact``)."""
     import torch
 
@@ -198,7 +200,7 @@ def check_numerics(run: OpRun, outcomes: Sequence[OpRunOutcome], *, exact: bool 
                             _check_exact(label, out, y, problem.dtype, split, run.tp)
                         else:
                             checks.check_close(label, out, y, serial, envelope, getattr(torch, problem.dtype),
-                                               roundings=roundings(run.tp),
+                                               roundings=roundings(run.tp), evidence=evidence,
                                                split=split, tp=run.tp)
                     except NumericMismatch as failure:
                         raise NumericMismatch(f"{failure}{_wrong_group(run, ranks, problem, out, replica, groups)}"

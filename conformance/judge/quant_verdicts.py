@@ -19,6 +19,7 @@ from conformance.judge import checks, numerics
 from conformance.judge import ops as judge
 from conformance.judge.assembly import assemble, copies
 from conformance.protocol import Declarations
+from conformance.record.evidence import CaseEvidence
 from conformance.record.failures import WrongError
 from conformance.record.levels import Level
 from conformance.record.verdicts import Verdicts
@@ -45,7 +46,8 @@ def quant_truth(quant: QuantInputs) -> Any:
                                           group_size or None).numpy()
 
 
-def check_w8a16(outcomes: Sequence[OpCallResults], run: QuantRun, quant: QuantInputs, y: Any) -> None:
+def check_w8a16(outcomes: Sequence[OpCallResults], run: QuantRun, quant: QuantInputs, y: Any, *,
+                evidence: CaseEvidence) -> None:
     """MUST: every rank's w8A16 result within the bound of the float64 ``y`` of the dequantised weight."""
     from golden import serial
 
@@ -65,7 +67,7 @@ def check_w8a16(outcomes: Sequence[OpCallResults], run: QuantRun, quant: QuantIn
     for holders, out in copies([o.results[0] for o in outcomes], split):
         # The dequantised weight is rounded to the activation dtype once more.
         checks.check_close(", ".join(filter(None, ("y", holders))), out, y, serial_y, envelope, dtype,
-                           roundings=judge.roundings(run.tp) + 1)
+                           roundings=judge.roundings(run.tp) + 1, evidence=evidence)
 
 
 def judge_bad_argument(verdicts: Verdicts, outcomes: Sequence[OpCallResults], change: str,

@@ -48,7 +48,9 @@ import pytest
 from conformance import options
 from conformance.harness.case_errors import CaseError
 from conformance.record import level_tally, report_properties
+from conformance.record.evidence import CaseEvidence
 from conformance.record.failures import CheckFailure, SuiteError
+from conformance.record.item_verdicts import verdicts_key, verdicts_of
 from conformance.record.levels import Level
 from conformance.record.verdicts import (
     FAILED,
@@ -60,7 +62,6 @@ from conformance.record.verdicts import (
     Verdicts,
 )
 
-verdicts_key = pytest.StashKey[Verdicts]()
 gate_key = pytest.StashKey[frozenset[Level]]()
 
 
@@ -124,9 +125,18 @@ def is_verdict(exc: BaseException) -> bool:
 @pytest.fixture
 def verdicts(request: pytest.FixtureRequest) -> Verdicts:
     """The test's named checks: ``with verdicts.check("numerics", Level.MUST): ...``."""
-    found = Verdicts()
-    request.node.stash[verdicts_key] = found
-    return found
+    return verdicts_of(request.node)
+
+
+@pytest.fixture
+def case_evidence(request: pytest.FixtureRequest) -> CaseEvidence:
+    """What a test that judges by its own assertions saw, for the report (its record's evidence)."""
+    return verdicts_of(request.node).evidence
+
+
+def judges_through_verdicts(item: pytest.Item) -> bool:
+    """Whether the test records its checks through ``verdicts`` (else its body is its one check)."""
+    return "verdicts" in getattr(item, "fixturenames", ())
 
 
 #: Why a case is skipped as not offered (set by :func:`skip_not_offered`).
@@ -154,18 +164,16 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
         if not isinstance(exc, Exception):
             raise
         if isinstance(exc, NotOffered):
-            found = item.stash.setdefault(verdicts_key, Verdicts())
+            found = verdicts_of(item)
             if not any(r.outcome == NOT_OFFERED for r in found.results):  # else it recorded what it lacks already
                 found.not_offered(name, default_level(item), str(exc))
         elif isinstance(exc, NotJudged):
-            item.stash.setdefault(verdicts_key, Verdicts()).not_judged(name, default_level(item), str(exc))
+            verdicts_of(item).not_judged(name, default_level(item), str(exc))
         elif not is_verdict(exc):
             raise (exc if isinstance(exc, SuiteError) else SuiteError.wrapping(item.nodeid, exc)) from exc
         else:
-            found = item.stash.setdefault(verdicts_key, Verdicts())
             category = exc.category if isinstance(exc, CheckFailure) else type(exc).__name__
-            found.results.append(CheckResult(name, failure_level(item, exc), False, _first_line(exc), category))
-            found.exceptions.append(exc)
+            verdicts_of(item).fail(name, failure_level(item, exc), _first_line(exc), category=category, error=exc)
             raise
     conclude(item)
 
@@ -231,7 +239,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     results = list(recorded.results) if recorded is not None else []
     if not results and report.passed:
         name = getattr(item, "originalname", item.name)
-        if recorded is None:  # a test that judges by its own assertions: its body is its one check
+        if not judges_through_verdicts(item):  # it judges by its own assertions: its body is its one check
             results = [CheckResult(name, default_level(item), True)]
         else:  # it judges through ``verdicts`` and recorded nothing: nothing was judged, which is no pass
             results = [CheckResult(name, default_level(item), False, "the test recorded no check",

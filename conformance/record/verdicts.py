@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from conformance.harness.case_errors import CaseError
+from conformance.record.evidence import CaseEvidence
 from conformance.record.failures import CheckFailure
 from conformance.record.levels import Level
 
@@ -88,7 +89,7 @@ def case_outcome(outcomes: Iterable[str]) -> str:
 
 
 class Verdicts:
-    """The checks of one test, each at its level.
+    """The checks of one test, each at its level, and the evidence they saw (:attr:`evidence`).
 
     ``with verdicts.check("numerics", Level.MUST): ...`` records a pass, the
     :class:`~conformance.record.failures.CheckFailure` (or plain assertion)
@@ -101,7 +102,8 @@ class Verdicts:
 
     def __init__(self) -> None:
         self.results: list[CheckResult] = []
-        self.exceptions: list[BaseException] = []
+        self.exceptions: list[BaseException] = []  #: what each failed check raised, in the order of ``results``
+        self.evidence = CaseEvidence()
 
     @contextmanager
     def check(self, name: str, level: Level) -> Iterator[None]:
@@ -115,14 +117,25 @@ class Verdicts:
         except NotOffered as why:
             self.not_offered(name, level, str(why))
         except (CheckFailure, AssertionError) as failure:
-            category = failure.category if isinstance(failure, CheckFailure) else "failure"
-            self.results.append(CheckResult(name, level, False, str(failure), category,
-                                            seconds=round(time.perf_counter() - start, 6)))
             if isinstance(failure, CheckFailure):
                 failure.level = level
-            self.exceptions.append(failure)
+            self.fail(name, level, str(failure), error=failure,
+                      category=failure.category if isinstance(failure, CheckFailure) else "failure",
+                      seconds=round(time.perf_counter() - start, 6))
         else:
             self.results.append(CheckResult(name, level, True, seconds=round(time.perf_counter() - start, 6)))
+
+    def fail(self, name: str, level: Level, message: str, *, category: str = "failure",
+             error: BaseException | None = None, seconds: float | None = None) -> None:
+        """Record that check ``name`` failed at ``level``, saying ``message``.  ``error`` is what says so when the
+        case concludes (:meth:`failed`): the exception the check raised, else a
+        :class:`~conformance.record.failures.CheckFailure` of the message, so a failure is recorded without
+        being raised."""
+        if error is None:
+            error = CheckFailure(message, level=level)
+            error.category = category
+        self.results.append(CheckResult(name, level, False, message, category, seconds=seconds))
+        self.exceptions.append(error)
 
     @contextmanager
     def sub_case(self, label: str, level: Level = Level.MUST) -> Iterator[None]:

@@ -7,7 +7,7 @@
   severity and title (with parameter names) for what the test did not
   describe through :func:`conformance.reporting.allure.describe_case`;
 * a failing :class:`~conformance.harness.case_errors.CaseError`: every rank's evidence;
-* after the call: what the checks recorded (:mod:`conformance.record.evidence`):
+* after the call: what the checks recorded (the evidence of the case's record, :mod:`conformance.record.evidence`):
   comparisons, texts, timelines and the case's own description;
 * each report as it is logged (its final outcome: known, not gated): one
   step per check, tags, ``requirement`` and severity from the failed level,
@@ -34,7 +34,8 @@ import pytest
 from conformance import options
 from conformance.caseids import case_id
 from conformance.harness.case_errors import CaseError
-from conformance.record import evidence, report_properties
+from conformance.record import report_properties
+from conformance.record.item_verdicts import verdicts_of
 from conformance.reporting import allure as reporting
 from conformance.reporting import meta as report_meta
 from conformance.reporting.allure import readable
@@ -122,7 +123,7 @@ class AllureHooks:
         self.world_sizes.update(params[p] for p in options.TP_PARAMS if isinstance(params.get(p), int))
         reporting.begin_case({**params, "implementation": options.impl_spec(item.config)},
                              run=run_id(item.config), case=case_id(item.nodeid))
-        evidence.begin()
+        verdicts_of(item).evidence.kept = True
 
     def pytest_runtest_teardown(self, item: pytest.Item) -> None:
         reporting.finish_case(item, **_defaults(item))
@@ -136,9 +137,7 @@ class AllureHooks:
         if call.excinfo is not None and report.failed:
             self.frames[item.nodeid] = check_frames(call.excinfo.value)
         if call.when == "call":
-            found = evidence.end()
-            if found is not None:
-                reporting.attach_case_evidence(found)
+            reporting.attach_case_evidence(verdicts_of(item).evidence)
             reporting.attach_exploration(report_properties.property_of(report, report_properties.EXPLORE))
         return report
 

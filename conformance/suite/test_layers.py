@@ -47,6 +47,7 @@ from conformance.protocol import (
     NotOverlapped,
     OverlapsMatmul,
 )
+from conformance.record.evidence import CaseEvidence
 from conformance.record.failures import WrongError
 from conformance.record.levels import Level
 from conformance.record.verdicts import NotJudged, NotOffered
@@ -96,7 +97,7 @@ def test_layer_matches_golden(coc_ranks: Any, verdicts: Any, coc_declarations: D
     problem = judge.golden_problem(case_id)
     outcomes = _run(coc_ranks, LayerJob(problem, tp, tuple(coc_argv(chunks))), verdicts)
     with verdicts.check("numerics", Level.MUST):
-        judge.check_training(problem, outcomes, tp=tp, chunks=chunks)
+        judge.check_training(problem, outcomes, tp=tp, chunks=chunks, evidence=verdicts.evidence)
     with verdicts.check("results are values", Level.MUST):
         judge.check_values(outcomes)
     if judge.replicated(problem, tp):  # with SP nothing is: the check cannot apply
@@ -122,7 +123,7 @@ def test_saved_all_gather_matches_golden(coc_ranks: Any, coc_impl: Any, verdicts
     outcomes = _run(coc_ranks, LayerJob(problem, tp, tuple(coc_argv(2)), coc_cfgs={"recompute_all_gather": False}),
                     verdicts)
     with verdicts.check("numerics", Level.MUST):
-        judge.check_training(problem, outcomes, tp=tp, chunks=2)
+        judge.check_training(problem, outcomes, tp=tp, chunks=2, evidence=verdicts.evidence)
     with verdicts.check("recompute_all_gather=False honoured", Level.SHOULD):
         judge.check_saved_gather(outcomes)
 
@@ -164,7 +165,7 @@ def test_customized_coc_is_honoured(coc_ranks: Any, coc_impl: Any, verdicts: Any
     outcomes = _run(coc_ranks, LayerJob(problem, tp, tuple(coc_argv(base)), coc_cfgs={"customized_coc": customized}),
                     verdicts)
     with verdicts.check("numerics", Level.MUST):
-        judge.check_training(problem, outcomes, tp=tp, chunks=max(custom, base))
+        judge.check_training(problem, outcomes, tp=tp, chunks=max(custom, base), evidence=verdicts.evidence)
     # Only chunked (or undeclared) phases have a chunk count to change; the others are not judged.
     phases = {key: NotOverlapped() if isinstance(s, OverlapsMatmul) else s
               for key, s in coc_declarations.overlap.items()}
@@ -232,7 +233,7 @@ def _judge_uneven(verdicts: Any, declared: Declarations, outcomes: list[LayerOut
     if not attempts.returned:
         return
     with verdicts.check(f"{label}: numerics", Level.MUST):
-        judge.check_training(problem, outcomes, tp=tp, chunks=chunks)
+        judge.check_training(problem, outcomes, tp=tp, chunks=chunks, evidence=verdicts.evidence)
     if rows < chunks:
         with verdicts.check(f"{label}: one fallback warning per layer", Level.SHOULD):
             expected = sum(1 for part in structure.layer_parts(layer) if _may_chunk(declared, part, sp))
@@ -264,12 +265,12 @@ def _fused_or_skip(coc_impl: Any, coc_declarations: Declarations, tp: int) -> tu
 @pytest.mark.parametrize("tp", [8], ids=lambda tp: f"tp{tp}")
 @pytest.mark.parametrize("case_id", _cases(dtype=("float32", "bfloat16")))
 def test_fused_kernel_layers_match_golden(coc_impl: Any, coc_declarations: Declarations, coc_ranks: Any,
-                                          case_id: str, tp: int) -> None:
+                                          case_evidence: CaseEvidence, case_id: str, tp: int) -> None:
     """``--coc-fused-kernel`` (TP 8 only) patches the layers within the golden bound."""
     argv = _fused_or_skip(coc_impl, coc_declarations, tp)
     problem = judge.golden_problem(case_id)
     outcomes = _run(coc_ranks, LayerJob(problem, tp, argv))
-    judge.check_training(problem, outcomes, tp=tp, chunks=8)
+    judge.check_training(problem, outcomes, tp=tp, chunks=8, evidence=case_evidence)
 
 
 @pytest.mark.parametrize("tp", [8], ids=lambda tp: f"tp{tp}")
@@ -285,14 +286,15 @@ def test_fused_kernel_layers_overlap(coc_impl: Any, coc_declarations: Declaratio
     problem = LayerProblem(layer, sp, 32, 32, "float32", tokens=(2048,), seed=2)
     outcomes = _run(coc_ranks, LayerJob(problem, tp, argv), verdicts)
     with verdicts.check("numerics", Level.MUST):
-        judge.check_training(problem, outcomes, tp=tp, chunks=8)
+        judge.check_training(problem, outcomes, tp=tp, chunks=8, evidence=verdicts.evidence)
     with verdicts.check("the fused path overlaps", Level.STRUCTURE):
         structure.check_layer_structure(problem, outcomes, coc_declarations.fused_overlap, chunks=1, tp=tp, fused=True)
 
 
 @pytest.mark.parametrize("tp", [2], ids=lambda tp: f"tp{tp}")
 @pytest.mark.parametrize("case_id", _cases(dtype="float32"))
-def test_auto_chunk_count_matches_golden(coc_ranks: Any, coc_impl: Any, case_id: str, tp: int) -> None:
+def test_auto_chunk_count_matches_golden(coc_ranks: Any, coc_impl: Any, case_evidence: CaseEvidence, case_id: str,
+                                         tp: int) -> None:
     """``--coc-parallel-num auto``: whatever count the implementation picks, the numbers hold.
 
     Supporting ``auto`` at all is a SHOULD (judged by test_config's ``cli-auto``): an
@@ -306,5 +308,4 @@ def test_auto_chunk_count_matches_golden(coc_ranks: Any, coc_impl: Any, case_id:
                          "is a SHOULD, judged by test_config's cli-auto")
     problem = judge.golden_problem(case_id)
     outcomes = _run(coc_ranks, LayerJob(problem, tp, tuple(coc_argv("auto"))))
-    judge.check_training(problem, outcomes, tp=tp, chunks=8)
-
+    judge.check_training(problem, outcomes, tp=tp, chunks=8, evidence=case_evidence)

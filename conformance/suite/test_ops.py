@@ -61,6 +61,7 @@ from conformance.judge.op_verdicts import (
 from conformance.judge.quant_verdicts import check_w8a16, judge_bad_argument, quant_truth
 from conformance.protocol import DETERMINISTIC_OPS, FUSED_OPS, Declarations
 from conformance.record import report_properties
+from conformance.record.evidence import CaseEvidence
 from conformance.record.failures import suite_requires
 from conformance.record.levels import Level
 from golden.catalogue import DTYPES, TP_SIZES
@@ -115,7 +116,7 @@ def _numbers_or_clear_refusal(coc_ranks: Any, verdicts: Any, declared: Declarati
         with verdicts.check(f"{label}: results are values", Level.MUST):
             judge.check_contract(judged, outcomes, declared.in_place_ops)
         with verdicts.check(f"{label}: numerics", Level.MUST):
-            judge.check_numerics(judged, outcomes)
+            judge.check_numerics(judged, outcomes, evidence=verdicts.evidence)
 
 
 def _op_params() -> list[Any]:
@@ -299,10 +300,10 @@ def _quant_params() -> list[Any]:
 @pytest.mark.coc_requires("matmul_all_reduce")
 @pytest.mark.coc_capability(W8A16)
 @pytest.mark.parametrize("case_id, tp", _quant_params())
-def test_w8a16_matches_dequantised_golden(coc_ranks: Any, case_id: str, tp: int) -> None:
+def test_w8a16_matches_dequantised_golden(coc_ranks: Any, case_evidence: CaseEvidence, case_id: str, tp: int) -> None:
     g = golden.load(case_id)
     run = QuantRun(case_id, tp)
-    check_w8a16(coc_ranks.run(quant_task, tp, run=run), run, quant_inputs(run), g.outputs["y"])
+    check_w8a16(coc_ranks.run(quant_task, tp, run=run), run, quant_inputs(run), g.outputs["y"], evidence=case_evidence)
 
 
 @pytest.mark.coc_requires("matmul_all_reduce")
@@ -400,9 +401,9 @@ def test_corner_op_sequence(coc_ranks: Any, verdicts: Any, coc_declarations: Dec
 @pytest.mark.coc_capability(W8A16)
 @pytest.mark.parametrize("tp", [2], ids=lambda tp: f"tp{tp}")
 @pytest.mark.parametrize("group_size", [128], ids=lambda g: f"g{g}")
-def test_corner_w8a16_group_size(coc_ranks: Any, group_size: int, tp: int) -> None:
+def test_corner_w8a16_group_size(coc_ranks: Any, case_evidence: CaseEvidence, group_size: int, tp: int) -> None:
     """Per-group w8A16 at the common real group size, 128 (two groups per rank), with an offset and a bias."""
     problem = QuantProblem(16, 2 * group_size * tp, 48, "bfloat16", group_size, seed=30)
     run = QuantRun(None, tp, seeded=problem)
     quant = quant_inputs(run)
-    check_w8a16(coc_ranks.run(quant_task, tp, run=run), run, quant, quant_truth(quant))
+    check_w8a16(coc_ranks.run(quant_task, tp, run=run), run, quant, quant_truth(quant), evidence=case_evidence)

@@ -44,7 +44,8 @@ from conformance.cases.perf_cases import pipeline_perf_case
 from conformance.contract import perf_items
 from conformance.harness.launchers.devices import detect_device_kind, node_identity
 from conformance.judge import hardware, perf
-from conformance.record import evidence, report_properties
+from conformance.record import report_properties
+from conformance.record.evidence import CaseEvidence
 from conformance.record.failures import PerfRegression
 from conformance.record.verdicts import NotJudged
 
@@ -97,7 +98,8 @@ def _verdicts(result: Mapping[str, Any], case: hardware.PerfCase, profile: hardw
 
 
 def _report(case: hardware.PerfCase, result: Mapping[str, Any], measurement: perf.Measurement,
-            verdicts: Mapping[str, perf.Verdict], record_property: Any, title: str) -> str:
+            verdicts: Mapping[str, perf.Verdict], record_property: Any, case_evidence: CaseEvidence, title: str
+            ) -> str:
     enforced = any(v.enforced for v in verdicts.values())
     label = report_properties.GATE_ENFORCED if enforced else report_properties.GATE_REPORTED
     identity = result["identity"]
@@ -108,17 +110,17 @@ def _report(case: hardware.PerfCase, result: Mapping[str, Any], measurement: per
         text += f"\n{variant}: not measured: {reason}"
     record_property(report_properties.PERF_GATE, label)
     record_property(report_properties.PERF_FIGURES, json.dumps(measurement.as_dict()))
-    evidence.describe(feature="perf", story=case.op, title=f"Perf gate [{case.name}]",
+    case_evidence.describe(feature="perf", story=case.op, title=f"Perf gate [{case.name}]",
                             gate=label, profile=case.profile, tp=case.tp,
                             shape=(case.m, case.k, case.n), dtype=case.dtype, device=identity["name"])
-    evidence.text(text, title)
+    case_evidence.text(text, title)
     efficiency = chunk_efficiency.configured()  # the device check's table (COC_CHUNK_EFFICIENCY), if given
     if efficiency is not None:
-        evidence.text(efficiency.text(), "chunked-GEMM efficiency (device check)")
+        case_evidence.text(efficiency.text(), "chunked-GEMM efficiency (device check)")
     for variant, figures in measurement.variants.items():
         if figures.predicted is not None:  # the model's costs are measured in ms; beside it, the calls measured
             calls = {"call": [figures.time.median], "serial call": [measurement.serial.median]}
-            evidence.timeline(figures.predicted, calls, f"{variant}: pipeline model", unit="ms")
+            case_evidence.timeline(figures.predicted, calls, f"{variant}: pipeline model", unit="ms")
     print(f"PERF {case.name}: {label}")
     print(text)
     return text
@@ -127,7 +129,7 @@ def _report(case: hardware.PerfCase, result: Mapping[str, Any], measurement: per
 @pytest.mark.coc_capability("perf")
 @pytest.mark.parametrize("case", _params())
 def test_coc_gain_meets_profile(coc_ranks: Any, case: hardware.PerfCase, record_property: Any,
-                                pytestconfig: pytest.Config) -> None:
+                                case_evidence: CaseEvidence, pytestconfig: pytest.Config) -> None:
     """CoC against serial, timed side by side; judged only on hardware matching the case's profile, else
     reported and not judged."""
     if pytestconfig.getoption(options.LAUNCHER) == "threaded":
@@ -145,7 +147,7 @@ def test_coc_gain_meets_profile(coc_ranks: Any, case: hardware.PerfCase, record_
     if not result["samples"].keys() - {perf_items.SERIAL, perf_items.MM, perf_items.COMM}:
         pytest.skip(f"no variant of {sorted(case.gates)} can run: {result['skipped']}")
     measurement, verdicts = _verdicts(result, case, profile)
-    text = _report(case, result, measurement, verdicts, record_property, "perf figures")
+    text = _report(case, result, measurement, verdicts, record_property, case_evidence, "perf figures")
     if not any(v.enforced for v in verdicts.values()):
         reasons = sorted({v.reason.rpartition("; ")[2] for v in verdicts.values()})
         raise NotJudged(f"{case.name}: gate not enforced on this machine ({'; '.join(reasons)}): figures reported")
@@ -154,7 +156,8 @@ def test_coc_gain_meets_profile(coc_ranks: Any, case: hardware.PerfCase, record_
     retry = _measure(coc_ranks, case, profile)
     both = {**retry, "samples": perf.pooled(result["samples"], retry["samples"]), "blocks": result["blocks"]}
     measurement, verdicts = _verdicts(both, case, profile)
-    again = _report(case, both, measurement, verdicts, record_property, "perf figures (both measurements)")
+    again = _report(case, both, measurement, verdicts, record_property, case_evidence,
+                    "perf figures (both measurements)")
     missed = [f"{name} ({v.reason})" for name, v in verdicts.items() if v.failed]
     if missed:
         raise PerfRegression(f"{case.name}: gate missed on {2 * profile.repeats} rounds: {', '.join(missed)}\n"

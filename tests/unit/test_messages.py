@@ -17,6 +17,7 @@ from conformance.judge import assembly, checks
 from conformance.judge.group_notes import group_note
 from conformance.judge.structure import PartMatmuls, check_phase
 from conformance.protocol import OverlapsMatmul
+from conformance.record.evidence import CaseEvidence
 from conformance.record.failures import NumericMismatch, ReplicaMismatch, StructureMismatch
 
 
@@ -26,9 +27,11 @@ def test_a_column_split_tensor_names_each_ranks_rows_and_its_own_columns() -> No
     pieces[0][:, 3:6] += 1.0  # rank 0: every row of three of its columns
     pieces[1][10, 0] += 1.0  # rank 1: one element, its first column (global column 48)
     out = torch.cat(pieces, dim=-1)
+    seen = CaseEvidence(kept=True)
     with pytest.raises(NumericMismatch) as raised:
         checks.check_close("dx", out, truth.numpy(), truth.numpy(), (np.abs(truth.numpy()), 1), torch.float32,
-                           roundings=1, split=Split.LAST, tp=2)
+                           roundings=1, evidence=seen, split=Split.LAST, tp=2)
+    assert [(c.stats.name, failed) for c, failed in seen.comparisons] == [("dx", True)]  # kept for the report
     assert ("on rank 0 rows 0-63, its columns 3-5 of 48 (global 3-5); rank 1 rows 10, its columns 0 of 48 "
             "(global 48)") in str(raised.value)
     assert "every rank" not in str(raised.value)

@@ -12,9 +12,9 @@ from conformance.contract.layouts import Split
 from conformance.harness.case import CapturedError
 from conformance.harness.case_errors import CaseTimeout
 from conformance.judge import assembly, checks
-from conformance.record.failures import ReplicaMismatch, WrongError
+from conformance.record.failures import CheckFailure, ReplicaMismatch, WrongError
 from conformance.record.levels import Level
-from conformance.record.verdicts import NOT_JUDGED, NotJudged, NotOffered, Verdicts
+from conformance.record.verdicts import FAILED, NOT_JUDGED, NotJudged, NotOffered, Verdicts
 
 
 def _error(exc: BaseException) -> CapturedError:
@@ -46,6 +46,37 @@ def test_not_judged_is_recorded_apart_from_passed() -> None:
     verdicts.not_judged("perf gate", Level.MUST, "not enforced here")
     assert [(r.outcome, r.passed, r.failed) for r in verdicts.results] == [(NOT_JUDGED, False, False)] * 2
     assert verdicts.failed() == [] and verdicts.results[0].as_dict()["outcome"] == NOT_JUDGED
+
+
+def test_a_failure_recorded_without_raising_fails_the_case_with_its_message_category_and_level() -> None:
+    """``Verdicts.fail``: what the explorer records of a failure it found, the same record a raised one leaves."""
+    verdicts = Verdicts()
+    with verdicts.check("numerics", Level.MUST):
+        pass
+    verdicts.fail("declared error type", Level.SHOULD, "raised ValueError, declared TypeError",
+                  category=WrongError.category)
+    assert verdicts.outcome == FAILED
+    assert [(r.name, r.outcome, r.level, r.category, r.message) for r in verdicts.results if r.failed] == [
+        ("declared error type", FAILED, Level.SHOULD, WrongError.category, "raised ValueError, declared TypeError")]
+    (failure,) = verdicts.failed([Level.SHOULD])
+    assert isinstance(failure, CheckFailure) and failure.level is Level.SHOULD and str(failure).startswith("raised")
+    assert verdicts.failed([Level.MUST]) == []
+    raised = Verdicts()
+    with raised.check("declared error type", Level.SHOULD):
+        raise WrongError("raised ValueError, declared TypeError")
+    assert [r.as_dict() | {"seconds": 0} for r in raised.results] == \
+        [r.as_dict() | {"seconds": 0} for r in verdicts.results if r.failed]
+
+
+def test_a_case_keeps_its_evidence_only_when_a_report_keeps_it() -> None:
+    """The evidence is the case's own (no collection shared between cases), and costs nothing nobody keeps."""
+    dropped, kept = Verdicts(), Verdicts()
+    kept.evidence.kept = True
+    for verdicts in (dropped, kept):
+        verdicts.evidence.text("figures", "perf")
+        verdicts.evidence.describe(feature="perf", story="all_gather_matmul")
+    assert dropped.evidence.texts == [] and dropped.evidence.description == {}
+    assert kept.evidence.texts == [("perf", "figures")] and kept.evidence.description["story"] == "all_gather_matmul"
 
 
 def test_replicas_within_the_bound_are_each_judged_and_bitwise_identity_is_a_should() -> None:
