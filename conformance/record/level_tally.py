@@ -8,13 +8,15 @@ prints and the report's overview repeats, word for word; each gated level's
 line ends with what the level comes to (:func:`level_verdict`), and
 :func:`headline` says it for the run.  A level is conformant only when at
 least one of its checks was judged and none failed: a gated level with no
-check judged is *not judged*, never conformant.
+check judged is *not judged*, never conformant.  What a level and the run come
+to is one of the outcomes below; readers key on it, never on the text.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from conformance.record.levels import Level
@@ -27,6 +29,17 @@ COLUMNS = (PASSED, FAILED, NOT_GATED, NOT_JUDGED, NOT_OFFERED)
 CONFORMANT, NOT_CONFORMANT = "conformant", "NOT CONFORMANT"
 #: The outcome of a run whose suite itself failed: nothing can be concluded from it.
 NOT_DECIDED = "NOT DECIDED"
+#: The outcome of a run without a complete record of its own (its summary missing, incomplete or another run's).
+NO_VERDICT = "NO VERDICT"
+
+
+@dataclass(frozen=True)
+class RunVerdict:
+    """What a run comes to: its outcome (:data:`CONFORMANT`, :data:`NOT_CONFORMANT`, :data:`NOT_JUDGED`,
+    :data:`NOT_DECIDED`, :data:`NO_VERDICT`) and the line that says it, per level."""
+
+    outcome: str
+    headline: str
 
 
 def column(check: Mapping[str, Any], gate: frozenset[Level]) -> str:
@@ -69,9 +82,9 @@ def lines(counts: Counter[tuple[str, str]], gate: frozenset[Level]) -> list[str]
     return [line for level in Level if (line := level_line(level, counts, gate)) is not None]
 
 
-def headline(counts: Counter[tuple[str, str]], gate: frozenset[Level], *, failed_cases: int = 0,
-             suite_errors: int = 0, missing: int = 0) -> str:
-    """The run's verdict in one line, from the same per-level verdicts as :func:`lines`.
+def run_verdict(counts: Counter[tuple[str, str]], gate: frozenset[Level], *, failed_cases: int = 0,
+                suite_errors: int = 0, missing: int = 0) -> RunVerdict:
+    """The run's verdict, from the same per-level verdicts as :func:`lines`.
 
     ``failed_cases``: cases the run failed (a case can fail on a gated check it recorded, or on a hang);
     ``suite_errors``: cases that hit a bug of the suite itself (then nothing is decided); ``missing``:
@@ -83,13 +96,14 @@ def headline(counts: Counter[tuple[str, str]], gate: frozenset[Level], *, failed
     rest = "".join(f"; {verdict} at {names[verdict]}" for verdict in (CONFORMANT, NOT_JUDGED)
                    if names[verdict])
     if suite_errors:
-        return (f"{NOT_DECIDED} at {', '.join(level.value for level in gated)}: {suite_errors} case(s) hit an error "
-                f"of the suite itself")
+        return RunVerdict(NOT_DECIDED, f"{NOT_DECIDED} at {', '.join(level.value for level in gated)}: "
+                                       f"{suite_errors} case(s) hit an error of the suite itself")
     if names[NOT_CONFORMANT] or failed_cases or missing:
         failing = names[NOT_CONFORMANT] or ", ".join(level.value for level in gated)
         lost = f", {missing} collected case(s) without a result" if missing else ""
-        return f"{NOT_CONFORMANT} at {failing}: {failed_cases} case(s) failed{lost}{rest}"
+        return RunVerdict(NOT_CONFORMANT, f"{NOT_CONFORMANT} at {failing}: {failed_cases} case(s) failed{lost}{rest}")
     if not names[CONFORMANT]:
-        return f"{NOT_JUDGED.upper()}: no check of {', '.join(level.value for level in gated)} was judged"
-    return f"{CONFORMANT.upper()} at {names[CONFORMANT]}" + (f"; {NOT_JUDGED} at {names[NOT_JUDGED]}"
-                                                           if names[NOT_JUDGED] else "")
+        return RunVerdict(NOT_JUDGED,
+                          f"{NOT_JUDGED.upper()}: no check of {', '.join(level.value for level in gated)} was judged")
+    return RunVerdict(CONFORMANT, f"{CONFORMANT.upper()} at {names[CONFORMANT]}"
+                      + (f"; {NOT_JUDGED} at {names[NOT_JUDGED]}" if names[NOT_JUDGED] else ""))

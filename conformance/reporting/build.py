@@ -21,7 +21,9 @@ results are one run (:mod:`conformance.reporting.same_run`: the run id both
 carry, and the implementation); otherwise the report shows NO VERDICT and
 why, in red, and the command exits 2.  The verdict is counted by
 :mod:`conformance.record.level_tally`, the terminal's own function: a level
-with no check judged is *not judged*, never conformant.  It is the first
+with no check judged is *not judged*, never conformant.  The build keys on
+the verdict's outcome as the record states it (:class:`~conformance.record.level_tally.RunVerdict`),
+never on its text.  It is the first
 thing the page shows (:mod:`conformance.reporting.page`: a banner above
 Allure's app, coloured by outcome, each level with its counts), then the
 report's variables repeat it, the same table is a global attachment, and a
@@ -58,6 +60,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from conformance.record.level_tally import CONFORMANT, NO_VERDICT, NOT_JUDGED, RunVerdict
 from conformance.reporting import page, quality_gate, same_run
 
 TOOL_DIR = Path(__file__).with_name("npm")
@@ -83,10 +86,6 @@ CHARTS: list[dict[str, object]] = [
     {"type": "durationDynamics", "title": "Durations dynamics"},
     {"type": "statusAgePyramid", "title": "Status age pyramid"},
 ]
-#: The verdict when the summary is another run's.
-NO_VERDICT = "NO VERDICT"
-
-
 class ReportBuildError(RuntimeError):
     """npm or Allure is missing or failed; the message says which and why."""
 
@@ -104,6 +103,8 @@ class BuiltReport:
     problems: list[str] = field(default_factory=list)
     #: The comparison with ``--baseline``: ``{"source", "red", "sections": {title: cases}}``.
     baseline: dict[str, object] | None = None
+    #: What the run comes to (:class:`~conformance.record.level_tally.RunVerdict`'s outcome).
+    outcome: str = NO_VERDICT
 
 
 def find_summary(results: Path, summary: Path | None) -> Path | None:
@@ -123,10 +124,20 @@ def _tally(summary: Mapping[str, Any]) -> tuple[Any, Any]:
     return level_tally.tally(checks, gate), gate
 
 
+def run_verdict(summary: Mapping[str, Any]) -> RunVerdict:
+    """What the run of ``summary`` comes to (:func:`conformance.record.level_tally.run_verdict`)."""
+    from conformance.record import level_tally
+
+    counts, gate = _tally(summary)
+    outcomes: Mapping[str, int] = summary.get("outcomes", {})
+    return level_tally.run_verdict(counts, gate, failed_cases=outcomes.get("failed", 0),
+                                   suite_errors=outcomes.get("error", 0), missing=len(summary.get("missing", [])))
+
+
 def verdict(summary: Mapping[str, Any], environment: Mapping[str, str]) -> dict[str, str]:
     """What a reviewer decides from, in the order the overview shows it.
 
-    ``verdict``: :func:`conformance.record.level_tally.headline` (conformant,
+    ``verdict``: the headline of :func:`run_verdict` (conformant,
     not conformant, not judged or not decided, per level); one entry per
     level, the terminal's line for it; ``cases``: every outcome the summary
     counts (any outcome other than passed is shown by its name, never as
@@ -139,9 +150,7 @@ def verdict(summary: Mapping[str, Any], environment: Mapping[str, str]) -> dict[
     counts, gate = _tally(summary)
     cases = summary.get("cases", [])
     outcomes: Mapping[str, int] = summary.get("outcomes", {})
-    shown = {"verdict": level_tally.headline(counts, gate, failed_cases=outcomes.get("failed", 0),
-                                             suite_errors=outcomes.get("error", 0),
-                                             missing=len(summary.get("missing", [])))}
+    shown = {"verdict": run_verdict(summary).headline}
     for level in Level:
         line = level_tally.level_line(level, counts, gate)
         if line is not None:
@@ -287,6 +296,7 @@ def _prepare_output(out: Path) -> None:
 class _Judged:
     """The verdict the build reached: what the variables, the banner and the global errors say."""
 
+    verdict: RunVerdict
     shown: dict[str, str]
     summary: Mapping[str, Any] | None  # the run's own summary; None when there is none or it is another run's
     summary_path: Path | None
@@ -296,24 +306,29 @@ class _Judged:
 
 def _judge(results: Path, summary: Path | None, found: same_run.ResultsRun) -> _Judged:
     path = find_summary(results, summary)
-    if path is None:
-        return _Judged({"verdict": f"no verdict: no JSON summary of this run (looked for {results / SUMMARY_NAME} "
-                                   "and beside it; --summary names one)"}, None, None)
+    if path is None:  # nothing judged the run: not judged (amber), and the build is no failure of it
+        return _without(RunVerdict(NOT_JUDGED, f"no verdict: no JSON summary of this run (looked for "
+                                               f"{results / SUMMARY_NAME} and beside it; --summary names one)"), None)
     try:
         doc: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
-        return _Judged({"verdict": f"{NO_VERDICT}: the summary {path} cannot be read ({exc})"}, None, path)
+        return _without(RunVerdict(NO_VERDICT, f"{NO_VERDICT}: the summary {path} cannot be read ({exc})"), path)
     if doc.get("complete") is False:
         why = (f"the summary {path} is incomplete: run {doc.get('run_id') or '?'} was killed, interrupted or is still "
                "running")
-        return _Judged({"verdict": f"{NO_VERDICT}: {why}"}, None, path, [why])
+        return _without(RunVerdict(NO_VERDICT, f"{NO_VERDICT}: {why}"), path, [why])
     differ = same_run.disagreements(doc, found)
     if differ:
-        return _Judged({"verdict": f"{NO_VERDICT}: the summary {path} is another run's"}, None, path, differ)
+        return _without(RunVerdict(NO_VERDICT, f"{NO_VERDICT}: the summary {path} is another run's"), path, differ)
     shown = verdict(doc, found.environment)
     if doc.get("run_id"):
         shown["run"] = str(doc["run_id"])
-    return _Judged(shown, doc, path)
+    return _Judged(run_verdict(doc), shown, doc, path)
+
+
+def _without(reached: RunVerdict, path: Path | None, reasons: list[str] | None = None) -> _Judged:
+    """A verdict reached without the run's own summary."""
+    return _Judged(reached, {"verdict": reached.headline}, None, path, reasons or [])
 
 
 def _baseline(given: Path, judged: _Judged, found: same_run.ResultsRun) -> tuple[Any, list[str]]:
@@ -368,7 +383,7 @@ def build(results: Path, out: Path, history: Path | None = None, *, name: str = 
         errors: list[dict[str, str]] = []
         if judged.summary is not None:
             attachments["verdict"] = verdict_markdown(shown, gate.summary, judged.summary)
-        if not shown["verdict"].startswith("CONFORMANT"):
+        if judged.verdict.outcome != CONFORMANT:
             errors.append({"message": shown["verdict"], "trace": attachments.get("verdict", "")})
         errors.extend({"message": f"report build: {problem}"} for problem in problems)
         attachments.update(extra or {})
@@ -387,13 +402,13 @@ def build(results: Path, out: Path, history: Path | None = None, *, name: str = 
         if done.returncode != 0 or not index.exists():
             raise ReportBuildError(f"allure generate failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
         top = page.banner(page.Banner(
-            shown["verdict"], level_rows(judged.summary) if judged.summary is not None else (),
+            judged.verdict, level_rows(judged.summary) if judged.summary is not None else (),
             [(key, shown[key]) for key in ("gate", "implementation", "device", "run", "profile", "cases")
              if key in shown], gate.passed,
             [(cid, found.result_ids.get(cid)) for cid in not_judged_cases(judged.summary or {})],
             compared, problems))
         try:
-            page.finish(index, top, page.tone(shown["verdict"]), gate.passed)
+            page.finish(index, top, page.tone(judged.verdict.outcome), gate.passed)
         except page.PageError as exc:
             raise ReportBuildError(str(exc)) from None
         seconds = time.perf_counter() - start
@@ -403,7 +418,8 @@ def build(results: Path, out: Path, history: Path | None = None, *, name: str = 
         "source": diff.baseline.source, "red": diff.red,
         "sections": {section.title: [row.case for row in section.rows] for section in diff.sections}}
     return BuiltReport(str(index), index.stat().st_size, round(seconds, 2), stats,
-                       str(history) if history else None, gate.as_dict(), shown, problems, changes)
+                       str(history) if history else None, gate.as_dict(), shown, problems, changes,
+                       judged.verdict.outcome)
 
 
 def argument_parser() -> argparse.ArgumentParser:
@@ -452,7 +468,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"quality gate: {'passed' if gate['passed'] else 'FAILED'} {gate['rules']}"
           + ("" if gate["passed"] else f"\n{gate['output']}"))
     print(json.dumps(asdict(built)))
-    if built.verdict["verdict"].startswith(NO_VERDICT):
+    if built.outcome == NO_VERDICT:
         return 2
     return 0 if gate["passed"] else 1
 

@@ -27,6 +27,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from conformance.record import level_tally
+from conformance.record.level_tally import RunVerdict
+
 _ANALYTICS = re.compile(
     r"\s*<script async src=\"https://www\.googletagmanager\.com/[^\"]*\"></script>"
     r"\s*<script>[^<]*gtag\([^<]*</script>")
@@ -100,24 +103,27 @@ class PageError(RuntimeError):
     """Allure's page changed shape: what the build adds to it would be lost."""
 
 
-def tone(headline: str) -> str:
-    """The colour of a verdict: green when conformant, amber when not judged (or there is none), else red."""
-    if headline.startswith("CONFORMANT"):
-        return "green"
-    return "amber" if headline.startswith(("NOT JUDGED", "no verdict:")) else "red"
+#: What a level or the run comes to (:mod:`conformance.record.level_tally`'s outcomes) -> its colour.
+_TONES = {level_tally.CONFORMANT: "green", level_tally.NOT_JUDGED: "amber", level_tally.NOT_CONFORMANT: "red",
+          level_tally.NOT_DECIDED: "red", level_tally.NO_VERDICT: "red", level_tally.NOT_GATED: "grey"}
+
+
+def tone(outcome: str) -> str:
+    """The colour of what a level or the run comes to: green when conformant, amber when not judged, red when
+    not conformant, not decided or without a verdict, grey when not gated (or an outcome this build does not know:
+    never green)."""
+    return _TONES.get(outcome, "grey")
 
 
 #: The terminal's column names, as the banner's cells say them.
-_COLUMN_NAMES = {"not gated": "failed but not gated"}
-#: A level's verdict (:func:`conformance.record.level_tally.level_verdict`) -> its colour.
-LEVEL_TONES = {"NOT CONFORMANT": "red", "conformant": "green", "not judged": "amber", "not gated": "grey"}
+_COLUMN_NAMES = {level_tally.NOT_GATED: "failed but not gated"}
 
 
 @dataclass(frozen=True)
 class Banner:
     """What the top of the report says, in order."""
 
-    headline: str
+    verdict: RunVerdict
     #: Each level: its name, its counts as the terminal's columns name them, and its verdict.
     levels: Sequence[tuple[str, Sequence[tuple[str, int]], str]] = ()
     #: ``(name, value)`` lines: the gate first.
@@ -134,8 +140,8 @@ class Banner:
 def banner(shown: Banner) -> str:
     """The verdict banner's HTML (every part carries a ``data-testid``)."""
     esc = html.escape
-    parts = [f'<section id="coc-verdict" data-testid="coc-verdict" data-outcome="{tone(shown.headline)}">',
-             f'<p class="coc-headline" data-testid="coc-verdict-headline">{esc(shown.headline)}</p>',
+    parts = [f'<section id="coc-verdict" data-testid="coc-verdict" data-outcome="{tone(shown.verdict.outcome)}">',
+             f'<p class="coc-headline" data-testid="coc-verdict-headline">{esc(shown.verdict.headline)}</p>',
              '<div class="coc-detail">', shown.baseline]
     parts.extend(f'<p data-testid="coc-build-problem" data-outcome="red"><b class="coc-verdict">report build: '
                  f"{esc(problem)}</b></p>" for problem in shown.problems)
@@ -143,7 +149,7 @@ def banner(shown: Banner) -> str:
         parts.append('<table data-testid="coc-levels">')
         for level, counts, verdict in shown.levels:
             cells = " ".join(f"<td>{n} {esc(_COLUMN_NAMES.get(column, column))}</td>" for column, n in counts)
-            parts.append(f'<tr data-testid="coc-level" data-outcome="{LEVEL_TONES.get(verdict, "grey")}">'
+            parts.append(f'<tr data-testid="coc-level" data-outcome="{tone(verdict)}">'
                          f'<th>{esc(level)}</th> {cells} <td class="coc-verdict">{esc(verdict)}</td></tr>')
         parts.append("</table>")
     for name, value in shown.facts:

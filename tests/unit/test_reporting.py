@@ -150,6 +150,8 @@ def test_verdict_first_with_the_terminals_table() -> None:
     assert report_build.verdict(lost, {})["verdict"].startswith("NOT CONFORMANT at MUST, SHOULD, STRUCTURE: 0 case")
     broken = {**judged_ok, "outcomes": {"error": 1}}
     assert report_build.verdict(broken, {})["verdict"].startswith("NOT DECIDED")
+    assert [report_build.run_verdict(s).outcome for s in (summary, judged_ok, lost, broken)] == \
+        [level_tally.NOT_CONFORMANT, level_tally.CONFORMANT, level_tally.NOT_CONFORMANT, level_tally.NOT_DECIDED]
 
 
 def test_a_level_with_no_check_judged_is_never_conformant() -> None:
@@ -166,13 +168,17 @@ def test_a_level_with_no_check_judged_is_never_conformant() -> None:
         ["NOT CONFORMANT", "conformant", "not judged"]
     assert level_tally.lines(counts, every)[-1].split()[0] == "STRUCTURE"
     assert level_tally.lines(counts, every)[-1].endswith("(gates: not judged)")
-    assert level_tally.headline(counts, every, failed_cases=4) == \
-        "NOT CONFORMANT at MUST: 4 case(s) failed; conformant at SHOULD; not judged at STRUCTURE"
-    assert level_tally.headline(Counter({("MUST", "passed"): 1}), every) == \
-        "CONFORMANT at MUST; not judged at SHOULD, STRUCTURE"
+    assert level_tally.run_verdict(counts, every, failed_cases=4) == level_tally.RunVerdict(
+        level_tally.NOT_CONFORMANT,
+        "NOT CONFORMANT at MUST: 4 case(s) failed; conformant at SHOULD; not judged at STRUCTURE")
+    assert level_tally.run_verdict(Counter({("MUST", "passed"): 1}), every) == level_tally.RunVerdict(
+        level_tally.CONFORMANT, "CONFORMANT at MUST; not judged at SHOULD, STRUCTURE")
     only_not_judged = Counter({("MUST", "not judged"): 3})
-    assert level_tally.headline(only_not_judged, every) == "NOT JUDGED: no check of MUST, SHOULD, STRUCTURE was judged"
-    assert level_tally.headline(Counter(), frozenset({Level.MUST})) == "NOT JUDGED: no check of MUST was judged"
+    assert level_tally.run_verdict(only_not_judged, every) == level_tally.RunVerdict(
+        level_tally.NOT_JUDGED, "NOT JUDGED: no check of MUST, SHOULD, STRUCTURE was judged")
+    assert level_tally.run_verdict(Counter(), frozenset({Level.MUST})).headline == \
+        "NOT JUDGED: no check of MUST was judged"
+    assert level_tally.run_verdict(counts, every, suite_errors=1).outcome == level_tally.NOT_DECIDED
     assert level_tally.level_verdict(Level.SHOULD, counts, frozenset({Level.MUST})) == "not gated"
     assert level_tally.lines(counts, frozenset({Level.MUST}))[-1].endswith("(not gated)")
     assert len(level_tally.lines(Counter(), frozenset({Level.MUST}))) == 1  # ungated empty levels are left out
@@ -340,10 +346,19 @@ def test_the_baseline_view_walks_the_gates_sections_case_by_case_and_check_by_ch
 
 
 def test_the_banner_says_the_verdict_first_coloured_by_outcome() -> None:
-    assert [page.tone(v) for v in ("CONFORMANT at MUST", "NOT CONFORMANT at MUST: 1", "NOT DECIDED at MUST",
-                                   "NOT JUDGED: no check", "NO VERDICT: x", "no verdict: no summary")] == \
-        ["green", "red", "red", "amber", "red", "amber"]
-    top = page.banner(page.Banner("NOT CONFORMANT at MUST: 4 case(s) failed; not judged at STRUCTURE",
+    """Coloured by the outcome the record states (never by the headline's words): a headline that reads
+    "CONFORMANT" but is another outcome is not green."""
+    from conformance.record import level_tally
+    from conformance.record.level_tally import RunVerdict
+
+    assert [page.tone(v) for v in (level_tally.CONFORMANT, level_tally.NOT_CONFORMANT, level_tally.NOT_DECIDED,
+                                   level_tally.NOT_JUDGED, level_tally.NO_VERDICT, level_tally.NOT_GATED,
+                                   "an outcome of a newer record")] == \
+        ["green", "red", "red", "amber", "red", "grey", "grey"]
+    misleading = page.banner(page.Banner(RunVerdict(level_tally.NOT_DECIDED, "CONFORMANT at MUST (or so it reads)")))
+    assert misleading.startswith('<section id="coc-verdict" data-testid="coc-verdict" data-outcome="red">')
+    top = page.banner(page.Banner(RunVerdict(level_tally.NOT_CONFORMANT,
+                                             "NOT CONFORMANT at MUST: 4 case(s) failed; not judged at STRUCTURE"),
                                   [("MUST", [("passed", 11), ("failed", 4)], "NOT CONFORMANT"),
                                    ("STRUCTURE", [("passed", 0)], "not judged")],
                                   [("gate", "FAILED: 4 failed"), ("implementation", "pkg:Faulty <x>")], False,
@@ -396,6 +411,7 @@ def test_an_incomplete_summary_gives_no_verdict(tmp_path: Path) -> None:
     summary.write_text(json.dumps({"run_id": "run-a", "complete": False, "cases": []}))
     judged = report_build._judge(results, None, same_run.read_results(results))
     assert judged.summary is None and judged.shown["verdict"].startswith("NO VERDICT: the summary")
+    assert judged.verdict.outcome == "NO VERDICT"
     assert "is incomplete" in judged.reasons[0]
     summary.write_text(json.dumps({"run_id": "run-a", "complete": True, "cases": []}))
     assert report_build._judge(results, None, same_run.read_results(results)).summary is not None
