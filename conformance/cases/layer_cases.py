@@ -37,8 +37,9 @@ from conformance.cases.memory import clone, overlaps, poisoned_allocations, to_d
 from conformance.contract.jobs import LayerJob
 from conformance.contract.layouts import layout, shard
 from conformance.contract.problems import LayerProblem, layer_batch, layer_deltas, layer_weights, main_grad_prefill
-from conformance.contract.results import LayerOutcome, ObservedCollectives, StepRun, observed_collectives
+from conformance.contract.results import LayerOutcome, ObservedCollectives, StepRun
 from conformance.harness.case import IMPL, REFERENCE, RankContext, call_capturing_errors, observed_warnings
+from conformance.harness.observed import observed_collectives
 from conformance.harness.probes import CollectiveLog, Straggler, record_collectives
 
 #: Layers megatron's own (serial) path runs under CPU autocast: its column SP backward reduce-scatters a

@@ -34,8 +34,9 @@ from conformance.contract.equality import bitwise_equal, describe_difference
 from conformance.contract.jobs import OPERAND_STRIDES, OpRun
 from conformance.contract.layouts import OPERAND_SPLITS, shard
 from conformance.contract.problems import Problem, global_operands
-from conformance.contract.results import OpCallResults, OpRunOutcome, observed_collectives
+from conformance.contract.results import OpCallResults, OpRunOutcome
 from conformance.harness.case import IMPL, REFERENCE, RankContext, call_capturing_errors
+from conformance.harness.observed import observed_collectives
 from conformance.harness.probes import Straggler, record_collectives
 
 

@@ -9,8 +9,9 @@ from conformance.cases.memory import poisoned_allocations, to_cpu, to_device
 from conformance.contract.jobs import QuantRun
 from conformance.contract.layouts import Split, shard
 from conformance.contract.problems import quant_operands
-from conformance.contract.results import OpCallResults, observed_collectives
+from conformance.contract.results import OpCallResults
 from conformance.harness.case import IMPL, REFERENCE, RankContext, call_capturing_errors
+from conformance.harness.observed import observed_collectives
 from conformance.harness.probes import record_collectives
 
 

@@ -1,9 +1,9 @@
 """What rank tasks return: the typed values ``conformance.cases`` produces and ``conformance.judge`` reads.
 
 Every result crosses a process boundary, so each is a plain picklable
-dataclass of tensors, :class:`~conformance.harness.case.CapturedError` and
-:class:`ObservedCollectives` values (a summary of a probe's
-:class:`~conformance.harness.probes.CollectiveLog`; not the two-lane model of
+dataclass of tensors, :class:`~conformance.contract.rank_errors.CapturedError` and
+:class:`ObservedCollectives` values (what the harness's probes saw, summarised by
+:func:`conformance.harness.observed.observed_collectives`; not the two-lane model of
 :mod:`coc_shared.timeline`).
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from conformance.harness.case import CapturedError
+from conformance.contract.rank_errors import CapturedError
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,7 @@ class ObservedMatmul:
 
 @dataclass(frozen=True)
 class ObservedCollective:
-    """One collective as a check needs it (from :class:`~conformance.harness.probes.CollectiveCall`)."""
+    """One collective as a check needs it (what a probe recorded of one call)."""
 
     kind: str
     op: str
@@ -64,25 +64,6 @@ class ObservedCollectives:
                  + (f" while {', '.join(m.describe() for m in c.overlapped)}" if c.overlapped else "")
                  for c in self.collectives]
         return "[" + ", ".join(parts) + "]" + (f" fused ops {list(self.fused_ops)}" if self.fused_ops else "")
-
-
-def observed_collectives(log: Any, start: int = 0, end: int | None = None) -> ObservedCollectives:
-    """The collectives ``log`` (a probes' ``CollectiveLog``) launched between two event indices."""
-    end = len(log.events) if end is None else end
-    found = []
-    for index, call in enumerate(log.calls):
-        if not start <= call.launched < end:
-            continue
-        found.append(ObservedCollective(
-            kind=call.kind, op=call.op, api=call.api, overlappable=call.overlappable,
-            group_ranks=call.group_ranks, shapes=tuple(call.shapes),
-            overlapped=tuple(ObservedMatmul(e.shape, e.operands) for e in log.matmuls_while_in_flight(index, end)),
-            pending=call.overlappable and call.waited is None and not call.functional, group_state=call.group_state,
-        ))
-    fused = tuple(e.op for e in log.events[start:end] if e.what == "matmul" and e.label == "fused")
-    unseen = [e for e in log.events[start:end] if e.what == "other_thread"]
-    return ObservedCollectives(tuple(found), fused, tuple(e.label for e in unseen if e.op != "matmul"),
-                               tuple(e.label for e in unseen if e.op == "matmul"))
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
+from conformance.contract.rank_errors import CapturedError
 from conformance.explore.spec import Spec, SpecError, require_runnable
-from conformance.harness.case import CapturedError
 from conformance.harness.case_errors import HANGS, CaseError
 from conformance.harness.impl_loader import accepts_keyword, missing_capability
 from conformance.harness.runner import CaseTimings

@@ -27,7 +27,7 @@ from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from conformance.harness.case import CapturedError
+from conformance.contract.rank_errors import CapturedError
 from conformance.judge.checks import not_implemented
 
 RETURNED, NOT_OFFERED, RAISED = "returned", "not offered", "raised"

@@ -16,7 +16,7 @@ import numpy as np
 
 from conformance.contract.equality import bitwise_equal, describe_difference, wrong_cells
 from conformance.contract.layouts import Split
-from conformance.harness.case import CapturedError
+from conformance.contract.rank_errors import CapturedError
 from conformance.judge import numerics
 from conformance.record.comparison import ErrorStats
 from conformance.record.evidence import CaseEvidence

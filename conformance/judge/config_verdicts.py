@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from conformance.harness.case import CapturedError
+from conformance.contract.rank_errors import CapturedError
 from conformance.judge import checks
 from conformance.protocol import Declarations
 from conformance.record.failures import WrongError

@@ -19,8 +19,8 @@ import numpy as np
 
 from conformance.contract.layouts import Split, layout
 from conformance.contract.problems import LayerProblem, layer_batch, layer_weights, main_grad_prefill
+from conformance.contract.rank_errors import CapturedError
 from conformance.contract.results import LayerOutcome
-from conformance.harness.case import CapturedError
 from conformance.judge import assembly, checks, numerics
 from conformance.judge.assembly import assemble, by_replica, copies
 from conformance.judge.group_notes import group_note

@@ -23,8 +23,8 @@ from conformance.contract.equality import bitwise_equal, describe_difference
 from conformance.contract.jobs import OpRun
 from conformance.contract.layouts import GATHERS, OPERAND_SPLITS, Split, shard
 from conformance.contract.problems import Problem, global_operands
+from conformance.contract.rank_errors import CapturedError
 from conformance.contract.results import OpRunOutcome
-from conformance.harness.case import CapturedError
 from conformance.judge import assembly, checks, numerics
 from conformance.judge.assembly import assemble, by_replica, copies
 from conformance.judge.attempts import RAISED, sort_attempt

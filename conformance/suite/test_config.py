@@ -26,7 +26,8 @@ from typing import Any
 import pytest
 
 from conformance.cases.config_cases import configure_on_rank
-from conformance.harness.case import CapturedError, call_capturing_errors, observed_warnings
+from conformance.contract.rank_errors import CapturedError
+from conformance.harness.case import call_capturing_errors, observed_warnings
 from conformance.harness.impl_loader import accepts_keyword
 from conformance.judge import checks
 from conformance.judge.config_verdicts import judge_effective, judge_refused

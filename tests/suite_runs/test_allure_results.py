@@ -36,7 +36,8 @@ from conformance.harness import case_errors as errors
 from conformance.judge import numerics
 from conformance.record import failures
 from conformance.reporting import allure as reporting
-from conformance.harness.case import RankOutcome, CapturedError
+from conformance.contract.rank_errors import CapturedError
+from conformance.harness.case import RankOutcome
 from conformance.record.levels import Level
 from conformance.record.verdicts import NotJudged
 

@@ -136,7 +136,7 @@ def through_an_alias(ctx: RankContext) -> dict[str, object]:
     """Collectives issued and waited for through names bound before any probe, on live and destroyed groups."""
     import torch
 
-    from conformance.contract.results import observed_collectives
+    from conformance.harness.observed import observed_collectives
     from conformance.harness.probes import record_collectives
     from tests.support.faulty_impls import MYDIST
 
@@ -174,7 +174,7 @@ def probe_corners(ctx: RankContext) -> dict[str, object]:
     import torch.distributed._functional_collectives as funcol
     from torch.distributed import isend
 
-    from conformance.contract.results import observed_collectives
+    from conformance.harness.observed import observed_collectives
     from conformance.harness.probes import record_collectives
 
     seen: dict[str, object] = {}
@@ -243,8 +243,8 @@ def backward_on_device_thread(ctx: RankContext, off_thread: bool) -> dict[str, o
     import torch
     import torch.distributed as dist
 
-    from conformance.contract.results import observed_collectives
     from conformance.harness.device_thread import run_backward
+    from conformance.harness.observed import observed_collectives
     from conformance.harness.probes import COMPLETED, record_collectives
 
     threads: list[str] = []
@@ -305,7 +305,7 @@ def every_wait_style(ctx: RankContext) -> dict[str, object]:
     import torch
     import torch.distributed as dist
 
-    from conformance.contract.results import observed_collectives
+    from conformance.harness.observed import observed_collectives
     from conformance.harness.probes import record_collectives
 
     def poll(done: object) -> None:

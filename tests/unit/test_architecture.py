@@ -8,8 +8,10 @@
   (the package ``coc_shared.megatron``), allure (``conformance.reporting.allure``),
   torch_npu (``coc_impl.backends.ascend``; device detection only probes for it);
 * inside ``conformance``, data flows one way (test -> rank task -> typed
-  results -> checks -> report): :data:`SUB_FORBIDDEN` lists what each part
-  must not import;
+  results -> checks -> record -> report): :data:`SUB_FORBIDDEN` lists what each part
+  must not import: the contract stands alone (no harness), the record of a verdict is
+  a floor below the judge, the plugins, the gate and the report, and those last three
+  read the record, never the judge;
 * no import cycle between files, nor between folders; a module of a package
   whose ``__init__`` imports its modules never imports through that package
   (``from package import name``: the ``__init__`` is half-run when it does);
@@ -39,12 +41,12 @@ FORBIDDEN = {
 }
 #: part of ``conformance`` -> the parts it must not import (the direction of the data flow).
 SUB_FORBIDDEN = {
-    "conformance.harness": {"contract", "record", "cases", "judge", "explore", "suite", "plugins", "reporting",
-                            "gating", "bench"},
-    "conformance.contract": {"record", "cases", "judge", "explore", "suite", "plugins", "reporting", "gating",
-                             "bench"},
+    "conformance.contract": {"harness", "record", "cases", "judge", "explore", "suite", "plugins", "reporting",
+                             "gating", "bench"},
+    "conformance.harness": {"record", "cases", "judge", "explore", "suite", "plugins", "reporting", "gating",
+                            "bench"},
     "conformance.record": {"cases", "judge", "explore", "suite", "plugins", "reporting", "gating", "bench"},
-    "conformance.cases": {"judge", "explore", "suite", "plugins", "reporting", "gating", "bench"},
+    "conformance.cases": {"record", "judge", "explore", "suite", "plugins", "reporting", "gating", "bench"},
     "conformance.judge": {"cases", "explore", "suite", "plugins", "reporting", "gating", "bench"},
     "conformance.explore": {"suite", "plugins", "reporting", "gating", "bench"},
     "conformance.suite": {"plugins", "reporting", "gating", "bench"},

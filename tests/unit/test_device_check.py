@@ -12,7 +12,8 @@ import pytest
 
 from coc_shared import gemm_rows
 from conformance.bench import device, hangs
-from conformance.harness.case import Budget, CapturedError, RankOutcome
+from conformance.contract.rank_errors import CapturedError
+from conformance.harness.case import Budget, RankOutcome
 from conformance.harness.case_errors import CaseTimeout, RankCrashed
 from conformance.harness.launchers.devices import DeviceKind, cpu, shared
 from tests.support import ROOT

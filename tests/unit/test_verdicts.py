@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from conformance.contract.layouts import Split
-from conformance.harness.case import CapturedError
+from conformance.contract.rank_errors import CapturedError
 from conformance.harness.case_errors import CaseTimeout
 from conformance.judge import assembly, checks
 from conformance.record.failures import CheckFailure, ReplicaMismatch, WrongError
@@ -30,6 +30,18 @@ def test_some_ranks_raising_not_implemented_while_others_return_is_not_a_skip() 
     with pytest.raises(NotOffered):
         checks.require_offered([missing])
     checks.require_offered([])  # no call at all: nothing says the mode is absent
+
+
+def test_an_exit_a_rank_captured_says_why_whoever_raised_it() -> None:
+    """argparse's bare ``SystemExit(2)`` carries what it printed to stderr; an exit that says why itself (the harness's
+    ``os._exit`` in the test process) keeps its own message: the contract's record needs no harness class."""
+    from conformance.harness.case import ProcessExitCalled
+
+    argparse_exit = CapturedError.capture(SystemExit(2), stderr="usage: x\nx: error: unrecognized arguments: --coc-y\n")
+    assert argparse_exit.message == ("SystemExit(2) -- argparse exits on a bad or unknown flag: x: error: "
+                                     "unrecognized arguments: --coc-y")
+    assert CapturedError.capture(SystemExit(3)).message.endswith("nothing printed to stderr")
+    assert CapturedError.capture(ProcessExitCalled(0)).message.startswith("os._exit(0) called in the test process")
 
 
 def test_a_hang_inside_a_should_check_stays_a_hang() -> None:

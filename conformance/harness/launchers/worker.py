@@ -64,7 +64,8 @@ def rank_main(
     import torch
     import torch.distributed as dist
 
-    from conformance.harness.case import CapturedError, RankContext, RankOutcome, run_on_rank
+    from conformance.contract.rank_errors import CapturedError
+    from conformance.harness.case import RankContext, RankOutcome, run_on_rank
     from conformance.harness.impl_loader import preload_implementation
     from conformance.harness.launchers import devices
 
@@ -157,8 +158,8 @@ def _completed_since(begun: int) -> Callable[[], int]:
 
 
 def _outcome_bytes(outcome: Any) -> bytes:
+    from conformance.contract.rank_errors import CapturedError
     from conformance.harness import wire
-    from conformance.harness.case import CapturedError
 
     try:
         return wire.dumps(outcome)
