@@ -3,11 +3,42 @@ function wrapped, a blocking wait or gather in place of an overlapped one."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import ExitStack
+from functools import partial
 from typing import Any
 
 from coc_impl.config import CoCConfig
 from coc_impl.reference import ReferenceCoC
+
+
+def _patched(then: Callable[[], Any], *patches: tuple[Any, str, Any]) -> ExitStack:
+    """Each ``(owner, attribute, value)`` of ``patches`` set (undone on exit), then the context ``then()`` gives
+    entered (called once they are set, as a patch reads them)."""
+    from unittest import mock
+
+    stack = ExitStack()
+    for owner, attribute, value in patches:
+        stack.enter_context(mock.patch.object(owner, attribute, value))
+    stack.enter_context(then())
+    return stack
+
+
+def _with_user_cfgs(config: CoCConfig, **changes: Any) -> CoCConfig:
+    """``config`` with ``changes`` made to its user settings (a setting an implementation ignores)."""
+    from dataclasses import replace
+
+    return replace(config, user_cfgs=replace(config.user_cfgs, **changes))
+
+
+def _group_of_its_own(groups: dict[tuple[int, ...], Any], group: Any) -> Any:
+    """A process group of the same ranks as ``group``, created on its first call and kept in ``groups``."""
+    import torch.distributed as dist
+
+    ranks = tuple(dist.get_process_group_ranks(group))
+    if ranks not in groups:
+        groups[ranks] = dist.new_group(list(ranks), use_local_synchronization=True)
+    return groups[ranks]
 
 
 class _ConfigureWith(ReferenceCoC):
@@ -48,15 +79,10 @@ class _PatchedPipeline(ReferenceCoC):
         raise NotImplementedError
 
     def patch_megatron(self, config: CoCConfig) -> Any:
-        from contextlib import ExitStack
-        from unittest import mock
-
         import coc_impl.scripted as scripted
 
-        stack = ExitStack()
-        stack.enter_context(mock.patch.object(scripted, self.target, self.wrap(getattr(scripted, self.target))))
-        stack.enter_context(super().patch_megatron(config))
-        return stack
+        return _patched(partial(super().patch_megatron, config),
+                        (scripted, self.target, self.wrap(getattr(scripted, self.target))))
 
 
 class _PatchedRowForward(_PatchedPipeline):
@@ -65,18 +91,12 @@ class _PatchedRowForward(_PatchedPipeline):
     target = "row_forward"
 
     def patch_megatron(self, config: CoCConfig) -> Any:
-        from contextlib import ExitStack
-        from unittest import mock
-
         import coc_impl.megatron_patch as patch
 
         # The patch calls the backend module's row_forward; wrap it there.
-        stack = ExitStack()
         backend = patch.backend_for(config)
-        if backend is not None:
-            stack.enter_context(mock.patch.object(backend, "row_forward", self.wrap(backend.row_forward)))
-        stack.enter_context(ReferenceCoC.patch_megatron(self, config))
-        return stack
+        wrapped = () if backend is None else ((backend, "row_forward", self.wrap(backend.row_forward)),)
+        return _patched(partial(ReferenceCoC.patch_megatron, self, config), *wrapped)
 
 
 def _waited_at_once(launch: Any, partial: Any, out: Any) -> Any:

@@ -145,32 +145,40 @@ class ConfigureRaisesOnOneRank(_ConfigureWith):
         return {"use_ascend_mc2": False} if dist.is_initialized() and dist.get_rank() != 0 else {}
 
 
-class KillsItsTestProcess(ReferenceCoC):
+class _EndsItsProcess(ReferenceCoC):
+    """configure of the plain fused flags at TP 8 ends the process calling it by :meth:`end`."""
+
+    def end(self) -> None:
+        raise NotImplementedError
+
+    def configure(self, argv: Sequence[str] | None, env: Mapping[str, str] | None, **kw: Any) -> CoCConfig:
+        if list(argv or ()) == ["--use-ascend-coc", "--coc-fused-kernel"] and kw.get("tp_size") == 8:
+            self.end()
+        return super().configure(argv, env, **kw)
+
+
+class KillsItsTestProcess(_EndsItsProcess):
     """configure of the plain fused flags at TP 8 kills the process calling it (an xdist worker, in-process)."""
 
     name = "fault-kills-worker"
 
-    def configure(self, argv: Sequence[str] | None, env: Mapping[str, str] | None, **kw: Any) -> CoCConfig:
+    def end(self) -> None:
         import os
         import signal
 
-        if list(argv or ()) == ["--use-ascend-coc", "--coc-fused-kernel"] and kw.get("tp_size") == 8:
-            os.kill(os.getpid(), signal.SIGKILL)
-        return super().configure(argv, env, **kw)
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
-class ExitsItsTestProcess(ReferenceCoC):
+class ExitsItsTestProcess(_EndsItsProcess):
     """configure of the plain fused flags at TP 8 calls ``os._exit(0)`` in the process calling it (issue 50: in one
     pytest process the run ended, exit status 0, with no summary)."""
 
     name = "fault-exits-with-zero"
 
-    def configure(self, argv: Sequence[str] | None, env: Mapping[str, str] | None, **kw: Any) -> CoCConfig:
+    def end(self) -> None:
         import os
 
-        if list(argv or ()) == ["--use-ascend-coc", "--coc-fused-kernel"] and kw.get("tp_size") == 8:
-            os._exit(0)
-        return super().configure(argv, env, **kw)
+        os._exit(0)
 
 
 class RefusesMC2WhileOff(_RefusesMC2):

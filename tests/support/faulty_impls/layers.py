@@ -3,11 +3,12 @@ on every rank, settings ignored, uneven token counts mishandled."""
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 from coc_impl.config import CoCConfig
 from coc_impl.reference import ReferenceCoC
-from tests.support.faulty_impls._shared import _PatchedPipeline, _PatchedRowForward
+from tests.support.faulty_impls._shared import _patched, _PatchedPipeline, _PatchedRowForward, _with_user_cfgs
 
 
 def _on_wait(in_flight: Any, change: Any) -> Any:
@@ -107,9 +108,7 @@ class IgnoresCustomizedCoC(ReferenceCoC):
     name = "fault-ignores-customized"
 
     def patch_megatron(self, config: CoCConfig) -> Any:
-        from dataclasses import replace
-
-        return super().patch_megatron(replace(config, user_cfgs=replace(config.user_cfgs, customized_coc={})))
+        return super().patch_megatron(_with_user_cfgs(config, customized_coc={}))
 
 
 class StaleSavedGather(_ChangesGather):
@@ -130,9 +129,6 @@ class UnevenTokensGarbageRows(ReferenceCoC):
     name = "fault-uneven-garbage"
 
     def patch_megatron(self, config: CoCConfig) -> Any:
-        from contextlib import ExitStack
-        from unittest import mock
-
         import coc_impl.overlap as overlap
         import coc_impl.scripted as scripted
 
@@ -143,12 +139,9 @@ class UnevenTokensGarbageRows(ReferenceCoC):
         def floor_blocks(total: int, parts: int, *, what: str = "") -> list[int]:
             return [total // parts] * parts  # leaves total % parts rows out
 
-        stack = ExitStack()
-        stack.enter_context(mock.patch.object(scripted, "resolve_chunks", chunks))
-        stack.enter_context(mock.patch.object(scripted, "equal_blocks", floor_blocks))
-        stack.enter_context(mock.patch.object(overlap, "validate_blocks", lambda blocks, total, what: tuple(blocks)))
-        stack.enter_context(super().patch_megatron(config))
-        return stack
+        return _patched(partial(super().patch_megatron, config), (scripted, "resolve_chunks", chunks),
+                        (scripted, "equal_blocks", floor_blocks),
+                        (overlap, "validate_blocks", lambda blocks, total, what: tuple(blocks)))
 
 
 class IgnoresRecomputeAllGather(ReferenceCoC):
@@ -157,9 +150,7 @@ class IgnoresRecomputeAllGather(ReferenceCoC):
     name = "fault-ignores-recompute-all-gather"
 
     def patch_megatron(self, config: CoCConfig) -> Any:
-        from dataclasses import replace
-
-        return super().patch_megatron(replace(config, user_cfgs=replace(config.user_cfgs, recompute_all_gather=True)))
+        return super().patch_megatron(_with_user_cfgs(config, recompute_all_gather=True))
 
 
 class _ChunkPolicy(ReferenceCoC):
@@ -169,17 +160,10 @@ class _ChunkPolicy(ReferenceCoC):
         raise NotImplementedError
 
     def patch_megatron(self, config: CoCConfig) -> Any:
-        from contextlib import ExitStack
-        from functools import partial
-        from unittest import mock
-
         import coc_impl.scripted as scripted
 
-        stack = ExitStack()
         resolve = partial(self.resolve, scripted.resolve_chunks)
-        stack.enter_context(mock.patch.object(scripted, "resolve_chunks", resolve))
-        stack.enter_context(super().patch_megatron(config))
-        return stack
+        return _patched(partial(super().patch_megatron, config), (scripted, "resolve_chunks", resolve))
 
 
 class RefusesUnevenTokensVaguely(_ChunkPolicy):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from coc_impl.reference import ReferenceCoCAuto
+from tests.support.faulty_impls._shared import _group_of_its_own
 
 
 class _CallsMc2Itself(ReferenceCoCAuto):
@@ -75,14 +76,11 @@ class SecondMc2Domain(_CallsMc2Itself):
 
     def all_reduce_on_mc2(self, call: Any) -> Any:
         import torch
-        import torch.distributed as dist
 
-        ranks = tuple(dist.get_process_group_ranks(call.group))
-        if ranks not in self._duplicates:
-            self._duplicates[ranks] = dist.new_group(list(ranks), use_local_synchronization=True)
+        duplicate = _group_of_its_own(self._duplicates, call.group)
         w = call.w.t() if call.transpose_weight else call.w
         half = call.m // 2
         if not half:
             return call.add_bias(self.kernel(call.x, w, call.group))
-        halves = [self.kernel(call.x[:half], w, call.group), self.kernel(call.x[half:], w, self._duplicates[ranks])]
+        halves = [self.kernel(call.x[:half], w, call.group), self.kernel(call.x[half:], w, duplicate)]
         return call.add_bias(torch.cat(halves))

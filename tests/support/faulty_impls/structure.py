@@ -10,7 +10,12 @@ from typing import Any
 from coc_impl.config import CoCConfig
 from coc_impl.reference import ReferenceCoC
 from conformance.protocol import PHASE_COLLECTIVES
-from tests.support.faulty_impls._shared import _PatchedPipeline, _waited_at_once, _whole_blocking_gather
+from tests.support.faulty_impls._shared import (
+    _PatchedPipeline,
+    _waited_at_once,
+    _whole_blocking_gather,
+    _with_user_cfgs,
+)
 
 
 class PatchNotApplied(ReferenceCoC):
@@ -70,6 +75,10 @@ class MlpSpBackwardGatherSerial(_PatchedPipeline):
     name = "fault-mlp-sp-backward-serial"
     target = "all_gather_matmul"
 
+    def elsewhere(self, original: Any, *args: Any, **kw: Any) -> Any:
+        """The all-gather + matmul called from anywhere but the row backward."""
+        return original(*args, **kw)
+
     def wrap(self, original: Any) -> Any:
         import sys
 
@@ -79,7 +88,7 @@ class MlpSpBackwardGatherSerial(_PatchedPipeline):
 
         def all_gather_matmul(x: Any, matmul: Any, blocks: Any, group: Any, **kw: Any) -> Any:
             if sys._getframe(1).f_code is not row_backward:
-                return original(x, matmul, blocks, group, **kw)
+                return self.elsewhere(original, x, matmul, blocks, group, **kw)
             return _whole_blocking_gather(x, matmul, group)
 
         return all_gather_matmul
@@ -131,20 +140,9 @@ class SerialBackwardBesideAHelperMatmul(MlpSpBackwardGatherSerial):
 
     name = "fault-serial-backward-beside-a-helper-matmul"
 
-    def wrap(self, original: Any) -> Any:
-        import sys
-
-        import coc_impl.scripted as scripted
-
-        row_backward = inspect.unwrap(scripted._RowParallelMatmul.backward).__code__
-
-        def all_gather_matmul(x: Any, matmul: Any, blocks: Any, group: Any, **kw: Any) -> Any:
-            if sys._getframe(1).f_code is row_backward:
-                return _whole_blocking_gather(x, matmul, group)
-            _helper_thread_matmul()
-            return original(x, matmul, blocks, group, **kw)
-
-        return all_gather_matmul
+    def elsewhere(self, original: Any, *args: Any, **kw: Any) -> Any:
+        _helper_thread_matmul()
+        return original(*args, **kw)
 
 
 class RegathersOnAHelperThread(_PatchedPipeline):
@@ -155,9 +153,7 @@ class RegathersOnAHelperThread(_PatchedPipeline):
     target = "all_gather"
 
     def patch_megatron(self, config: CoCConfig) -> Any:
-        from dataclasses import replace
-
-        return super().patch_megatron(replace(config, user_cfgs=replace(config.user_cfgs, recompute_all_gather=True)))
+        return super().patch_megatron(_with_user_cfgs(config, recompute_all_gather=True))
 
     def wrap(self, original: Any) -> Any:
         import threading

@@ -4,10 +4,11 @@ overwritten between steps, micro-batches of other lengths, the backward's one th
 from __future__ import annotations
 
 import functools
+from functools import partial
 from typing import Any
 
 from coc_impl.config import CoCConfig
-from tests.support.faulty_impls._shared import _PatchedPipeline, _PatchedRowForward
+from tests.support.faulty_impls._shared import _patched, _PatchedPipeline, _PatchedRowForward
 
 
 class WrongGroupLayers(_PatchedPipeline):
@@ -135,15 +136,10 @@ class TP1RowDropsBias(_PatchedRowForward):
         return row_forward
 
     def patch_megatron(self, config: CoCConfig) -> Any:
-        from contextlib import ExitStack
-        from unittest import mock
-
         import coc_impl.megatron_patch as patch
 
-        stack = ExitStack()
-        stack.enter_context(mock.patch.object(patch, "_row_uses_coc", lambda layer: not layer.explicit_expert_comm))
-        stack.enter_context(super().patch_megatron(config))
-        return stack
+        return _patched(partial(super().patch_megatron, config),
+                        (patch, "_row_uses_coc", lambda layer: not layer.explicit_expert_comm))
 
 
 class AutocastOutputInInputDtype(_PatchedRowForward):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from coc_impl.reference import ReferenceCoC
-from tests.support.faulty_impls._shared import _EveryOp, _NoGather
+from tests.support.faulty_impls._shared import _EveryOp, _group_of_its_own, _NoGather
 
 
 class NoDeterministicMode(_EveryOp):
@@ -29,12 +29,8 @@ class OwnSubgroups(ReferenceCoC):
         self._groups: dict[tuple[int, ...], Any] = {}
 
     def matmul_all_reduce(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
-        import torch.distributed as dist
-
-        ranks = tuple(dist.get_process_group_ranks(kw["group"]))
-        if ranks not in self._groups:  # created once per group, on the first call (no leak per call)
-            self._groups[ranks] = dist.new_group(list(ranks), use_local_synchronization=True)
-        return super().matmul_all_reduce(x, w, bias, **{**kw, "group": self._groups[ranks]})
+        own = _group_of_its_own(self._groups, kw["group"])  # created once per group, on the first call: no leak
+        return super().matmul_all_reduce(x, w, bias, **{**kw, "group": own})
 
 
 class OddRowsNotImplemented(ReferenceCoC):
