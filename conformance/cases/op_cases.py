@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import random
 import time
-import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -226,13 +225,9 @@ def _sharing(result: Any, me: tuple[int, int, int],
 
 
 def _straggler(ctx: RankContext, run: OpRun) -> Straggler | None:
-    if run.straggler_s <= 0:
-        return None
-    seed = zlib.crc32(f"{ctx.rank}/{run.op}/{run.tp}".encode() + (f"/launch {run.launch}".encode() if run.launch
-                                                                   else b""))
-    if run.straggler_rank is not None:
-        return Straggler(run.straggler_s, seed) if ctx.rank == run.straggler_rank else None
-    return Straggler(run.straggler_s, seed, probability=random.Random(seed).uniform(0.3, 0.9))
+    launch = f"/launch {run.launch}" if run.launch else ""
+    return Straggler.of_rank(ctx.rank, run.straggler_s, run.straggler_rank, f"{run.op}/{run.tp}{launch}",
+                             lambda seed: random.Random(seed).uniform(0.3, 0.9))
 
 
 def _kn(w: Any, transpose_weight: bool) -> Any:

@@ -58,6 +58,7 @@ import random
 import threading
 import time
 import types
+import zlib
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -305,6 +306,19 @@ class Straggler:
     def __call__(self) -> None:
         if self._rng.random() < self.probability:
             time.sleep(self._rng.random() * self.seconds)
+
+    @classmethod
+    def of_rank(cls, rank: int, seconds: float, slow_rank: int | None, key: str,
+                probability: Callable[[int], float]) -> Straggler | None:
+        """The straggler of ``rank`` in a case that delays ``slow_rank`` alone (before each collective) or, naming
+        none, every rank (each collective with ``probability(seed)``); none where ``seconds`` is not positive.
+        Seeded by the rank and the case's ``key``, so a run is reproducible."""
+        if seconds <= 0:
+            return None
+        seed = zlib.crc32(f"{rank}/{key}".encode())
+        if slow_rank is not None:
+            return cls(seconds, seed) if rank == slow_rank else None
+        return cls(seconds, seed, probability=probability(seed))
 
 
 def _remember_live_groups() -> None:
