@@ -38,7 +38,8 @@ from conformance.contract.layouts import layout, shard
 from conformance.contract.problems import LayerProblem, layer_batch, layer_deltas, layer_weights, main_grad_prefill
 from conformance.contract.results import LayerOutcome, ObservedCollectives, StepRun, observed_collectives
 from conformance.harness.case import IMPL, REFERENCE, RankContext, call_capturing_errors, observed_warnings
-from conformance.harness.probes import CollectiveLog, Straggler, record_collectives
+from conformance.harness.probes import CollectiveLog, record_collectives
+from conformance.harness.stragglers import Straggler
 
 #: Layers megatron's own (serial) path runs under CPU autocast: its column SP backward reduce-scatters a
 #: reduced-precision dx into a buffer of the input's dtype, which gloo refuses (megatron-core 0.16).

@@ -16,7 +16,7 @@ reference (:mod:`conformance.cases.references`).
 Fresh allocations are poisoned while the implementation runs
 (:mod:`conformance.cases.memory`), so rows it never writes cannot pass by
 luck.  Delays can be injected on one rank or on random ranks, before the call
-and before every collective inside it (:class:`~conformance.harness.probes.Straggler`).
+and before every collective inside it (:class:`~conformance.harness.stragglers.Straggler`).
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ from conformance.contract.layouts import OPERAND_SPLITS, shard
 from conformance.contract.problems import Problem, global_operands
 from conformance.contract.results import OpCallResults, OpRunOutcome, observed_collectives
 from conformance.harness.case import IMPL, REFERENCE, RankContext, call_capturing_errors
-from conformance.harness.probes import Straggler, record_collectives
+from conformance.harness.probes import record_collectives
+from conformance.harness.stragglers import Straggler
 
 
 def rank_operands(problem: Problem, op: str, place: TPPlace, transpose_weight: bool,
