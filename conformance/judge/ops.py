@@ -298,6 +298,8 @@ def _misread(run: OpRun, problem: Problem, replica: int, out: Any) -> str:
     every rank before the reduction (an MC2 all-reduce's documented formula), and the weight's storage read in
     the other layout (a kernel reads the transpose flag from the layout: a transposed weight handed over as a
     contiguous copy is another matrix).  "" when it matches neither."""
+    import torch
+
     t = global_operands(problem, replica)
     x = numerics.as_float64(t["x"])
     bias = 0 if t["bias"] is None else numerics.as_float64(t["bias"])
