@@ -45,6 +45,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from types import ModuleType
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -54,7 +55,7 @@ from coc_impl.backends import ascend, portable
 from coc_impl.config import FUSED_TP_SIZE, CoCConfig
 from coc_impl.errors import CoCArgumentError, CoCBackendUnavailable, CoCFusedTPError
 from coc_impl.scripted import LayerCall, MatmulSite
-from coc_impl.validated_call import OPS, ValidatedCall
+from coc_impl.validated_call import OPS, OpName, ValidatedCall
 
 __all__ = [
     "BACKENDS", "OPS", "all_gather_matmul", "all_gather_matmul_v2", "check_fused_tp", "column_forward",
@@ -76,82 +77,47 @@ def check_fused_tp(tp_size: int) -> None:
         )
 
 
-def matmul_all_reduce(
-    x: Tensor,
-    w: Tensor,
-    bias: Tensor | None = None,
-    *,
-    group: dist.ProcessGroup,
-    transpose_weight: bool = False,
-    deterministic: bool = False,
-    antiquant_scale: Tensor | None = None,
-    antiquant_offset: Tensor | None = None,
-    antiquant_group_size: int = 0,
-    backend: str = "portable",
-    blocks: Sequence[int] | None = None,
+def matmul_all_reduce(x: Tensor, w: Tensor, bias: Tensor | None = None, *, group: dist.ProcessGroup,
+        transpose_weight: bool = False, deterministic: bool = False, antiquant_scale: Tensor | None = None,
+        antiquant_offset: Tensor | None = None, antiquant_group_size: int = 0, backend: str = "portable",
+        blocks: Sequence[int] | None = None,
 ) -> Tensor:
     """``allreduce_sum(x @ w) + bias`` -> ``[m, n]``; int8 ``w`` with antiquant args is w8A16."""
-    call = ValidatedCall.validate(
-        "matmul_all_reduce", x, w, bias, group=group, transpose_weight=transpose_weight,
-        deterministic=deterministic, antiquant_scale=antiquant_scale, antiquant_offset=antiquant_offset,
-        antiquant_group_size=antiquant_group_size, blocks=blocks,
-    )
-    return _backend(backend, call).run(call)
+    return _run("matmul_all_reduce", backend, x, w, bias, group=group, transpose_weight=transpose_weight,
+                deterministic=deterministic, antiquant_scale=antiquant_scale, antiquant_offset=antiquant_offset,
+                antiquant_group_size=antiquant_group_size, blocks=blocks)
 
 
-def matmul_reduce_scatter(
-    x: Tensor,
-    w: Tensor,
-    bias: Tensor | None = None,
-    *,
-    group: dist.ProcessGroup,
-    transpose_weight: bool = False,
-    deterministic: bool = False,
-    backend: str = "portable",
-    blocks: Sequence[int] | None = None,
+def matmul_reduce_scatter(x: Tensor, w: Tensor, bias: Tensor | None = None, *, group: dist.ProcessGroup,
+        transpose_weight: bool = False, deterministic: bool = False, backend: str = "portable",
+        blocks: Sequence[int] | None = None,
 ) -> Tensor:
     """``reduce_scatter_sum(x @ w)`` along ``m`` -> ``[m/tp, n]`` (+ bias once).
 
     ``blocks`` tile the ``m/tp`` rows each rank receives.
     """
-    call = ValidatedCall.validate(
-        "matmul_reduce_scatter", x, w, bias, group=group, transpose_weight=transpose_weight,
-        deterministic=deterministic, blocks=blocks,
-    )
-    return _backend(backend, call).run(call)
+    return _run("matmul_reduce_scatter", backend, x, w, bias, group=group, transpose_weight=transpose_weight,
+                deterministic=deterministic, blocks=blocks)
 
 
-def all_gather_matmul(
-    x: Tensor,
-    w: Tensor,
-    bias: Tensor | None = None,
-    *,
-    group: dist.ProcessGroup,
-    transpose_weight: bool = False,
-    backend: str = "portable",
-    blocks: Sequence[int] | None = None,
+def all_gather_matmul(x: Tensor, w: Tensor, bias: Tensor | None = None, *, group: dist.ProcessGroup,
+        transpose_weight: bool = False, backend: str = "portable", blocks: Sequence[int] | None = None,
 ) -> Tensor:
     """``all_gather(x) @ w`` -> ``[m*tp, n]`` (+ bias); ``blocks`` tile each rank's ``m`` rows."""
-    call = ValidatedCall.validate(
-        "all_gather_matmul", x, w, bias, group=group, transpose_weight=transpose_weight, blocks=blocks
-    )
-    return _backend(backend, call).run(call)
+    return _run("all_gather_matmul", backend, x, w, bias, group=group, transpose_weight=transpose_weight, blocks=blocks)
 
 
-def all_gather_matmul_v2(
-    x: Tensor,
-    w: Tensor,
-    bias: Tensor | None = None,
-    *,
-    group: dist.ProcessGroup,
-    transpose_weight: bool = False,
-    backend: str = "portable",
-    blocks: Sequence[int] | None = None,
+def all_gather_matmul_v2(x: Tensor, w: Tensor, bias: Tensor | None = None, *, group: dist.ProcessGroup,
+        transpose_weight: bool = False, backend: str = "portable", blocks: Sequence[int] | None = None,
 ) -> tuple[Tensor, Tensor]:
     """``(all_gather(x) @ w (+ bias), all_gather(x))``, gathered rows rank-major."""
-    call = ValidatedCall.validate(
-        "all_gather_matmul_v2", x, w, bias, group=group, transpose_weight=transpose_weight, blocks=blocks
-    )
+    return _run("all_gather_matmul_v2", backend, x, w, bias, group=group, transpose_weight=transpose_weight,
+                blocks=blocks)
+
+
+def _run(op: OpName, backend: str, x: Tensor, w: Tensor, bias: Tensor | None, **kw: Any) -> Any:
+    """Every fused op's one path: its arguments validated (a typed error on every rank), then the backend runs it."""
+    call = ValidatedCall.validate(op, x, w, bias, **kw)
     return _backend(backend, call).run(call)
 
 
@@ -204,15 +170,8 @@ def planned_blocks(call: LayerCall, site: MatmulSite) -> tuple[int, ...]:
     )
 
 
-def column_forward(
-    x: Tensor,
-    weight: Tensor,
-    bias: Tensor | None,
-    *,
-    group: dist.ProcessGroup,
-    sequence_parallel: bool,
-    config: CoCConfig,
-    gradient_accumulation_fusion: bool = False,
+def column_forward(x: Tensor, weight: Tensor, bias: Tensor | None, *, group: dist.ProcessGroup, sequence_parallel: bool,
+        config: CoCConfig, gradient_accumulation_fusion: bool = False,
 ) -> Tensor:
     """:func:`coc_impl.scripted.column_forward` tiled by :func:`planned_blocks`.
 
@@ -224,15 +183,8 @@ def column_forward(
     )
 
 
-def row_forward(
-    x: Tensor,
-    weight: Tensor,
-    bias: Tensor | None,
-    *,
-    group: dist.ProcessGroup,
-    sequence_parallel: bool,
-    config: CoCConfig,
-    gradient_accumulation_fusion: bool = False,
+def row_forward(x: Tensor, weight: Tensor, bias: Tensor | None, *, group: dist.ProcessGroup, sequence_parallel: bool,
+        config: CoCConfig, gradient_accumulation_fusion: bool = False,
 ) -> Tensor:
     """:func:`coc_impl.scripted.row_forward` tiled by :func:`planned_blocks`."""
     return scripted.row_forward(

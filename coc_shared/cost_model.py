@@ -62,6 +62,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from coc_shared.json_file import read_json
+
 COST_SCHEMA_VERSION = 1
 #: Bytes in the MC2 method's "MB".
 MB = 1024 * 1024
@@ -402,11 +404,7 @@ def _number(value: Any) -> float:
 
 def load_costs(path: str | Path) -> CostModels:
     """Read a cost file; unreadable or malformed files raise :class:`CostFileError`."""
-    try:
-        doc = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise CostFileError(f"cannot read cost file {path}: {exc}") from None
-    return CostModels.from_dict(doc)
+    return CostModels.from_dict(read_json(path, CostFileError, "cost file"))
 
 
 def save_costs(models: CostModels, path: str | Path) -> None:

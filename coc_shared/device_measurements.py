@@ -9,12 +9,13 @@ holding the measurement alone is read too.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable, Mapping
 from functools import cache
 from pathlib import Path
 from typing import Any, TypeVar
+
+from coc_shared.json_file import read_json
 
 Measured = TypeVar("Measured")
 
@@ -22,10 +23,7 @@ Measured = TypeVar("Measured")
 def section(path: str | Path, key: str, error: Callable[[str], Exception]) -> Mapping[str, Any]:
     """The ``key`` of the JSON at ``path`` (the whole document where it has no such key); ``error`` names the file
     when it cannot be read."""
-    try:
-        doc = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise error(f"cannot read {key} from {path}: {exc}") from None
+    doc = read_json(path, error, f"{key} from")
     if not isinstance(doc, Mapping):
         raise error(f"{path}: not a JSON object")
     found = doc.get(key, doc)

@@ -29,3 +29,12 @@ def pools() -> Iterator[Callable[[int], GlooPool]]:
     yield get
     for pool in made.values():
         pool.close()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """torch is imported before a test that runs pytest in this process (``pytester``): an in-process run restores
+    ``sys.modules`` when it ends, so a torch first imported inside one (the summary's settings, a case) would be
+    imported again by the next, which torch's C extension does not survive ("bad call flags", a segfault)."""
+    if "pytester" in getattr(item, "fixturenames", ()):
+        import torch  # noqa: F401

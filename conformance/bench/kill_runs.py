@@ -26,9 +26,11 @@ import ast
 import contextlib
 import hashlib
 import importlib
+import inspect
 import io
 import json
 import os
+import pkgutil
 import statistics
 import subprocess
 import sys
@@ -112,11 +114,16 @@ def cost_of(record: Mapping[str, Any]) -> float:
     return case.world * case.rank_s + case.worker_s
 
 
-def source_digest(source: str, name: str) -> str:
-    """A digest of ``name``'s definition in a module's ``source`` and of every module-level class or function of it
-    that ``name`` names, transitively (its bases, the helpers it calls); what it imports is not included."""
-    tree = ast.parse(source)
-    defined = {node.name: node for node in tree.body if isinstance(node, (ast.ClassDef, ast.FunctionDef))}
+def source_digest(sources: str | Sequence[str], name: str) -> str:
+    """A digest of ``name``'s definition in the modules' ``sources`` (one module's, or those of a package's modules:
+    :func:`module_sources`) and of every module-level class or function of them that ``name`` names, transitively
+    (its bases, the helpers it calls, in whichever of the modules they are); what comes from elsewhere is not
+    included."""
+    defined: dict[str, list[ast.AST]] = {}
+    for source in [sources] if isinstance(sources, str) else sources:
+        for node in ast.parse(source).body:
+            if isinstance(node, (ast.ClassDef, ast.FunctionDef)):
+                defined.setdefault(node.name, []).append(node)
     seen: list[str] = []
     todo = [name]
     while todo:
@@ -124,10 +131,11 @@ def source_digest(source: str, name: str) -> str:
         if current in seen or current not in defined:
             continue
         seen.append(current)
-        todo += sorted({n.id for n in ast.walk(defined[current]) if isinstance(n, ast.Name)})
+        todo += sorted({n.id for part in defined[current] for n in ast.walk(part) if isinstance(n, ast.Name)})
     digest = hashlib.sha256(name.encode())
     for part in sorted(seen):
-        digest.update(ast.dump(defined[part]).encode())
+        for definition in defined[part]:
+            digest.update(ast.dump(definition).encode())
     return digest.hexdigest()[:16]
 
 
@@ -291,3 +299,11 @@ def faults_module(name: str) -> Any:
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
     return importlib.import_module(name)
+
+
+def module_sources(module: Any) -> list[str]:
+    """The source of ``module`` and, for a package, of each module under it (where a fault's helpers may be)."""
+    sources = [inspect.getsource(module)]
+    for info in pkgutil.walk_packages(getattr(module, "__path__", ()), module.__name__ + "."):
+        sources.append(inspect.getsource(importlib.import_module(info.name)))
+    return sources

@@ -71,6 +71,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from coc_shared.json_file import read_json
 from conformance.caseids import Needs
 from conformance.harness import leases
 from conformance.plugins import scheduling
@@ -203,10 +204,7 @@ def read_summary(summary: Mapping[str, Any]) -> Recording:
 
 def load(path: Path) -> Recording:
     """:func:`read_summary` of a summary file."""
-    try:
-        summary = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise SummaryError(f"cannot read {path}: {exc}") from exc
+    summary = read_json(path, SummaryError)
     if not isinstance(summary, dict):
         raise SummaryError(f"{path}: not a suite summary")
     return read_summary(summary)

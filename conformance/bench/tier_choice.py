@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import inspect
 import json
 import sys
 import tempfile
@@ -162,9 +161,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     reference = store.reference_needed([c.id for c in collected], "reference" in rerun)
     if reference:
         jobs.append(("reference", "", "", reference))
-    source = inspect.getsource(faults)
+    sources = kill_runs.module_sources(faults)
     for module, fault in dict.fromkeys((r.module, r.fault) for r in rows):
-        digest = kill_runs.source_digest(source, fault) + ":" + " ".join(options.get(module, ()))
+        digest = kill_runs.source_digest(sources, fault) + ":" + " ".join(options.get(module, ()))
         needed = store.fault_needed(module, fault, digest, bool(rerun & {"faults", fault}))
         if needed:
             jobs.append((f"{module}:{fault}", f"{proofs.FAULTS}:{fault}", digest, needed))

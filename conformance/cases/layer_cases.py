@@ -27,7 +27,6 @@ judges the same numbers; results go back to the judge on the CPU.
 from __future__ import annotations
 
 import time
-import zlib
 from collections.abc import Callable, Mapping
 from contextlib import nullcontext
 from functools import partial
@@ -40,7 +39,8 @@ from conformance.contract.problems import LayerProblem, layer_batch, layer_delta
 from conformance.contract.results import LayerOutcome, ObservedCollectives, StepRun
 from conformance.harness.case import IMPL, REFERENCE, RankContext, call_capturing_errors, observed_warnings
 from conformance.harness.observed import observed_collectives
-from conformance.harness.probes import CollectiveLog, Straggler, record_collectives
+from conformance.harness.probes import CollectiveLog, record_collectives
+from conformance.harness.stragglers import Straggler
 
 #: Layers megatron's own (serial) path runs under CPU autocast: its column SP backward reduce-scatters a
 #: reduced-precision dx into a buffer of the input's dtype, which gloo refuses (megatron-core 0.16).
@@ -189,12 +189,8 @@ def layer_task(ctx: RankContext, *, job: LayerJob) -> LayerOutcome:
 
 
 def _straggler(ctx: RankContext, job: LayerJob) -> Straggler | None:
-    if job.straggler_s <= 0:
-        return None
-    seed = zlib.crc32(f"{ctx.rank}/{job.problem.layer}/{job.tp}".encode())
-    if job.straggler_rank is not None:
-        return Straggler(job.straggler_s, seed) if ctx.rank == job.straggler_rank else None
-    return Straggler(job.straggler_s, seed, probability=0.5)
+    return Straggler.of_rank(ctx.rank, job.straggler_s, job.straggler_rank, f"{job.problem.layer}/{job.tp}",
+                             lambda seed: 0.5)
 
 
 def _precision(job: LayerJob, device: Any) -> Any:

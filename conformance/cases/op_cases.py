@@ -16,14 +16,13 @@ reference (:mod:`conformance.cases.references`).
 Fresh allocations are poisoned while the implementation runs
 (:mod:`conformance.cases.memory`), so rows it never writes cannot pass by
 luck.  Delays can be injected on one rank or on random ranks, before the call
-and before every collective inside it (:class:`~conformance.harness.probes.Straggler`).
+and before every collective inside it (:class:`~conformance.harness.stragglers.Straggler`).
 """
 
 from __future__ import annotations
 
 import random
 import time
-import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,7 +36,8 @@ from conformance.contract.problems import Problem, global_operands
 from conformance.contract.results import OpCallResults, OpRunOutcome
 from conformance.harness.case import IMPL, REFERENCE, RankContext, call_capturing_errors
 from conformance.harness.observed import observed_collectives
-from conformance.harness.probes import Straggler, record_collectives
+from conformance.harness.probes import record_collectives
+from conformance.harness.stragglers import Straggler
 
 
 def rank_operands(problem: Problem, op: str, place: TPPlace, transpose_weight: bool,
@@ -227,13 +227,9 @@ def _sharing(result: Any, me: tuple[int, int, int],
 
 
 def _straggler(ctx: RankContext, run: OpRun) -> Straggler | None:
-    if run.straggler_s <= 0:
-        return None
-    seed = zlib.crc32(f"{ctx.rank}/{run.op}/{run.tp}".encode() + (f"/launch {run.launch}".encode() if run.launch
-                                                                   else b""))
-    if run.straggler_rank is not None:
-        return Straggler(run.straggler_s, seed) if ctx.rank == run.straggler_rank else None
-    return Straggler(run.straggler_s, seed, probability=random.Random(seed).uniform(0.3, 0.9))
+    launch = f"/launch {run.launch}" if run.launch else ""
+    return Straggler.of_rank(ctx.rank, run.straggler_s, run.straggler_rank, f"{run.op}/{run.tp}{launch}",
+                             lambda seed: random.Random(seed).uniform(0.3, 0.9))
 
 
 def _kn(w: Any, transpose_weight: bool) -> Any:

@@ -54,17 +54,23 @@ from __future__ import annotations
 
 import functools
 import inspect
-import random
 import threading
-import time
 import types
-from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 from conformance.harness import rank_threads
+from conformance.harness.completions import COMPLETED, FUSED_CALLS
+from conformance.harness.operands import (
+    name_storages,
+    names_of,
+    note_lazy_waits,
+    shapes,
+    storage_keys,
+    written_arguments,
+)
 
 #: torch.distributed entry points that are wrapped (those this torch has).
 PY_COLLECTIVES = (
@@ -199,7 +205,7 @@ class CollectiveLog:
 
     def name_operand(self, name: str, tensor: Any) -> None:
         """Name ``tensor`` (and everything later derived from it) for the matmuls that multiply it."""
-        _name_storages(self, [tensor], frozenset({name}))
+        name_storages(self, [tensor], frozenset({name}))
 
     def launch(self, call: CollectiveCall) -> int:
         with self._lock:
@@ -284,27 +290,6 @@ class _TrackedWork:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._work, name)
-
-
-@dataclass
-class Straggler:
-    """Delays this rank before collectives: every one (``every``) or each with ``probability``.
-
-    ``seconds`` is the longest delay; each is drawn uniformly from ``[0, seconds]``
-    with a generator seeded per rank, so a run is reproducible.
-    """
-
-    seconds: float
-    seed: int = 0
-    probability: float = 1.0
-    _rng: random.Random = field(init=False, repr=False)
-
-    def __post_init__(self) -> None:
-        self._rng = random.Random(self.seed)
-
-    def __call__(self) -> None:
-        if self._rng.random() < self.probability:
-            time.sleep(self._rng.random() * self.seconds)
 
 
 def _remember_live_groups() -> None:
@@ -741,7 +726,7 @@ def _api_wrapper(name: str, original: Any) -> Any:
             stack.pop()
         if not outermost or len(log.calls) > seen or _coalescing_now(group):
             return result  # the dispatcher saw it (its Work's wait is seen on the class), or it is only queued
-        index = log.launch(CollectiveCall(f"api.{name}", _shapes(args), name, async_op, *_group_ranks(group)))
+        index = log.launch(CollectiveCall(f"api.{name}", shapes(args), name, async_op, *_group_ranks(group)))
         return _TrackedWork(result, log, index) if async_op and result is not None else result
 
     wrapper._coc_probe = True  # type: ignore[attr-defined]  # the original is ``__wrapped__``
@@ -795,11 +780,11 @@ def _dispatch(recording: _Recording, func: Any, args: Any, kwargs: Any) -> Any:
     """One op under a recording's mode: a collective is launched (and delayed), a matmul noted, names followed."""
     log = recording.log
     if log._lazy:
-        _note_lazy_waits(log, args, kwargs)
-    names = _names_of(log, args, kwargs) if log._names else frozenset()
+        note_lazy_waits(log, args, kwargs)
+    names = names_of(log, args, kwargs) if log._names else frozenset()
     if func.namespace in COLLECTIVE_NAMESPACES and func._opname not in NOT_COLLECTIVES:
         if "wait" in func._opname:
-            _note_lazy_waits(log, args, kwargs)
+            note_lazy_waits(log, args, kwargs)
             return func(*args, **kwargs)
         stack = recording.api_stack()
         if not stack and recording.delay is not None:
@@ -810,7 +795,7 @@ def _dispatch(recording: _Recording, func: Any, args: Any, kwargs: Any) -> Any:
         for work in _works(out):
             log._waits_for(work, (index,))
         if call.functional:
-            for ptr in _storages(out):
+            for ptr in storage_keys(out):
                 log._lazy[ptr] = index
     elif func._opname in MATMUL_OPS:
         out = func(*args, **kwargs)
@@ -825,7 +810,7 @@ def _dispatch(recording: _Recording, func: Any, args: Any, kwargs: Any) -> Any:
             log.events.append(Event("matmul", shape=tuple(getattr(out, "shape", ()) or ()), label="fused",
                                     op=f"{func.namespace}.{func._opname}", operands=names))
     if names:
-        _name_storages(log, [out, *_written(func, args, kwargs)], names)
+        name_storages(log, [out, *written_arguments(func, args, kwargs)], names)
     return out
 
 
@@ -865,7 +850,7 @@ def _dispatched_call(func: Any, args: Any, kwargs: Any, stack: list[tuple[str, b
         async_op = None if flag is None else bool(flag)
         group = values["process_group"] if "process_group" in values else values.get("group_name")
         ranks = _functional_ranks(group) if isinstance(group, str) else _group_ranks(group)
-    return CollectiveCall(f"{func.namespace}.{func._opname}", _shapes(args), api, async_op, *ranks)
+    return CollectiveCall(f"{func.namespace}.{func._opname}", shapes(args), api, async_op, *ranks)
 
 
 def _functional_ranks(group_name: str) -> tuple[tuple[int, ...] | None, str]:
@@ -903,149 +888,3 @@ def _fused_name(name: str) -> bool:
         k in lowered for k in ("all_reduce", "allreduce", "all_gather", "allgather", "reduce_scatter"))
 
 
-def _tensors(value: Any) -> Iterator[Any]:
-    from torch import Tensor
-
-    if isinstance(value, Tensor):
-        yield value
-        return
-    if not isinstance(value, (list, tuple)):
-        return
-    for item in value:
-        if isinstance(item, Tensor):
-            yield item
-        elif isinstance(item, (list, tuple)):
-            yield from (t for t in item if isinstance(t, Tensor))
-
-
-def _storage(tensor: Any) -> Any:
-    try:
-        return tensor.untyped_storage()
-    except Exception:  # noqa: BLE001 - a tensor subclass without storage
-        return None
-
-
-def _storage_key(tensor: Any) -> int:
-    """The address of ``tensor``'s storage, from its own (no storage object is made: this runs on every op)."""
-    try:
-        return int(tensor.data_ptr() - tensor.storage_offset() * tensor.element_size())
-    except Exception:  # noqa: BLE001 - a tensor subclass without storage
-        return 0
-
-
-def _storages(value: Any) -> list[int]:
-    return [key for key in map(_storage_key, _tensors(value)) if key]
-
-
-def _names_of(log: CollectiveLog, args: Any, kwargs: Any) -> frozenset[str]:
-    """The names an op's tensor arguments carry (this runs on every op while a name is given: kept lean)."""
-    names: frozenset[str] = frozenset()
-    known = log._names
-    for value in (*args, *kwargs.values()) if kwargs else args:
-        for tensor in _tensors(value):
-            entry = known.get(_storage_key(tensor))
-            if entry is not None:
-                names |= entry[1]
-    return names
-
-
-def _name_storages(log: CollectiveLog, values: list[Any], names: frozenset[str]) -> None:
-    """Give ``names`` to the storages of ``values`` (kept alive while recording, so no address is reused)."""
-    for value in values:
-        for tensor in _tensors(value):
-            storage = _storage(tensor)
-            if storage is None or storage.nbytes() == 0:
-                continue
-            ptr = storage.data_ptr()
-            entry = log._names.get(ptr)
-            log._names[ptr] = (storage, names | (entry[1] if entry else frozenset()))
-
-
-def _written(func: Any, args: Any, kwargs: Any) -> list[Any]:
-    """The arguments an op writes into (``out=``, in-place, a collective's output buffers)."""
-    written = []
-    for index, argument in enumerate(func._schema.arguments):
-        if argument.alias_info is not None and argument.alias_info.is_write:
-            value = kwargs.get(argument.name, args[index] if index < len(args) else None)
-            if value is not None:
-                written.append(value)
-    return written
-
-
-def _note_lazy_waits(log: CollectiveLog, args: Any, kwargs: Any) -> None:
-    for value in [*args, *kwargs.values()]:
-        for ptr in _storages(value):
-            index = log._lazy.pop(ptr, None)
-            if index is not None:
-                log.waited(index)
-
-
-def _shapes(args: Any) -> list[tuple[int, ...]]:
-    return [tuple(t.shape) for arg in args for t in _tensors(arg)]
-
-
-# --- progress evidence: collectives seen completing (the case clock's second evidence) ------------------------
-
-
-@dataclass
-class CompletionCount:
-    """Collectives this process saw complete, in all and per rank thread; counted always once
-    :func:`count_completions` ran.
-
-    A rank reports its count in its progress evidence
-    (:mod:`conformance.harness.progress`), so that
-    :class:`~conformance.harness.case_clock.CaseClock` does not take a rank
-    blocked in a slow collective that completes (it uses no CPU) for a hung
-    one.  Each wait that returns counts (a blocking call waits too), on
-    whichever thread: a completion counts for the rank thread the waiting
-    thread works for (:func:`conformance.harness.rank_threads.rank_of`: its
-    device thread's count for it).  Inside a recording a completion the
-    timeline sees otherwise (a functional wait, a poll answering True) counts as
-    well, so one completion may count twice: the count is evidence that
-    something completed, not how many did.
-    """
-
-    count: int = 0
-    by_rank: dict[int, int] = field(default_factory=dict)
-
-    def note(self) -> None:
-        self.count += 1
-        rank = rank_threads.rank_of()
-        key = threading.get_ident() if rank is None else rank
-        self.by_rank[key] = self.by_rank.get(key, 0) + 1
-
-    def of_rank(self, rank_thread: int) -> int:
-        """Completions counted for rank thread ``rank_thread`` (on it, or on a thread working for it)."""
-        return self.by_rank.get(rank_thread, 0)
-
-
-COMPLETED = CompletionCount()
-
-
-class FusedCalls:
-    """Calls of torch_npu's fused kernels (:data:`FUSED_KERNELS`) inside recordings, per rank thread and kernel.
-
-    :func:`~conformance.harness.case.run_on_rank` reads what its task added
-    into the rank's outcome: the JSON summary then says, per case, which fused
-    kernels the implementation's calls reached (MC² on an NPU, or none).
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._by_rank: dict[int | None, Counter[str]] = {}
-
-    def note(self, kernel: str, rank: int | None) -> None:
-        with self._lock:
-            self._by_rank.setdefault(rank, Counter())[kernel] += 1
-
-    def of_rank(self, rank: int | None) -> Counter[str]:
-        """The calls counted for rank thread ``rank`` so far (a copy)."""
-        with self._lock:
-            return Counter(self._by_rank.get(rank, ()))
-
-    def since(self, before: Counter[str], rank: int | None) -> dict[str, int]:
-        """The calls counted for ``rank`` since :meth:`of_rank` gave ``before``, by kernel."""
-        return {kernel: n for kernel, n in sorted((self.of_rank(rank) - before).items())}
-
-
-FUSED_CALLS = FusedCalls()

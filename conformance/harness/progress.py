@@ -8,7 +8,7 @@ evidence counts, never the sum over ranks:
   process: gloo keeps one TCP loop thread per process group, ~0.8 ms of CPU a
   second each, and Megatron's set-up makes 20 or more groups, so a process
   blocked in a collective used 16 ms a second -- above the line);
-* collectives it saw complete (:data:`conformance.harness.probes.COMPLETED`);
+* collectives it saw complete (:data:`conformance.harness.completions.COMPLETED`);
 * its task thread's Python stack changing between samples, outside
   ``torch.distributed`` (:class:`TaskSampler`; a spin in one line, or a
   poll of a collective, does not change it);

@@ -48,7 +48,6 @@ Variants: ``fused`` (the implementation's op), ``scripted-P`` (P chunks),
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -56,6 +55,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from coc_shared.json_file import read_json
 from coc_shared.timeline import Order
 
 PROFILE_DIR = Path(__file__).resolve().parents[1] / "profiles"
@@ -231,11 +231,7 @@ def parse(doc: Mapping[str, Any], where: str = "profile") -> Profile:
 
 def load(path: str | Path) -> Profile:
     path = Path(path)
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ProfileError(f"cannot read profile {path}: {exc}") from None
-    return parse(doc, where=str(path.name))
+    return parse(read_json(path, ProfileError, "profile"), where=str(path.name))
 
 
 @cache

@@ -65,10 +65,11 @@ def test_a_storm_of_hangs_fails_the_rest_of_the_capability_at_once(run_suite: Ca
                     "--coc-storm", "2", "--coc-budget-floor", "2")
     elapsed = time.monotonic() - start
     broken = run.output.count("not run: 2 case(s) of op:matmul_all_reduce in a row hung or crashed")
-    assert len(run.failed) == 18 and not run.passed, run.output[-3000:]
-    assert broken >= 16, f"{broken} storm-broken cases\n{run.output[-3000:]}"
+    selected = sum(n for outcome, n in run.outcomes.items() if outcome not in ("deselected", "warnings"))
+    assert selected >= 10 and len(run.failed) == selected and not run.passed, run.output[-3000:]
+    assert broken >= selected - 2, f"{broken} storm-broken cases of {selected}\n{run.output[-3000:]}"
     assert "--- rank 1 stack ---" in run.output or "exit code 9" in run.output
-    print(f"{fault}: 18 cases in {elapsed:.1f} s")
+    print(f"{fault}: {selected} cases in {elapsed:.1f} s")
 
 
 STORM_CASES = """
@@ -184,7 +185,7 @@ def test_a_rank_server_it_may_not_share_is_not_used_saying_why(run_suite: Callab
     gone = tmp_path / "gone.sock"
     run = run_suite("test_ops", DEFAULT_IMPL, "-k", "op_matches_golden and matmul_all_reduce and tp2 and float32 "
                     "and not wT", "--coc-rank-server", str(gone))
-    assert run.ret == 0 and run.passed == 1, run.output[-3000:]
+    assert run.ret == 0 and run.passed >= 1 and not run.failed, run.output[-3000:]
     assert re.search(rf"--coc-rank-server {re.escape(str(gone))}: not used, no rank server answers", run.output), \
         run.output[-3000:]
 

@@ -1,7 +1,7 @@
 """The conformance suite fails broken implementations and passes correct ones.
 
 Each row of the proof table (:data:`tests.support.proofs.FAULT_TABLE`) runs one suite module against one fault of
-``tests/support/faulty_impls.py``, on exactly the smoke tier's cases that the tier's kill table says catch it
+``tests/support/faulty_impls/``, on exactly the smoke tier's cases that the tier's kill table says catch it
 (``conformance/smoke_tier.json``, written by ``python -m conformance.bench tiers``), with ``-m smoke``, and reads the
 run's JSON summary: every one of them ran (a case the tier no longer holds would be deselected), and together they
 prove the row (:meth:`~tests.support.proofs.Proof.shown_by`): the named check came out as the row says -- failed,

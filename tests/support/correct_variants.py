@@ -21,7 +21,7 @@ from typing import Any
 from coc_impl.deterministic import stable_product
 from coc_impl.reference import ReferenceCoC
 from coc_impl.validated_call import ValidatedCall
-from tests.support.faulty_impls import _BackwardThreadWorkspace
+from tests.support.faulty_impls.training import _BackwardThreadWorkspace
 
 
 class _WaitsItsOwnWay(ReferenceCoC):
@@ -154,7 +154,7 @@ class ReducesInAnInlineCallback(ReducesInACallback):
 class BackwardThreadWorkspace(_BackwardThreadWorkspace):
     """A per-thread workspace of the backward's weight operands, keyed by the weight's storage *and version*: an
     update in place (the optimizer's step) is a new entry, so the device's one backward thread never reads a stale
-    one (``tests/support/faulty_impls.py``: ``StaleBackwardThreadWorkspace`` keys by storage alone)."""
+    one (``tests/support/faulty_impls/training.py``: ``StaleBackwardThreadWorkspace`` keys by storage alone)."""
 
     name = "backward-thread-workspace"
 

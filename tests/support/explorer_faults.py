@@ -1,6 +1,6 @@
 """The explorer's own proof: faults the fixed suite passes whole, each found by an exploration and shrunk.
 
-Each row of :data:`EXPLORER_FAULTS` is a fault of ``tests/support/faulty_impls.py``
+Each row of :data:`EXPLORER_FAULTS` is a fault of ``tests/support/faulty_impls/``
 in a corner no fixed case reaches, and the check its minimal case fails.
 ``python -m tests.support.explorer_faults [SECONDS] [SEED]`` explores each for
 that long (default 300 s, seed 0), then replays every minimal case it wrote

@@ -1,4 +1,4 @@
-"""The proof table: every named check of the suite, and the fault of ``tests/support/faulty_impls.py`` that proves it.
+"""The proof table: every named check of the suite, and the fault of ``tests/support/faulty_impls/`` that proves it.
 
 A check is proven when a fault makes it come out as a row of :data:`FAULT_TABLE`
 says (:meth:`Proof.shown_by`), and a case that failed it comes out failed (a

@@ -89,3 +89,27 @@ def test_a_faults_digest_follows_what_it_uses_of_its_module() -> None:
     assert digest(source.replace("class Other:\n    pass", "class Other:\n    x = 1")) == base
     assert digest(source.replace("return {}", "return []")) != base
     assert digest(source.replace("class _Base:\n    pass", "class _Base:\n    y = 2")) != base
+
+
+def test_a_faults_digest_follows_its_helpers_into_the_other_modules_of_its_package() -> None:
+    shared = "class _Base:\n    pass\n\n\ndef helper():\n    return {}\n"
+    family = ("from pkg._shared import _Base, helper\n\n\n"
+              "class Fault(_Base):\n    def f(self):\n        return helper()\n")
+    other = "class Other:\n    pass\n"
+
+    def digest(*sources: str) -> str:
+        return kill_runs.source_digest(sources, "Fault")
+
+    base = digest(shared, family, other)
+    assert digest(shared, family, other.replace("pass", "x = 1")) == base
+    assert digest(shared.replace("return {}", "return []"), family, other) != base
+    assert digest(shared.replace("pass", "y = 2"), family, other) != base
+
+
+def test_the_faults_package_gives_the_source_of_every_fault_of_the_proof_table() -> None:
+    from tests.support import faulty_impls
+    from tests.support.proofs import FAULT_TABLE
+
+    sources = kill_runs.module_sources(faulty_impls)
+    for row in FAULT_TABLE:
+        assert any(f"\nclass {row.fault}(" in source or f"\nclass {row.fault}:" in source for source in sources), row
