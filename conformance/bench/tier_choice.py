@@ -45,7 +45,7 @@ from conformance.bench import kill_runs
 from conformance.bench.kill_runs import CORPUS_MODULE, JUDGED, ROOT, Candidate, RunStore, SuiteRuns
 from conformance.caseids import matches
 from conformance.options import DEFAULT_IMPL
-from conformance.tiers import CORPUS, HELD, TIER_FILE
+from conformance.tiers import CORPUS, FUSED_GOLDENS, TIER_FILE
 
 
 class ProofRow(Protocol):
@@ -186,7 +186,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     chosen_from = [c for c in candidates if c.id in judged]
     meets = requirements(chosen_from, store, caught)
     cost = {c.id: store.cost(c.id) for c in collected}
-    tier = cheapest_cover(meets, cost, [c.id for c in chosen_from if any(matches(c.id, p) for p in HELD[1:])])
+    tier = cheapest_cover(meets, cost, [c.id for c in chosen_from if any(matches(c.id, p) for p in FUSED_GOLDENS)])
     held = set(tier) | set(corpus)
     written = {
         "about": "The smoke tier (-m smoke): written by `python -m conformance.bench tiers`, not by hand "
