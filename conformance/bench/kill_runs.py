@@ -107,8 +107,8 @@ def collect() -> list[Candidate]:
 def cost_of(record: Mapping[str, Any]) -> float:
     """What a case costs a run, from its JSON summary record: the rank-seconds its lease held (its world times its
     rank time, pool starts left out) and its worker's time beside the ranks (set-up, checks); a case without
-    ranks, its wall (:func:`conformance.bench.schedule.case_of` reads the timings)."""
-    from conformance.bench.schedule import case_of
+    ranks, its wall (:func:`conformance.bench.recorded_run.case_of` reads the timings)."""
+    from conformance.bench.recorded_run import case_of
 
     case = case_of(record)
     return case.world * case.rank_s + case.worker_s

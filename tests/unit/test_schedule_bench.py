@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from conformance.bench import schedule
+from conformance.bench import lease_simulation, recorded_run, schedule
 from conformance.bench.__main__ import BENCHMARKS
 from conformance.bench.__main__ import main as bench_main
 from conformance.caseids import Needs
@@ -29,12 +29,12 @@ def _record(case: str, duration: float, world: int = 0, *, exclusive: bool = Fal
     return record
 
 
-def _case(name: str, world: int, rank_s: float, *, exclusive: bool = False, worker_s: float = 0.0) -> schedule.Case:
-    return schedule.Case(name, world, exclusive, rank_s, worker_s)
+def _case(name: str, world: int, rank_s: float, *, exclusive: bool = False, worker_s: float = 0.0) -> recorded_run.Case:
+    return recorded_run.Case(name, world, exclusive, rank_s, worker_s)
 
 
 def test_record_splits_rank_worker_and_pool_start_time() -> None:
-    recording = schedule.read_summary({"cases": [
+    recording = recorded_run.read_summary({"cases": [
         _record("a", 10.0, 2, rank_s=3.0, pool_start=5.0, lease_wait=1.5, pools_started=1),
         _record("b", 0.5),
         _record("p", 4.0, 2, exclusive=True, rank_s=4.0, pool_start=1.0, pools_started=1),  # floored at 0
@@ -49,13 +49,13 @@ def test_record_splits_rank_worker_and_pool_start_time() -> None:
 def test_timings_without_world_are_refused() -> None:
     record = _record("old", 1.0, 2, rank_s=1.0)
     del record["timings"]["world"]
-    with pytest.raises(schedule.SummaryError, match="old.*no world"):
-        schedule.read_summary({"cases": [record]})
+    with pytest.raises(recorded_run.SummaryError, match="old.*no world"):
+        recorded_run.read_summary({"cases": [record]})
 
 
 def test_one_rank_cases_fill_the_slots_exactly() -> None:
     cases = [_case(f"c{i}", 1, 1.0) for i in range(16)]
-    result = schedule.simulate(cases, slots=2, workers=2)
+    result = lease_simulation.simulate(cases, slots=2, workers=2)
     assert len(result.runs) == 16 and result.unschedulable == ()
     assert result.lower_bound == pytest.approx(8.0)
     assert result.makespan == pytest.approx(result.lower_bound)
@@ -71,13 +71,13 @@ def test_a_waiting_request_looks_again_sooner_then_at_most_every_poll_max() -> N
 
 
 def test_pool_start_is_paid_once() -> None:
-    result = schedule.simulate([_case(f"c{i}", 1, 1.0) for i in range(4)], slots=2, workers=2, pool_start=2.5)
+    result = lease_simulation.simulate([_case(f"c{i}", 1, 1.0) for i in range(4)], slots=2, workers=2, pool_start=2.5)
     assert (result.makespan, result.lower_bound) == (pytest.approx(4.5), pytest.approx(4.5))
 
 
 def test_worker_time_comes_before_the_lease_and_holds_no_slots() -> None:
     # Two workers, one slot: while one case holds the slot, the other's worker time runs beside it.
-    result = schedule.simulate([_case("a", 1, 2.0, worker_s=1.0), _case("b", 1, 2.0, worker_s=1.0)],
+    result = lease_simulation.simulate([_case("a", 1, 2.0, worker_s=1.0), _case("b", 1, 2.0, worker_s=1.0)],
                                slots=1, workers=2)
     runs = {r.id: r for r in result.runs}
     assert (runs["a"].asked, runs["a"].granted, runs["a"].end) == (1.0, 1.0, 3.0)
@@ -92,7 +92,7 @@ def test_whole_node_case_among_small_ones_is_served_within_patience() -> None:
     # then the node drains for it.
     small = [_case(f"s{i}", 1, 1.0 + 0.25 * (i % 4)) for i in range(24)]
     cases = [*small[:4], _case("node", 2, 1.0, exclusive=True), *small[4:]]
-    result = schedule.simulate(cases, slots=4, workers=5)
+    result = lease_simulation.simulate(cases, slots=4, workers=5)
     node = next(r for r in result.runs if r.id == "node")
     assert node.asked == 0.0
     assert leases.PATIENCE_S <= node.lease_wait <= leases.PATIENCE_S + 1.75
@@ -104,14 +104,14 @@ def test_whole_node_case_among_small_ones_is_served_within_patience() -> None:
 
 def test_exclusive_case_counts_as_holding_every_slot_in_the_held_bound() -> None:
     cases = [*(_case(f"s{i}", 1, 1.0) for i in range(4)), _case("perf", 1, 4.0, exclusive=True)]
-    result = schedule.simulate(cases, slots=4, workers=4)
+    result = lease_simulation.simulate(cases, slots=4, workers=4)
     assert (result.slot_seconds, result.held_slot_seconds) == (pytest.approx(8.0), pytest.approx(20.0))
     assert (result.lower_bound, result.held_bound) == (pytest.approx(4.0), pytest.approx(5.0))
     assert result.makespan == pytest.approx(result.held_bound)
 
 
 def test_case_larger_than_the_node_is_reported_not_simulated() -> None:
-    result = schedule.simulate([_case("big", 8, 1.0), _case("small", 2, 1.0)], slots=4, workers=2)
+    result = lease_simulation.simulate([_case("big", 8, 1.0), _case("small", 2, 1.0)], slots=4, workers=2)
     assert result.unschedulable == ("big",)
     assert [r.id for r in result.runs] == ["small"]
     assert result.slot_seconds == pytest.approx(2.0)
@@ -126,7 +126,7 @@ def test_simulation_grants_through_the_lease_rule(monkeypatch: pytest.MonkeyPatc
         return rule(queue, free, now)
 
     monkeypatch.setattr(leases, "next_grant", spy)
-    schedule.simulate([_case(f"c{i}", 1, 1.0) for i in range(3)], slots=1, workers=3)
+    lease_simulation.simulate([_case(f"c{i}", 1, 1.0) for i in range(3)], slots=1, workers=3)
     assert (1, 1) in calls and any(waiting > 1 for waiting, _ in calls)
 
 
@@ -139,7 +139,7 @@ def test_replay_orders_as_the_suite_through_one_key(monkeypatch: pytest.MonkeyPa
         return key(need)
 
     monkeypatch.setattr(scheduling, "rank_order", spy)
-    recording = schedule.read_summary({"cases": [
+    recording = recorded_run.read_summary({"cases": [
         _record("perf", 1.0, 2, exclusive=True, rank_s=1.0), _record("tp4", 1.0, 4, rank_s=1.0),
         _record("plain-1", 0.1), _record("tp2", 1.0, 2, rank_s=1.0), _record("plain-2", 0.1)]})
     assert [c.id for c in schedule.suite_order(recording.cases)] == ["plain-1", "plain-2", "tp2", "tp4", "perf"]
@@ -165,7 +165,7 @@ def test_cli_prints_a_row_per_pair_and_a_json_line(tmp_path: Path, capsys: pytes
     assert [r["unschedulable"] for r in rows] == [1, 1, 0, 0]
     assert out["recorded_pools_started"] == 1
     assert all(r["makespan"] >= r["lower_bound"] - 1e-3 for r in rows)
-    wider = schedule.replay(schedule.load(summary), 8, 4)
+    wider = schedule.replay(recorded_run.load(summary), 8, 4)
     assert rows[-1]["makespan"] == round(wider.makespan, 3) and wider.pool_start == 1.0
 
 
@@ -202,7 +202,7 @@ def test_a_cases_worker_time_is_all_its_worker_did_until_the_next_case_and_start
     """From the clocks: a case's worker time runs from its start to the next case's on its worker (the last to the
     session's end), its rank runs and lease waits left out; start-up is the session's process start to each
     worker's first case (mean), on free cores the session's start-up and each worker's CPU until its first case."""
-    recording = schedule.read_summary(_clocked_run())
+    recording = recorded_run.read_summary(_clocked_run())
     a, b, c = recording.cases
     assert (a.rank_s, a.worker_s) == (pytest.approx(2.0), pytest.approx(2.0))  # 108 - 104 - 2 s of ranks
     assert b.worker_s == pytest.approx(4.0)  # to the session's end, 112 s
@@ -214,7 +214,7 @@ def test_a_cases_worker_time_is_all_its_worker_did_until_the_next_case_and_start
 
 
 def test_workers_start_after_the_start_up_and_the_process_exits_after_the_last_case() -> None:
-    result = schedule.simulate([_case("a", 1, 1.0), _case("b", 1, 1.0)], slots=1, workers=2, startup=5.0,
+    result = lease_simulation.simulate([_case("a", 1, 1.0), _case("b", 1, 1.0)], slots=1, workers=2, startup=5.0,
                                exit_s=1.5)
     b_end = 5.0 + leases.next_poll(1.0) + 1.0
     assert [(r.id, r.asked, r.end) for r in result.runs] == [("a", 5.0, 6.0), ("b", 5.0, b_end)]
@@ -223,7 +223,7 @@ def test_workers_start_after_the_start_up_and_the_process_exits_after_the_last_c
 
 
 def test_replay_of_the_recording_node_reproduces_its_wall_and_the_cpu_basis_gives_a_free_core_to_each() -> None:
-    recording = schedule.read_summary(_clocked_run())
+    recording = recorded_run.read_summary(_clocked_run())
     # In the suite's order (b without ranks first, then a and c), each worker starting when it did (4 s and 6 s after
     # the process): the first runs b (4 s) then c (4.5 s, 1.5 s of ranks), the second a beside b.
     recorded = schedule.replay(recording, slots=2, workers=2, exit_s=0.0)
