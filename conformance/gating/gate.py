@@ -18,7 +18,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from conformance.record.run_diff import PERF_THRESHOLD, RunDiff, RunError, diff_runs, load_run
+from conformance.record.perf_changes import PERF_THRESHOLD
+from conformance.record.run_diff import RunDiff, diff_runs
+from conformance.record.runs import RunError, load_run
 
 #: Rows shown per section (the rest counted).
 ROWS_SHOWN = 50

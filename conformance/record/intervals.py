@@ -2,7 +2,7 @@
 
 A perf case states the interval of its median paired gain (:func:`conformance.judge.perf.median_ci`); the
 gate states the interval of the change of that median between two runs
-(:func:`conformance.record.run_diff.difference_ci`).  Both are at one level, cut the same way.
+(:func:`conformance.record.perf_changes.difference_ci`).  Both are at one level, cut the same way.
 """
 
 from __future__ import annotations

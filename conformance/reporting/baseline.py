@@ -20,7 +20,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from conformance.record.run_diff import Run, RunDiff, RunError, load_run
+from conformance.record.run_diff import RunDiff
+from conformance.record.runs import Run, RunError, load_run
 
 #: Cases each section of the view lists before "... and N more".
 LISTED = 50

@@ -333,7 +333,8 @@ def _without(reached: RunVerdict, path: Path | None, reasons: list[str] | None =
 
 def _baseline(given: Path, judged: _Judged, found: same_run.ResultsRun) -> tuple[Any, list[str]]:
     """The comparison with ``given`` (None, and why, when there is none)."""
-    from conformance.record.run_diff import RunError, diff_runs, load_run
+    from conformance.record.run_diff import diff_runs
+    from conformance.record.runs import RunError, load_run
     from conformance.reporting import baseline
 
     if judged.summary_path is None or judged.summary is None:

@@ -12,6 +12,7 @@ from typing import Any
 from conformance.gating import expectations, gate, matrix
 from conformance.record import run_diff
 from conformance.record.report_properties import GATE_NOT_RUN, GATE_REPORTED
+from conformance.record.runs import load_run
 from tests.support import ROOT
 from tests.support.suite_run import SuiteRun
 
@@ -25,7 +26,7 @@ def test_gate_over_real_runs(run_suite: Callable[..., SuiteRun], tmp_path: Path)
                        ("broken", "tests.support.faulty_impls:ReturnsWrongShape")):
         (tmp_path / name).mkdir()
         run_suite("test_ops", impl, "-k", OP_CASE, "--coc-summary", str(tmp_path / name / "coc-summary.json"))
-        runs[name] = run_diff.load_run(tmp_path / name)
+        runs[name] = load_run(tmp_path / name)
     assert not run_diff.diff_runs(runs["base"], runs["same"]).red
     result = run_diff.diff_runs(runs["base"], runs["broken"])
     assert result.red and len(result.new_failures) == 1
@@ -97,7 +98,7 @@ def test_a_failure_that_became_not_offered_turns_the_gate_red_unless_expected(
                                              'outcome = "unjudged"\nreason = "odd token counts not implemented"\n')
         (tmp_path / name).mkdir()
         run_suite("test_ops", impl, *UNEVEN, "--coc-summary", str(tmp_path / name / "coc-summary.json"), *extra)
-        runs[name] = run_diff.load_run(tmp_path / name)
+        runs[name] = load_run(tmp_path / name)
     [case] = runs["now"].cases.values()
     assert case["outcome"] == "skipped" and {c["outcome"] for c in case["checks"]} == {"not offered"}, case
     result = run_diff.diff_runs(runs["base"], runs["now"])

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from conformance.gating import expectations, gate, matrix
-from conformance.record import run_diff
+from conformance.record import run_diff, runs
 from tests.support import ROOT
 
 
@@ -42,7 +42,7 @@ def _numeric(outcome: str) -> dict[str, Any]:
 def test_gate_is_red_on_a_numeric_failure_and_a_clearly_slower_coc(tmp_path: Path) -> None:
     baseline = _summary(tmp_path, "base", [_numeric("passed"), _perf_case(0.20, 1)])
     current = _summary(tmp_path, "cur", [_numeric("failed"), _perf_case(0.10, 2)])
-    result = run_diff.diff_runs(run_diff.load_run(baseline), run_diff.load_run(current))
+    result = run_diff.diff_runs(runs.load_run(baseline), runs.load_run(current))
     text = gate.markdown(result)
     assert result.red
     assert [c["id"] for c in result.new_failures] == [_numeric("failed")["id"]]
@@ -54,11 +54,11 @@ def test_gate_is_red_on_a_numeric_failure_and_a_clearly_slower_coc(tmp_path: Pat
 def test_gate_is_green_over_two_clean_runs_and_says_when_a_drop_is_noise(tmp_path: Path) -> None:
     baseline = _summary(tmp_path, "base", [_numeric("passed"), _perf_case(0.20, 1)])
     current = _summary(tmp_path, "cur", [_numeric("passed"), _perf_case(0.20, 2)])
-    assert not run_diff.diff_runs(run_diff.load_run(baseline), run_diff.load_run(current)).red
+    assert not run_diff.diff_runs(runs.load_run(baseline), runs.load_run(current)).red
     noisy = _perf_case(0.16, 3)
     noisy["perf"]["variants"]["scripted-4"]["paired_gains"] = [0.16 + 0.2 * (-1) ** i for i in range(12)]
-    result = run_diff.diff_runs(run_diff.load_run(baseline),
-                                run_diff.load_run(_summary(tmp_path, "noisy", [_numeric("passed"), noisy])))
+    result = run_diff.diff_runs(runs.load_run(baseline),
+                                runs.load_run(_summary(tmp_path, "noisy", [_numeric("passed"), noisy])))
     (change,) = result.perf_regressions
     assert not change.clear and change.verdict.startswith("within the noise") and not result.red
 
@@ -135,7 +135,7 @@ def test_gate_reads_unexpected_passes_and_every_hang_class_from_the_summary(tmp_
         "category": "hang", "type": "StormBroken", "message": "StormBroken: not run"}}
     path = tmp_path / "cur.json"
     path.write_text(json.dumps({"cases": [unexpected, storm], "missing": ["suite/test_ops.py::test_lost[x]"]}))
-    result = run_diff.diff_runs(run_diff.load_run(_summary(tmp_path, "base", [passed])), run_diff.load_run(path))
+    result = run_diff.diff_runs(runs.load_run(_summary(tmp_path, "base", [passed])), runs.load_run(path))
     assert [c["id"] for c in result.unexpected_passes] == [passed["id"]]
     assert sorted(c["id"] for c in result.hangs) == sorted([storm["id"], "test_ops.py::test_lost[x]"])
     assert result.red and not result.new_failures
@@ -150,7 +150,7 @@ def test_gate_reads_hangs_and_unexpected_passes_from_allure(tmp_path: Path, mess
     allure.mkdir()
     (allure / "a-result.json").write_text(json.dumps({"fullName": "suite.test_x", "status": "failed",
                                                       "statusDetails": {"message": message}}))
-    result = run_diff.diff_runs(run_diff.Run("b", "?", {}), run_diff.load_run(allure))
+    result = run_diff.diff_runs(runs.Run("b", "?", {}), runs.load_run(allure))
     assert len(getattr(result, kind)) == 1 and not result.new_failures
 
 
@@ -162,7 +162,7 @@ def test_an_allure_results_folder_names_its_cases_as_the_summary_does(tmp_path: 
     (allure / "a-result.json").write_text(json.dumps({
         "fullName": "conformance.suite.test_ops#test_op_matches_golden", "status": "passed",
         "parameters": [{"name": "tp", "value": "2"}], "labels": [{"name": "coc_case", "value": passed["id"]}]}))
-    result = run_diff.diff_runs(run_diff.load_run(allure), run_diff.load_run(_summary(tmp_path, "cur", [passed])))
+    result = run_diff.diff_runs(runs.load_run(allure), runs.load_run(_summary(tmp_path, "cur", [passed])))
     assert not result.red and not result.sections, [s.title for s in result.sections]
 
 
@@ -240,18 +240,18 @@ def test_a_new_failing_check_in_a_case_that_already_failed_turns_the_gate_red(tm
     baseline = _summary(tmp_path, "base", [_case("failed", (("all_gather_matmul: numerics", "MUST"),))])
     current = _summary(tmp_path, "cur", [_case("failed", (("all_gather_matmul: numerics", "MUST"),
                                                           ("matmul_all_reduce: numerics", "MUST")))])
-    result = run_diff.diff_runs(run_diff.load_run(baseline), run_diff.load_run(current))
+    result = run_diff.diff_runs(runs.load_run(baseline), runs.load_run(current))
     assert result.red and result.new_failures == []
     [(case, new)] = result.new_checks
     assert case["id"] == "test_explore.py::test_explore" and new == [("matmul_all_reduce: numerics", "MUST")]
-    same = run_diff.diff_runs(run_diff.load_run(baseline), run_diff.load_run(baseline))
+    same = run_diff.diff_runs(runs.load_run(baseline), runs.load_run(baseline))
     assert not same.red and same.new_checks == []
 
 
 def test_a_failure_that_became_not_judged_is_no_fix_and_turns_the_gate_red(tmp_path: Path) -> None:
     baseline = _summary(tmp_path, "base", [_case("failed", (("numerics", "MUST"),))])
     current = _summary(tmp_path, "cur", [_case("not judged", passed=("the exploration judged a case",))])
-    result = run_diff.diff_runs(run_diff.load_run(baseline), run_diff.load_run(current))
+    result = run_diff.diff_runs(runs.load_run(baseline), runs.load_run(current))
     assert result.fixes == [] and result.red
     [loss] = result.lost
     assert (loss.case, loss.check, loss.level, loss.before, loss.after) == (
@@ -275,7 +275,7 @@ def test_a_failure_that_became_a_skip_is_a_red_loss_of_judgment_listed_by_case_a
     """The numerics failed in the baseline; now the op raises NotImplementedError: never "No change"."""
     baseline = _summary(tmp_path, "base", [FAILED_NUMERICS])
     current = _summary(tmp_path, "cur", [NOT_OFFERED])
-    result = run_diff.diff_runs(run_diff.load_run(baseline), run_diff.load_run(current))
+    result = run_diff.diff_runs(runs.load_run(baseline), runs.load_run(current))
     assert result.red and not result.new_failures and not result.fixes
     assert [(x.check, x.before, x.after, x.why) for x in result.lost] == [
         ("m=1: results are values", "passed", "not offered", "not implemented: odd rows"),
@@ -287,7 +287,7 @@ def test_a_failure_that_became_a_skip_is_a_red_loss_of_judgment_listed_by_case_a
     assert "| `test_ops.py::test_uneven_token_counts[matmul_all_reduce-tp2]` | m=1: numerics | MUST | failed | " \
            "not offered | not implemented: odd rows |" in text, text
     assert gate.main(["--baseline", str(baseline), "--current", str(current)]) == 1
-    same = run_diff.diff_runs(run_diff.load_run(baseline), run_diff.load_run(baseline))
+    same = run_diff.diff_runs(runs.load_run(baseline), runs.load_run(baseline))
     assert not same.sections and "No change in conformance or performance." in gate.markdown(same)
 
 
@@ -306,13 +306,13 @@ def test_a_loss_the_current_expectations_name_is_listed_as_expected_and_green(tm
                                                                               entry: dict[str, str]) -> None:
     baseline = _summary(tmp_path, "base", [FAILED_NUMERICS])
     current = _with_expectations(_summary(tmp_path, "cur", [NOT_OFFERED]), [entry])
-    result = run_diff.diff_runs(run_diff.load_run(baseline), run_diff.load_run(current))
+    result = run_diff.diff_runs(runs.load_run(baseline), runs.load_run(current))
     assert not result.red and len(result.lost) == 2 and all(x.expected is not None for x in result.lost)
     [section] = result.sections
     assert not section.red and section.title.startswith("Lost judgment the expectations file expects")
     assert "expected: odd rows dropped" in gate.markdown(result)
     other = _with_expectations(_summary(tmp_path, "other", [NOT_OFFERED]), [{**entry, "pattern": "test_x.py::*"}])
-    assert run_diff.diff_runs(run_diff.load_run(baseline), run_diff.load_run(other)).red
+    assert run_diff.diff_runs(runs.load_run(baseline), runs.load_run(other)).red
 
 
 def test_losses_of_single_checks_missing_cases_and_suite_errors_are_red_but_a_sample_is_not(tmp_path: Path) -> None:
@@ -328,7 +328,7 @@ def test_losses_of_single_checks_missing_cases_and_suite_errors_are_red_but_a_sa
     explored_now = {**explored, "checks": [_check("layer: numerics", "MUST", True)]}
     baseline = _summary(tmp_path, "base", [passed, gone, broke, explored])
     current = _summary(tmp_path, "cur", [now, suite_bug, explored_now])
-    result = run_diff.diff_runs(run_diff.load_run(baseline), run_diff.load_run(current))
+    result = run_diff.diff_runs(runs.load_run(baseline), runs.load_run(current))
     assert result.red and not result.new_failures
     assert sorted((x.case.split("::")[1], x.check, x.after) for x in result.lost) == [
         ("test_broke[x]", "numerics", "error"), ("test_gone[x]", "numerics", "missing"),
@@ -380,7 +380,7 @@ def test_the_gates_smaller_silences_are_listed(tmp_path: Path) -> None:
     baseline = _summary_doc(tmp_path, "base", [_should("passed", False)], gate="all")
     quiet = _summary_doc(tmp_path, "quiet", [_should("failed", False)], gate="all")
     lowered = _summary_doc(tmp_path, "lowered", [_should("failed", False)], gate="must")
-    result = run_diff.diff_runs(run_diff.load_run(baseline), run_diff.load_run(lowered))
+    result = run_diff.diff_runs(runs.load_run(baseline), runs.load_run(lowered))
     titles = {section.title: section for section in result.sections}
     ungated = titles["New failing checks at levels this run does not gate"]
     assert ungated.rows[0].cells == ("m=7: one fallback warning per layer (SHOULD)",) and not ungated.red
@@ -388,12 +388,12 @@ def test_the_gates_smaller_silences_are_listed(tmp_path: Path) -> None:
     assert gates.red and gates.rows[0].cells == ("all", "must", "lowered: failures at SHOULD, STRUCTURE no longer "
                                                                 "fail the run")
     assert result.red and "No change" not in gate.markdown(result)
-    raised = run_diff.diff_runs(run_diff.load_run(lowered), run_diff.load_run(quiet))
+    raised = run_diff.diff_runs(runs.load_run(lowered), runs.load_run(quiet))
     assert not raised.red and any(s.title.startswith("The gate differs") for s in raised.sections)
     for full in (False, True):
         stale = _summary_doc(tmp_path, f"stale{full}", [_should("passed", True)], gate="all", full_run=full,
                              stale_expectations=["known.toml:3: pattern 'x' matches no case of the run"])
-        diff = run_diff.diff_runs(run_diff.load_run(baseline), run_diff.load_run(stale))
+        diff = run_diff.diff_runs(runs.load_run(baseline), runs.load_run(stale))
         (section,) = diff.sections
         assert section.rows[0].case == "known.toml:3" and diff.red is full
 
@@ -429,9 +429,9 @@ def test_a_deterministic_result_whose_bits_changed_between_runs_is_red_where_not
     other_bits = _summary_doc(tmp_path, "bits", [case("bb")], determinism_environment=env)
     other_code = _summary_doc(tmp_path, "code", [case("bb")],
                               determinism_environment={**env, "implementation_code": "c2"})
-    assert not run_diff.diff_runs(run_diff.load_run(baseline), run_diff.load_run(same)).sections
-    changed = run_diff.diff_runs(run_diff.load_run(baseline), run_diff.load_run(other_bits))
+    assert not run_diff.diff_runs(runs.load_run(baseline), runs.load_run(same)).sections
+    changed = run_diff.diff_runs(runs.load_run(baseline), runs.load_run(other_bits))
     (section,) = changed.sections
     assert changed.red and section.title.startswith("Deterministic results whose bits changed")
     assert section.rows[0].cells == ("matmul_all_reduce tp4 float32 its own tiling",)
-    assert not run_diff.diff_runs(run_diff.load_run(baseline), run_diff.load_run(other_code)).sections
+    assert not run_diff.diff_runs(runs.load_run(baseline), runs.load_run(other_code)).sections

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conformance.record import run_diff
+from conformance.record import run_diff, runs
 from conformance.reporting import allure as reporting
 from conformance.reporting import baseline, page, plots, quality_gate, same_run
 from conformance.reporting import build as report_build
@@ -309,11 +309,11 @@ def _case(cid: str, outcome: str, *checks: dict[str, str]) -> dict[str, object]:
 
 
 def test_the_baseline_view_walks_the_gates_sections_case_by_case_and_check_by_check(tmp_path: Path) -> None:
-    base = run_diff.Run("base.json", "pkg:Ref", {
+    base = runs.Run("base.json", "pkg:Ref", {
         "t.py::a": _case("t.py::a", "passed", _check("numerics", "MUST", "passed")),
         "t.py::b": _case("t.py::b", "failed", _check("numerics", "MUST", "failed")),
         "t.py::c": _case("t.py::c", "passed", _check("gate", "MUST", "passed"))})
-    current = run_diff.Run("cur.json", "pkg:Patched", {
+    current = runs.Run("cur.json", "pkg:Patched", {
         "t.py::a": _case("t.py::a", "failed", _check("numerics", "MUST", "failed")),
         "t.py::b": _case("t.py::b", "passed", _check("numerics", "MUST", "passed")),
         "t.py::c": _case("t.py::c", "not judged", _check("gate", "MUST", "not judged"))})
@@ -341,7 +341,7 @@ def test_the_baseline_view_walks_the_gates_sections_case_by_case_and_check_by_ch
                                                                          "m#u C": "skipped"}
     assert run_diff.check_changes(last.cases["t.py::a"], current.cases["t.py::a"]) == ()  # a history has no checks
     (tmp_path / "empty.jsonl").write_text("")
-    with pytest.raises(run_diff.RunError, match="not an Allure history"):
+    with pytest.raises(runs.RunError, match="not an Allure history"):
         baseline.load(tmp_path / "empty.jsonl", {})
 
 

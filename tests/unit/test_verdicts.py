@@ -307,12 +307,12 @@ def test_a_failure_is_sticky_whatever_is_raised_after_it(pytester: pytest.Pytest
 
 
 def test_the_gate_reads_an_unexpected_pass_from_a_real_summary(pytester: pytest.Pytester) -> None:
-    from conformance.record import run_diff
+    from conformance.record import run_diff, runs
 
     pytester.makepyfile(test_cases=CASES)
     pytester.makefile(".toml", known=EXPECTED)
     _summary(pytester, "--coc-expectations", "known.toml", "-k", "fixed")
-    result = run_diff.diff_runs(run_diff.Run("b", "?", {}), run_diff.load_run(pytester.path / "summary.json"))
+    result = run_diff.diff_runs(runs.Run("b", "?", {}), runs.load_run(pytester.path / "summary.json"))
     assert [c["id"] for c in result.unexpected_passes] == ["test_cases.py::test_fixed"]
 
 
