@@ -18,24 +18,33 @@ With a world larger than TP, Megatron's own ``initialize_model_parallel`` puts
 the other ranks in data-parallel replicas, each with its own data.
 
 Everything the layers receive is on the rank's device (``ctx.device``): the
-modules (:func:`rank_layers`), the micro-batches (:func:`rank_batches`), the
-pre-filled ``main_grad`` (:func:`rank_main_grads`) and the weight updates,
-all drawn on the CPU from the problem's seed and then moved, so every device
-judges the same numbers; results go back to the judge on the CPU.
+modules, the micro-batches, the pre-filled ``main_grad``
+(:mod:`conformance.cases.rank_layers`) and the weight updates, all drawn on
+the CPU from the problem's seed and then moved, so every device judges the
+same numbers; results go back to the judge on the CPU.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
-from contextlib import nullcontext
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-from conformance.cases.memory import clone, overlaps, poisoned_allocations, to_device
+from conformance.cases.memory import clone, overlaps, poisoned_allocations
+from conformance.cases.rank_layers import (
+    Mlp,
+    call_layer,
+    main_grad_shards,
+    mark_phase,
+    precision,
+    rank_batches,
+    rank_layers,
+    rank_main_grads,
+    shard_weights,
+)
 from conformance.contract.jobs import LayerJob
-from conformance.contract.layouts import layout, shard
-from conformance.contract.problems import LayerProblem, layer_batch, layer_deltas, layer_weights, main_grad_prefill
+from conformance.contract.problems import LayerProblem, layer_deltas, layer_weights
 from conformance.contract.results import LayerOutcome, ObservedCollectives, StepRun
 from conformance.harness.case import IMPL, REFERENCE, RankContext, call_capturing_errors, observed_warnings
 from conformance.harness.observed import observed_collectives
@@ -45,86 +54,6 @@ from conformance.harness.stragglers import Straggler
 #: Layers megatron's own (serial) path runs under CPU autocast: its column SP backward reduce-scatters a
 #: reduced-precision dx into a buffer of the input's dtype, which gloo refuses (megatron-core 0.16).
 AUTOCAST_LAYERS = (("column", False), ("row", True), ("mlp", False))
-
-
-class _Mlp:
-    """Column (fc1) -> exact gelu -> row (fc2), marking each layer's phases in the timeline."""
-
-    def __init__(self, fc1: Any, fc2: Any) -> None:
-        self.fc1, self.fc2 = fc1, fc2
-
-    def __call__(self, x: Any, log: CollectiveLog | None, tag: str) -> Any:
-        import torch
-
-        _mark(log, "column/forward", tag)
-        h, _ = self.fc1(x)
-        if log is not None and h.requires_grad:
-            h.register_hook(lambda grad: _mark(log, "column/backward", tag))
-        _mark(log, "row/forward", tag)
-        y, _ = self.fc2(torch.nn.functional.gelu(h))  # exact (erf) gelu, as the golden
-        return y
-
-
-def _mark(log: CollectiveLog | None, phase: str, tag: str) -> None:
-    """Mark where ``phase`` (``"<layer kind>/<forward|backward>"``) of micro-batch ``tag`` starts."""
-    if log is not None:
-        log.mark(f"{phase}@{tag}")
-
-
-def rank_layers(problem: LayerProblem, weights: Mapping[str, Any], device: str) -> tuple[Any, dict[str, Any]]:
-    """The megatron module(s) of ``problem`` on ``device``, loaded with the global ``weights``; params by
-    golden name.  Inside ``model_parallel`` (megatron's TP group)."""
-    import torch
-
-    from coc_shared.megatron import build_column, build_row
-
-    dtype = getattr(torch, problem.dtype)
-    sp, bias = problem.sequence_parallel, problem.bias
-    if problem.layer == "mlp":
-        assert problem.ffn is not None
-        fc1 = build_column(problem.h_in, problem.ffn, bias=bias, sequence_parallel=sp, dtype=dtype,
-                           weight=weights["w1"], bias_value=weights["b1"], device=device)
-        fc2 = build_row(problem.ffn, problem.h_out, bias=bias, sequence_parallel=sp, dtype=dtype,
-                        weight=weights["w2"], bias_value=weights["b2"], device=device)
-        return _Mlp(fc1, fc2), {"w1": fc1.weight, "b1": fc1.bias, "w2": fc2.weight, "b2": fc2.bias}
-    build = build_column if problem.layer == "column" else build_row
-    module = build(problem.h_in, problem.h_out, bias=bias, sequence_parallel=sp, dtype=dtype,
-                   weight=weights["w"], bias_value=weights["b"], device=device)
-    return module, {"w": module.weight, "b": module.bias}
-
-
-def rank_batches(problem: LayerProblem, steps: int, replica: int, tp_rank: int, tp: int,
-                 device: str) -> list[list[dict[str, Any]]]:
-    """This rank's ``x`` and ``dy`` of every micro-batch of every step, on ``device`` (drawn on the CPU from
-    the problem's seed, moved whole, then sharded: the same numbers and layout on every device)."""
-    splits = layout(problem.layer, problem.sequence_parallel)
-    micros = 1 if problem.case_id is not None else len(problem.tokens)
-    return [[{n: shard(t, splits[n], tp_rank, tp) for n, t in to_device(layer_batch(problem, i, step, replica),
-                                                                           device).items()}
-             for i in range(micros)] for step in range(steps)]
-
-
-def main_grad_shards(problem: LayerProblem, step: int, tp_rank: int, tp: int) -> dict[str, Any]:
-    """This rank's shards of the fp32 ``main_grad`` each weight starts step ``step`` with, on the CPU."""
-    return _shard_weights(problem, main_grad_prefill(problem, step), tp_rank, tp)
-
-
-def rank_main_grads(prefill: Mapping[str, Any], device: str) -> dict[str, Any]:
-    """Fresh copies of the pre-filled ``main_grad`` shards on ``device`` (the layer accumulates into them)."""
-    return {name: t.to(device, copy=True) for name, t in prefill.items()}
-
-
-def _call(module: Any, kind: str, x: Any, log: CollectiveLog | None, tag: str) -> Any:
-    if isinstance(module, _Mlp):
-        return module(x, log, tag)
-    _mark(log, f"{kind}/forward", tag)
-    y, _ = module(x)
-    return y
-
-
-def _shard_weights(problem: LayerProblem, tensors: Mapping[str, Any], rank: int, tp: int) -> dict[str, Any]:
-    splits = layout(problem.layer, problem.sequence_parallel)
-    return {n: None if t is None else shard(t, splits[n], rank, tp) for n, t in tensors.items()}
 
 
 def layer_task(ctx: RankContext, *, job: LayerJob) -> LayerOutcome:
@@ -148,7 +77,6 @@ def layer_task(ctx: RankContext, *, job: LayerJob) -> LayerOutcome:
         if error is not None:  # (configure that returned gave nothing to judge: no attempt)
             outcome.attempts.append("configure")
             outcome.errors["configure"] = error
-        if error is not None:
             return outcome
         batches = rank_batches(problem, job.steps, replica, par.rank, tp, ctx.device)
         kept_batches = clone(batches)
@@ -191,20 +119,6 @@ def layer_task(ctx: RankContext, *, job: LayerJob) -> LayerOutcome:
 def _straggler(ctx: RankContext, job: LayerJob) -> Straggler | None:
     return Straggler.of_rank(ctx.rank, job.straggler_s, job.straggler_rank, f"{job.problem.layer}/{job.tp}",
                              lambda seed: 0.5)
-
-
-def _precision(job: LayerJob, device: Any) -> Any:
-    """``torch.autocast`` to ``job.autocast`` on ``device``'s type, or nothing.
-
-    The backward runs under it too: megatron's ``custom_bwd`` re-enters
-    autocast for CUDA only, so on other devices its backward would multiply a
-    reduced-precision gradient by a float32 weight.
-    """
-    import torch
-
-    if job.autocast is None:
-        return nullcontext()
-    return torch.autocast(device.type, dtype=getattr(torch, job.autocast))
 
 
 def _phases(log: CollectiveLog, raised: set[str]) -> dict[str, ObservedCollectives]:
@@ -275,7 +189,7 @@ def _train(problem: LayerProblem, job: LayerJob, par: Any, batches: list[list[di
             if param is not None and name.startswith("w"):
                 log.name_operand(name, param)
     if fusion:
-        for part in (module.fc1, module.fc2) if isinstance(module, _Mlp) else (module,):
+        for part in (module.fc1, module.fc2) if isinstance(module, Mlp) else (module,):
             part.gradient_accumulation_fusion = True
     kind = problem.layer
     steps: list[StepRun] = []
@@ -297,8 +211,8 @@ def _train(problem: LayerProblem, job: LayerJob, par: Any, batches: list[list[di
             x = batch["x"].detach().clone().requires_grad_(True)
 
             def forward(x: Any = x, tag: str = f"{step}.{i}") -> Any:
-                with _precision(job, x.device):
-                    return _call(module, kind, x, log, tag)
+                with precision(job, x.device):
+                    return call_layer(module, kind, x, log, tag)
 
             y, ok = run(_attempt_label(step, i, "forward"), forward)
             xs.append(x)
@@ -308,10 +222,10 @@ def _train(problem: LayerProblem, job: LayerJob, par: Any, batches: list[list[di
             if y is None:
                 came_back.append(False)
                 continue
-            _mark(log, "row/backward" if kind in ("row", "mlp") else "column/backward", f"{step}.{i}")
+            mark_phase(log, "row/backward" if kind in ("row", "mlp") else "column/backward", f"{step}.{i}")
 
             def backward_of(y: Any = y, dy: Any = batch["dy"]) -> None:
-                with _precision(job, y.device):
+                with precision(job, y.device):
                     backward(partial(y.backward, dy))
 
             came_back.append(run(_attempt_label(step, i, "backward"), backward_of)[1])
@@ -367,7 +281,7 @@ def _train(problem: LayerProblem, job: LayerJob, par: Any, batches: list[list[di
                 grads["d" + name] = None if param.grad is None else param.grad.detach().cpu().clone()
         steps.append(StepRun(outputs, grads, weight_grad))
         if step + 1 < len(batches):
-            deltas = _shard_weights(problem, layer_deltas(problem, step), rank, tp)
+            deltas = shard_weights(problem, layer_deltas(problem, step), rank, tp)
             with torch.no_grad():
                 for name, param in params.items():
                     if param is not None:

@@ -20,11 +20,11 @@ import torch
 
 from coc_shared import megatron
 from conformance.cases.groups import TPPlace
-from conformance.cases.layer_cases import main_grad_shards, rank_batches, rank_layers, rank_main_grads
 from conformance.cases.op_cases import rank_operands
 from conformance.cases.perf_cases import KINDS as PERF_OPS
-from conformance.cases.perf_cases import pipeline_operands
+from conformance.cases.pipeline_costs import pipeline_operands
 from conformance.cases.quant_cases import rank_quant_operands
+from conformance.cases.rank_layers import main_grad_shards, rank_batches, rank_layers, rank_main_grads
 from conformance.contract.problems import LayerProblem, layer_weights
 from conformance.explore.registry import KINDS
 
