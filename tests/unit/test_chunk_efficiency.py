@@ -13,7 +13,7 @@ from coc_impl.plan_cli import main as plan_main
 from coc_shared import chunk_efficiency
 from coc_shared.chunk_efficiency import ChunkedMatmul, ChunkEfficiency, EfficiencyError, ShapeEfficiency, chunk_ratio
 from coc_shared.cost_model import SEED_COSTS_FILE, MeasuredCurve
-from conformance.bench import device
+from conformance.bench import device, gemm_measurements
 
 #: An H100-like table: 8 chunks cost 1.15x the whole at the big shape, 3x at the small one.
 TABLE = ChunkEfficiency((ShapeEfficiency(4096, 8192, 8192, {2: 1.02, 4: 1.06, 8: 1.15, 16: 1.4}),
@@ -81,7 +81,8 @@ def test_auto_chooses_from_the_devices_efficiency_instead_of_timing_each_block()
 
 
 def test_the_device_check_measures_the_table_on_cpu() -> None:
-    table = device.measure_efficiency([("tiny", 64, 32, 32)], "cpu", "float32", chunks=(2, 4), warmup=0, repeats=2)
+    table = gemm_measurements.measure_efficiency([("tiny", 64, 32, 32)], "cpu", "float32", chunks=(2, 4), warmup=0,
+                                                 repeats=2)
     assert [(s.m, s.k, s.n) for s in table.shapes] == [(64, 32, 32)] and set(table.shapes[0].ratio) == {2, 4}
     assert all(r > 0 for r in table.shapes[0].ratio.values())
     assert "c=4" in table.text(["tiny"])
@@ -95,5 +96,6 @@ def test_the_device_checks_json_is_what_the_model_reads(tmp_path: Path, monkeypa
     assert doc["node"]["device"] == "cpu" and doc["chunk_efficiency"]["dtype"] == "float32"
     monkeypatch.setenv(chunk_efficiency.ENV, str(out))
     table = chunk_efficiency.configured()
-    assert table is not None and [(s.m, s.k, s.n) for s in table.shapes] == [s[1:] for s in device.CPU_SHAPES]
+    shapes = [s[1:] for s in gemm_measurements.CPU_SHAPES]
+    assert table is not None and [(s.m, s.k, s.n) for s in table.shapes] == shapes
     assert isinstance(chunk_efficiency.chunked_matmul(MeasuredCurve.of({1024: 1.0}), 1024, 1024, 1024), ChunkedMatmul)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from coc_shared import gemm_rows
-from conformance.bench import device, hangs
+from conformance.bench import device, gemm_measurements, hangs
 from conformance.contract.rank_errors import CapturedError
 from conformance.harness.case import Budget, RankOutcome
 from conformance.harness.case_errors import CaseTimeout, RankCrashed
@@ -115,7 +115,7 @@ def test_tox_device_runs_on_the_nodes_own_torch_with_canns_environment() -> None
 
 def test_on_a_cpu_the_accelerator_parts_are_recorded_as_not_run_and_the_gemm_rows_measured(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(device, "CPU_ROWS", (((96, 64), (256, 256)), 512))
+    monkeypatch.setattr(gemm_measurements, "CPU_ROWS", (((96, 64), (256, 256)), 512))
     monkeypatch.setattr(device, "DEV", tmp_path)
     monkeypatch.delenv("NPU_SIM", raising=False)
     monkeypatch.delenv(gemm_rows.ENV, raising=False)
