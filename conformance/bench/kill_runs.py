@@ -12,9 +12,10 @@ that a later choice runs only what changed.
   record of every case it did not pass (its outcome and its checks that did
   not pass), which is all a proof row reads of a case.
 
-A fault's records stay valid while its source does (:func:`source_digest`) and
-are kept for the cases it ran: a new or changed fault runs its module again,
-and new cases run, alone, against every fault of their module.  Changes to the
+A fault's records stay valid while its source does
+(:func:`conformance.bench.fault_sources.source_digest`) and are kept for the
+cases it ran: a new or changed fault runs its module again, and new cases
+run, alone, against every fault of their module.  Changes to the
 suite's own judging are not seen here: ``--rerun faults`` runs every fault
 again (and the proof table's run of each row on its tier cases,
 ``tests/suite_runs``, fails on a kill that no longer holds).
@@ -22,15 +23,10 @@ again (and the proof table's run of each row on its tier cases,
 
 from __future__ import annotations
 
-import ast
 import contextlib
-import hashlib
-import importlib
-import inspect
 import io
 import json
 import os
-import pkgutil
 import statistics
 import subprocess
 import sys
@@ -112,31 +108,6 @@ def cost_of(record: Mapping[str, Any]) -> float:
 
     case = case_of(record)
     return case.world * case.rank_s + case.worker_s
-
-
-def source_digest(sources: str | Sequence[str], name: str) -> str:
-    """A digest of ``name``'s definition in the modules' ``sources`` (one module's, or those of a package's modules:
-    :func:`module_sources`) and of every module-level class or function of them that ``name`` names, transitively
-    (its bases, the helpers it calls, in whichever of the modules they are); what comes from elsewhere is not
-    included."""
-    defined: dict[str, list[ast.AST]] = {}
-    for source in [sources] if isinstance(sources, str) else sources:
-        for node in ast.parse(source).body:
-            if isinstance(node, (ast.ClassDef, ast.FunctionDef)):
-                defined.setdefault(node.name, []).append(node)
-    seen: list[str] = []
-    todo = [name]
-    while todo:
-        current = todo.pop()
-        if current in seen or current not in defined:
-            continue
-        seen.append(current)
-        todo += sorted({n.id for part in defined[current] for n in ast.walk(part) if isinstance(n, ast.Name)})
-    digest = hashlib.sha256(name.encode())
-    for part in sorted(seen):
-        for definition in defined[part]:
-            digest.update(ast.dump(definition).encode())
-    return digest.hexdigest()[:16]
 
 
 def _condensed(record: Mapping[str, Any]) -> dict[str, Any]:
@@ -292,18 +263,3 @@ class RunStore:
         ran = set(self.candidates[module]) - set(entry["missing"])
         return {case: {"id": case, **entry["cases"].get(case, {"outcome": "passed", "checks": []})}
                 for case in sorted(ran)}
-
-
-def faults_module(name: str) -> Any:
-    """The module of the faults (importable from the checkout)."""
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))
-    return importlib.import_module(name)
-
-
-def module_sources(module: Any) -> list[str]:
-    """The source of ``module`` and, for a package, of each module under it (where a fault's helpers may be)."""
-    sources = [inspect.getsource(module)]
-    for info in pkgutil.walk_packages(getattr(module, "__path__", ()), module.__name__ + "."):
-        sources.append(inspect.getsource(importlib.import_module(info.name)))
-    return sources

@@ -41,7 +41,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from conformance.bench import kill_runs
+from conformance.bench import fault_sources, kill_runs
 from conformance.bench.kill_runs import CORPUS_MODULE, JUDGED, ROOT, Candidate, RunStore, SuiteRuns
 from conformance.caseids import matches
 from conformance.options import DEFAULT_IMPL
@@ -122,7 +122,7 @@ def cheapest_cover(meets: Mapping[str, set[str]], cost: Mapping[str, float], hel
 
 
 def _load_proofs(spec: str) -> Any:
-    kill_runs.faults_module(spec.rpartition(".")[0] or spec)  # the checkout on the path
+    fault_sources.faults_module(spec.rpartition(".")[0] or spec)  # the checkout on the path
     return importlib.import_module(spec)
 
 
@@ -141,7 +141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     proofs = _load_proofs(args.proofs)
     rows: list[ProofRow] = [row for row in proofs.FAULT_TABLE if row.node == "cpu"]
-    faults = kill_runs.faults_module(proofs.FAULTS)
+    faults = fault_sources.faults_module(proofs.FAULTS)
     options: Mapping[str, Sequence[str]] = proofs.MODULE_OPTIONS
     rerun = set(args.rerun)
 
@@ -161,9 +161,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     reference = store.reference_needed([c.id for c in collected], "reference" in rerun)
     if reference:
         jobs.append(("reference", "", "", reference))
-    sources = kill_runs.module_sources(faults)
+    sources = fault_sources.module_sources(faults)
     for module, fault in dict.fromkeys((r.module, r.fault) for r in rows):
-        digest = kill_runs.source_digest(sources, fault) + ":" + " ".join(options.get(module, ()))
+        digest = fault_sources.source_digest(sources, fault) + ":" + " ".join(options.get(module, ()))
         needed = store.fault_needed(module, fault, digest, bool(rerun & {"faults", fault}))
         if needed:
             jobs.append((f"{module}:{fault}", f"{proofs.FAULTS}:{fault}", digest, needed))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from conformance.bench import kill_runs
+from conformance.bench import fault_sources
 from conformance.bench.kill_runs import Candidate, RunStore
 from conformance.bench.tier_choice import cheapest_cover, check_name, kills, requirements
 from tests.support.proofs import MUST, SHOULD, Proof
@@ -83,7 +83,7 @@ def test_a_faults_digest_follows_what_it_uses_of_its_module() -> None:
               "class Fault(_Base):\n    def f(self):\n        return helper()\n\n\nclass Other:\n    pass\n")
 
     def digest(text: str) -> str:
-        return kill_runs.source_digest(text, "Fault")
+        return fault_sources.source_digest(text, "Fault")
 
     base = digest(source)
     assert digest(source.replace("class Other:\n    pass", "class Other:\n    x = 1")) == base
@@ -98,7 +98,7 @@ def test_a_faults_digest_follows_its_helpers_into_the_other_modules_of_its_packa
     other = "class Other:\n    pass\n"
 
     def digest(*sources: str) -> str:
-        return kill_runs.source_digest(sources, "Fault")
+        return fault_sources.source_digest(sources, "Fault")
 
     base = digest(shared, family, other)
     assert digest(shared, family, other.replace("pass", "x = 1")) == base
@@ -110,6 +110,6 @@ def test_the_faults_package_gives_the_source_of_every_fault_of_the_proof_table()
     from tests.support import faulty_impls
     from tests.support.proofs import FAULT_TABLE
 
-    sources = kill_runs.module_sources(faulty_impls)
+    sources = fault_sources.module_sources(faulty_impls)
     for row in FAULT_TABLE:
         assert any(f"\nclass {row.fault}(" in source or f"\nclass {row.fault}:" in source for source in sources), row
