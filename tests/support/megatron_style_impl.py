@@ -205,6 +205,23 @@ def _all_gather_matmul(x: torch.Tensor, right: torch.Tensor, chunks: int, group:
     return out, gathered
 
 
+def _keep_for_backward(ctx: Any, weight: torch.Tensor, call: _Call) -> None:
+    """Keep the call and the weight's ``main_grad`` (what the fusion accumulates into) for the backward."""
+    ctx.call = call
+    ctx.main_grad = weight.main_grad if call.fusion and hasattr(weight, "main_grad") else None
+
+
+def _backward_start(ctx: Any,
+                    grad_output: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, _Call, bool, bool, torch.Tensor]:
+    """What a backward starts from: the saved input and weight (its ``main_grad`` put back), the call, whether dx
+    and dw are needed, and ``grad_output`` made contiguous."""
+    saved, weight = ctx.saved_tensors
+    call: _Call = ctx.call
+    if call.fusion and ctx.main_grad is not None:
+        weight.main_grad = ctx.main_grad
+    return saved, weight, call, ctx.needs_input_grad[0], ctx.needs_input_grad[1], grad_output.contiguous()
+
+
 def _weight_grad(weight: torch.Tensor, main_grad: torch.Tensor | None, grad_output: torch.Tensor,
                  total_input: torch.Tensor, fusion: bool) -> torch.Tensor | None:
     """``dy.T @ x``, or Megatron's gradient-accumulation fusion into ``main_grad`` (fp32 accumulation)."""
@@ -237,8 +254,7 @@ class _ColumnLinear(torch.autograd.Function):
     @staticmethod
     @_custom_fwd
     def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, call: _Call) -> torch.Tensor:
-        ctx.call = call
-        ctx.main_grad = weight.main_grad if call.fusion and hasattr(weight, "main_grad") else None
+        _keep_for_backward(ctx, weight, call)
         if not call.sequence_parallel:
             ctx.save_for_backward(x, weight)
             return torch.matmul(x, weight.t())
@@ -249,12 +265,7 @@ class _ColumnLinear(torch.autograd.Function):
     @staticmethod
     @_custom_bwd
     def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[Any, ...]:
-        saved, weight = ctx.saved_tensors
-        call: _Call = ctx.call
-        if call.fusion and ctx.main_grad is not None:
-            weight.main_grad = ctx.main_grad
-        needs_dx, needs_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        grad_output = grad_output.contiguous()
+        saved, weight, call, needs_dx, needs_dw, grad_output = _backward_start(ctx, grad_output)
         tp = call.group.size()
         gather = None
         total_input = saved
@@ -285,8 +296,7 @@ class _RowLinear(torch.autograd.Function):
     @staticmethod
     @_custom_fwd
     def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, call: _Call) -> torch.Tensor:
-        ctx.call = call
-        ctx.main_grad = weight.main_grad if call.fusion and hasattr(weight, "main_grad") else None
+        _keep_for_backward(ctx, weight, call)
         ctx.save_for_backward(x, weight)
         if call.sequence_parallel:
             return _matmul_reduce_scatter(x, weight.t(), call.forward_chunks, call.group)
@@ -295,12 +305,7 @@ class _RowLinear(torch.autograd.Function):
     @staticmethod
     @_custom_bwd
     def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[Any, ...]:
-        x, weight = ctx.saved_tensors
-        call: _Call = ctx.call
-        if call.fusion and ctx.main_grad is not None:
-            weight.main_grad = ctx.main_grad
-        needs_dx, needs_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        grad_output = grad_output.contiguous()
+        x, weight, call, needs_dx, needs_dw, grad_output = _backward_start(ctx, grad_output)
         if call.sequence_parallel:
             grad_input, total_grad_output = _all_gather_matmul(grad_output, weight, call.backward_chunks,
                                                                call.group, keep_gathered=needs_dw)
