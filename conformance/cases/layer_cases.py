@@ -39,7 +39,8 @@ from conformance.contract.problems import LayerProblem, layer_batch, layer_delta
 from conformance.contract.results import LayerOutcome, ObservedCollectives, StepRun
 from conformance.harness.case import IMPL, REFERENCE, RankContext, call_capturing_errors, observed_warnings
 from conformance.harness.observed import observed_collectives
-from conformance.harness.probes import CollectiveLog, record_collectives
+from conformance.harness.probes import record_collectives
+from conformance.harness.probes.collective_log import CollectiveLog
 from conformance.harness.stragglers import Straggler
 
 #: Layers megatron's own (serial) path runs under CPU autocast: its column SP backward reduce-scatters a

@@ -52,7 +52,7 @@ from conformance.harness.impl_loader import missing_capability
 from conformance.harness.launchers.devices import cpu_name, identity_device
 from conformance.harness.probes import record_collectives
 
-#: The collective each op pipelines (as :class:`~conformance.harness.probes.CollectiveCall` kinds).
+#: The collective each op pipelines (as :class:`~conformance.harness.probes.collective_log.CollectiveCall` kinds).
 KINDS = {"matmul_all_reduce": "all_reduce", "matmul_reduce_scatter": "reduce_scatter",
          "all_gather_matmul": "all_gather"}
 

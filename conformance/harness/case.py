@@ -242,7 +242,7 @@ def run_on_rank(
     context a helper thread of the rank runs the rank's code in).
     """
     from conformance.harness import probes
-    from conformance.harness.probes import FUSED_CALLS
+    from conformance.harness.completions import FUSED_CALLS
 
     probes.install()  # (once per process; a callback the task registers before it records is then watched)
     buffer = io.StringIO()

@@ -243,9 +243,10 @@ def backward_on_device_thread(ctx: RankContext, off_thread: bool) -> dict[str, o
     import torch
     import torch.distributed as dist
 
+    from conformance.harness.completions import COMPLETED
     from conformance.harness.device_thread import run_backward
     from conformance.harness.observed import observed_collectives
-    from conformance.harness.probes import COMPLETED, record_collectives
+    from conformance.harness.probes import record_collectives
 
     threads: list[str] = []
     old_style = {"on": False}

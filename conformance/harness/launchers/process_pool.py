@@ -38,11 +38,12 @@ from conformance.harness import wire
 from conformance.harness.case import RankOutcome, RankTask
 from conformance.harness.case_clock import CaseClock
 from conformance.harness.case_errors import CaseTimeout, RankCrashed
+from conformance.harness.cpu_time import ProgressWatch, Rank
 from conformance.harness.launchers.devices import DeviceKind
 from conformance.harness.launchers.session_env import SessionEnv
 from conformance.harness.launchers.worker import BUDGET, LOADED, PROGRESS, READY, STOP
 from conformance.harness.launchers.zygote_client import Zygote
-from conformance.harness.progress import Evidence, ProgressWatch, Rank
+from conformance.harness.progress import Evidence
 
 #: How long ranks get to dump their stacks after SIGUSR1.
 _STACK_GRACE_S = 0.5
