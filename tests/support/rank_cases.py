@@ -390,7 +390,7 @@ def warns_from_its_backward(ctx: RankContext) -> dict[str, object]:
     import torch
     import torch.distributed as dist
 
-    from conformance.harness.case import observed_warnings
+    from conformance.harness.rank_warnings import observed_warnings
 
     def backward() -> float:
         dist.barrier(group=ctx.group)  # every rank warns at the same moment
