@@ -21,6 +21,7 @@ from pathlib import Path
 
 from conformance.harness.case_errors import RankCrashed
 from conformance.harness.launchers.session_env import SessionEnv
+from conformance.harness.launchers.subprocesses import end_process
 
 
 def can_fork_ranks() -> bool:
@@ -114,11 +115,7 @@ class Zygote:
     def close(self) -> None:
         self._reader.close()
         self._sock.close()
-        try:
-            self._proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self._proc.kill()
-            self._proc.wait()
+        end_process(self._proc, grace_s=10)
         self._log.close()
         os.unlink(self._log.name)
 
