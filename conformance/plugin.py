@@ -82,7 +82,7 @@ def pytest_configure(config: pytest.Config) -> None:
                             "every fault of the proof table and hold every check, op and layer kind, and the corpus)")
     import importlib
 
-    from conformance.harness.case import guard_exits
+    from conformance.harness.captured_calls import guard_exits
 
     guard_exits()  # the implementation's code run in this process (configure, thread ranks) cannot end the run
     if not is_xdist_worker(config) and config.getoption(options.LAUNCHER) == "process":
@@ -98,7 +98,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def _emulate_npu() -> None:
     """``--coc-emulate-npu``: the emulated NPU node in this process and every one it starts, or a usage error."""
-    from conformance.harness.launchers.devices import EmulatedNpuError, emulate_npu
+    from conformance.harness.launchers.npu_emulation import EmulatedNpuError, emulate_npu
 
     try:
         emulate_npu()

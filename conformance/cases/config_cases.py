@@ -6,7 +6,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from conformance.contract.results import ConfigOutcome
-from conformance.harness.case import RankContext, call_capturing_errors
+from conformance.harness.captured_calls import call_capturing_errors
+from conformance.harness.case import RankContext
 from conformance.harness.probes import record_collectives
 
 

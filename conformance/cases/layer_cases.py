@@ -46,9 +46,12 @@ from conformance.cases.rank_layers import (
 from conformance.contract.jobs import LayerJob
 from conformance.contract.problems import LayerProblem, layer_deltas, layer_weights
 from conformance.contract.results import LayerOutcome, ObservedCollectives, StepRun
-from conformance.harness.case import IMPL, REFERENCE, RankContext, call_capturing_errors, observed_warnings
+from conformance.harness.captured_calls import call_capturing_errors
+from conformance.harness.case import IMPL, REFERENCE, RankContext
 from conformance.harness.observed import observed_collectives
-from conformance.harness.probes import CollectiveLog, record_collectives
+from conformance.harness.probes import record_collectives
+from conformance.harness.probes.collective_log import CollectiveLog
+from conformance.harness.rank_warnings import observed_warnings
 from conformance.harness.stragglers import Straggler
 
 #: Layers megatron's own (serial) path runs under CPU autocast: its column SP backward reduce-scatters a

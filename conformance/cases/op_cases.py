@@ -34,7 +34,8 @@ from conformance.contract.jobs import OPERAND_STRIDES, OpRun
 from conformance.contract.layouts import OPERAND_SPLITS, shard
 from conformance.contract.problems import Problem, global_operands
 from conformance.contract.results import OpCallResults, OpRunOutcome
-from conformance.harness.case import IMPL, REFERENCE, RankContext, call_capturing_errors
+from conformance.harness.captured_calls import call_capturing_errors
+from conformance.harness.case import IMPL, REFERENCE, RankContext
 from conformance.harness.observed import observed_collectives
 from conformance.harness.probes import record_collectives
 from conformance.harness.stragglers import Straggler

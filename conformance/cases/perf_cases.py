@@ -46,13 +46,15 @@ from conformance.cases.pipeline_costs import cpu_demand, pipeline_operands
 from conformance.cases.references import serial_composition
 from conformance.contract.jobs import coc_argv
 from conformance.contract.perf_items import COMM, MM, SERIAL, SERIAL_REUSED, block_key
-from conformance.harness.case import RankContext, call_capturing_errors
+from conformance.harness.captured_calls import call_capturing_errors
+from conformance.harness.case import RankContext
 from conformance.harness.case import synchronize as synchronize_device
 from conformance.harness.impl_loader import missing_capability
-from conformance.harness.launchers.devices import cpu_name, identity_device
+from conformance.harness.launchers.devices import cpu_name
+from conformance.harness.launchers.npu_emulation import identity_device
 from conformance.harness.probes import record_collectives
 
-#: The collective each op pipelines (as :class:`~conformance.harness.probes.CollectiveCall` kinds).
+#: The collective each op pipelines (as :class:`~conformance.harness.probes.collective_log.CollectiveCall` kinds).
 KINDS = {"matmul_all_reduce": "all_reduce", "matmul_reduce_scatter": "reduce_scatter",
          "all_gather_matmul": "all_gather"}
 

@@ -10,7 +10,8 @@ from conformance.contract.jobs import QuantRun
 from conformance.contract.layouts import Split, shard
 from conformance.contract.problems import quant_operands
 from conformance.contract.results import OpCallResults
-from conformance.harness.case import IMPL, REFERENCE, RankContext, call_capturing_errors
+from conformance.harness.captured_calls import call_capturing_errors
+from conformance.harness.case import IMPL, REFERENCE, RankContext
 from conformance.harness.observed import observed_collectives
 from conformance.harness.probes import record_collectives
 

@@ -19,8 +19,9 @@ from typing import Any
 from conformance.contract.config_rules import INCOMPATIBLE, expected_outcome
 from conformance.explore.kind import Judged, Kind, Ranks, Scope, read_spec
 from conformance.explore.space import Dimension, Space, towards, valid_neighbours, weighted
-from conformance.harness.case import call_capturing_errors, observed_warnings
+from conformance.harness.captured_calls import call_capturing_errors
 from conformance.harness.impl_loader import accepts_keyword
+from conformance.harness.rank_warnings import observed_warnings
 from conformance.judge.config_verdicts import judge_effective, judge_refused
 from conformance.record.levels import Level
 from conformance.record.verdicts import Verdicts

@@ -21,13 +21,13 @@ import logging
 import sys
 import threading
 import time
-import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from conformance.contract.rank_errors import CapturedError
 from conformance.harness import rank_threads
+from conformance.harness.captured_calls import Tee, exits_raise
 
 #: ``timer`` kinds: the implementation under test, and the suite's own references.
 IMPL, REFERENCE = "impl", "reference"
@@ -146,72 +146,6 @@ class RankTask:
         return f"{self.fn.__module__}.{self.fn.__qualname__}"
 
 
-def call_capturing_errors(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, CapturedError | None]:
-    """``fn(*args, **kwargs)`` -> ``(value, None)``, or ``(None, error)`` for any Exception or SystemExit.
-
-    A ``SystemExit`` (argparse refusing a flag) is an error like any other,
-    carrying what was printed to stderr, instead of ending the process; so is
-    ``os._exit`` in the pytest process (:func:`guard_exits`).
-    """
-    stderr = io.StringIO()
-    try:
-        with contextlib.redirect_stderr(_Tee(stderr, sys.stderr)), exits_raise():
-            return fn(*args, **kwargs), None
-    except (Exception, SystemExit) as exc:  # noqa: BLE001 - the error is the result
-        return None, CapturedError.capture(exc, stderr=stderr.getvalue())
-
-
-class ProcessExitCalled(SystemExit):
-    """``os._exit`` called by implementation code running in the pytest process: an error of the call, never the
-    end of the run (which would end with no summary, and exit 0 for ``os._exit(0)``)."""
-
-    def __init__(self, code: int) -> None:
-        super().__init__(f"os._exit({code}) called in the test process (the implementation's code shares it with the "
-                         "run: an exit there would end the run unrecorded)")
-        self.exit_code = code
-
-
-_real_exit: Callable[[int], Any] | None = None
-#: Threads running implementation code in the pytest process now (:func:`exits_raise`), and how deep.
-_guarded: dict[int, int] = {}
-
-
-def guard_exits() -> None:
-    """In the pytest process (once): ``os._exit`` raises :class:`ProcessExitCalled` on a thread running the
-    implementation's code (inside :func:`exits_raise`), and exits as usual anywhere else (pytest's own, xdist's)."""
-    global _real_exit
-    import os
-
-    if _real_exit is not None:
-        return
-    _real_exit = os._exit
-
-    def _exit(code: int) -> Any:
-        if threading.get_ident() in _guarded or rank_threads.rank_of() in _guarded:
-            raise ProcessExitCalled(code)
-        assert _real_exit is not None
-        _real_exit(code)
-
-    os._exit = _exit  # type: ignore[assignment]
-
-
-@contextlib.contextmanager
-def exits_raise() -> Iterator[None]:
-    """Inside the block, where :func:`guard_exits` is in force, ``os._exit`` on this thread (or a helper working for
-    its rank) raises :class:`ProcessExitCalled` instead of ending the process."""
-    if _real_exit is None:
-        yield
-        return
-    ident = threading.get_ident()
-    _guarded[ident] = _guarded.get(ident, 0) + 1
-    try:
-        yield
-    finally:
-        _guarded[ident] -= 1
-        if not _guarded[ident]:
-            del _guarded[ident]
-
-
 @dataclass
 class RankOutcome:
     """One rank's result: a value or an error, what the rank logged, and its phase timings."""
@@ -242,7 +176,7 @@ def run_on_rank(
     context a helper thread of the rank runs the rank's code in).
     """
     from conformance.harness import probes
-    from conformance.harness.probes import FUSED_CALLS
+    from conformance.harness.completions import FUSED_CALLS
 
     probes.install()  # (once per process; a callback the task registers before it records is then watched)
     buffer = io.StringIO()
@@ -259,17 +193,6 @@ def run_on_rank(
                        timings=dict(ctx.timings), fused_kernels=FUSED_CALLS.since(fused, me))
 
 
-class _Tee(io.TextIOBase):
-    def __init__(self, *streams: Any) -> None:
-        self._streams = streams
-
-    def write(self, text: str) -> int:
-        for stream in self._streams:
-            stream.write(text)
-            stream.flush()
-        return len(text)
-
-
 @contextlib.contextmanager
 def _capture_output(buffer: io.StringIO, capture_stdio: bool) -> Iterator[None]:
     handler = logging.StreamHandler(buffer)
@@ -281,90 +204,13 @@ def _capture_output(buffer: io.StringIO, capture_stdio: bool) -> Iterator[None]:
     try:
         if capture_stdio:
             # Tee, so that what a rank printed survives in its process output if it dies.
-            with contextlib.redirect_stdout(_Tee(buffer, sys.stdout)), \
-                    contextlib.redirect_stderr(_Tee(buffer, sys.stderr)):
+            with contextlib.redirect_stdout(Tee(buffer, sys.stdout)), \
+                    contextlib.redirect_stderr(Tee(buffer, sys.stderr)):
                 yield
         else:
             yield
     finally:
         root.removeHandler(handler)
-
-
-@contextlib.contextmanager
-def observed_warnings() -> Iterator[list[str]]:
-    """What the implementation warned about inside the block: UserWarnings and WARNING+ log records, of this rank.
-
-    Of every thread that works for this thread's rank
-    (:mod:`conformance.harness.rank_threads`: its device thread, its helpers;
-    every thread of a process rank), and of no other rank's (ranks as threads
-    share one process).  torch's own notices about the deterministic-algorithms
-    switch (set while fresh allocations are poisoned) are not the
-    implementation's and are left out.
-    """
-    seen: list[str] = []
-    rank = rank_threads.rank_of()
-    handler = logging.Handler(logging.WARNING)
-    handler.addFilter(lambda record: record.thread is None or rank is None
-                      or rank_threads.works_for(record.thread, rank))
-    handler.emit = lambda record: seen.append(record.getMessage())  # type: ignore[method-assign]
-    root = logging.getLogger()
-    root.addHandler(handler)
-    caught: list[warnings.WarningMessage] = []
-    try:
-        with _WARNINGS.observing(rank, caught):
-            yield seen
-    finally:
-        root.removeHandler(handler)
-        seen.extend(str(w.message) for w in caught if issubclass(w.category, UserWarning)
-                    and "use_deterministic_algorithms" not in str(w.message))
-
-
-class _WarningRoutes:
-    """One process-wide ``warnings.showwarning`` while any rank observes: each warning goes to the observer of
-    the rank its thread works for (``warnings.catch_warnings`` swaps process-wide state: ranks as threads, each
-    catching its own, took each other's warnings and restored each other's filters)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._observers: dict[int | None, list[list[warnings.WarningMessage]]] = {}
-        #: While any rank observes: the process's warnings state saved on entry, and its ``showwarning`` then.
-        self._saved: tuple[Any, Any] | None = None
-
-    @contextlib.contextmanager
-    def observing(self, rank: int | None, sink: list[warnings.WarningMessage]) -> Iterator[None]:
-        with self._lock:
-            if self._saved is None:
-                saving = warnings.catch_warnings()  # filters and showwarning, restored as the warnings module does
-                saving.__enter__()
-                self._saved = (saving, warnings.showwarning)
-                warnings.simplefilter("always")  # every warning, however often the same line warned before
-                warnings.showwarning = self._show
-            self._observers.setdefault(rank, []).append(sink)
-        try:
-            yield
-        finally:
-            with self._lock:
-                sinks = self._observers[rank]
-                sinks.remove(sink)
-                if not sinks:
-                    del self._observers[rank]
-                if not self._observers and self._saved is not None:
-                    self._saved[0].__exit__(None, None, None)
-                    self._saved = None
-
-    def _show(self, message: Any, category: type[Warning], filename: str, lineno: int, file: Any = None,
-              line: str | None = None) -> None:
-        rank = rank_threads.rank_of()
-        with self._lock:
-            sinks = self._observers.get(rank) or (self._observers.get(None) if rank is not None else None)
-            saved = self._saved
-        if sinks:
-            sinks[-1].append(warnings.WarningMessage(message, category, filename, lineno, file, line))
-        elif saved is not None:
-            saved[1](message, category, filename, lineno, file, line)  # another rank's, or no rank's: as before
-
-
-_WARNINGS = _WarningRoutes()
 
 
 def synchronize(device: str) -> None:

@@ -23,7 +23,8 @@ import time
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
-from conformance.harness.progress import Evidence, ProgressWatch
+from conformance.harness.cpu_time import ProgressWatch
+from conformance.harness.progress import Evidence
 
 #: The shortest window of evidence: a test's budget of 0.5 s holds too few stack samples on a loaded machine.
 MIN_WINDOW_S = 2.0

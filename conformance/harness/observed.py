@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from conformance.contract.results import ObservedCollective, ObservedCollectives, ObservedMatmul
 
 if TYPE_CHECKING:
-    from conformance.harness.probes import CollectiveLog
+    from conformance.harness.probes.collective_log import CollectiveLog
 
 
 def observed_collectives(log: CollectiveLog, start: int = 0, end: int | None = None) -> ObservedCollectives:

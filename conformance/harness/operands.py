@@ -15,7 +15,8 @@ from typing import Any, Protocol
 
 
 class CollectiveLog(Protocol):
-    """What operand naming reads and writes of a recording's log (:class:`conformance.harness.probes.CollectiveLog`)."""
+    """What operand naming reads and writes of a recording's log
+    (:class:`conformance.harness.probes.collective_log.CollectiveLog`)."""
 
     _lazy: dict[int, int]  #: storage address of a functional collective's result -> its call
     _names: dict[int, tuple[Any, frozenset[str]]]  #: storage address -> (the storage, kept alive; its names)

@@ -4,10 +4,8 @@ Elapsed time alone makes a slow case on a busy machine look hung
 (``docs/DESIGN.md#time-budget``, ``#progress-evidence``).  Each rank's own
 evidence counts, never the sum over ranks:
 
-* the CPU time of its *task thread* (:class:`ProgressWatch`; not the whole
-  process: gloo keeps one TCP loop thread per process group, ~0.8 ms of CPU a
-  second each, and Megatron's set-up makes 20 or more groups, so a process
-  blocked in a collective used 16 ms a second -- above the line);
+* the CPU time of its *task thread*
+  (:class:`~conformance.harness.cpu_time.ProgressWatch`);
 * collectives it saw complete (:data:`conformance.harness.completions.COMPLETED`);
 * its task thread's Python stack changing between samples, outside
   ``torch.distributed`` (:class:`TaskSampler`; a spin in one line, or a
@@ -16,131 +14,33 @@ evidence counts, never the sum over ranks:
   NPU; inert on the CPU);
 
 and whether it is *waiting* in a collective right now (a frame of its task
-thread is in ``torch.distributed``, or it is in the probes' wait): a waiting
-rank is not stalled, it waits for others.  A pool rank's :class:`Reporter`
-sends this evidence to the pool; the threaded launcher samples its rank
-threads itself.  :mod:`conformance.harness.case_clock` judges it.
+thread is in ``torch.distributed``, or it is in the probes' wait:
+:func:`conformance.harness.thread_stacks.stack_state`): a waiting rank is
+not stalled, it waits for others.  A pool rank's :class:`Reporter` sends
+this evidence to the pool; the threaded launcher samples its rank threads
+itself.  :mod:`conformance.harness.case_clock` judges it.
 """
 
 from __future__ import annotations
 
-import faulthandler
 import os
-import re
 import sys
-import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
 
 from conformance.harness import rank_threads
+from conformance.harness.cpu_time import cpu_seconds
+from conformance.harness.thread_stacks import Frame, stack_state, thread_stacks
 
-#: The share of one core a rank's task thread must use over a window to count as progressing: measured
-#: here, a rank blocked in a gloo all-reduce used 1-2.2 ms per second, while ranks of a correct case beside CPU hogs
-#: and two busy pytest workers on 2 cores got 16-70 ms per second (taking turns at every all-reduce).
-BUSY_SHARE = 0.008
-#: ... and never less than this many CPU seconds (above the accounting's resolution).
-MIN_CPU_S = 0.003
 #: Samples at which a rank's stack must have changed over a window for that to be progress ...
 MIN_STACK_CHANGES = 2
 #: ... and the share of the window's samples they must be.
 STACK_CHANGE_SHARE = 0.1
 #: Samples a rank's evidence must hold over a window before the rank can be called stalled.
 MIN_SAMPLES = 3
-
-
-def cpu_seconds(pid: int, tids: Sequence[int] | None = None) -> float | None:
-    """CPU seconds a process (or the given threads of it) has used; None where ``/proc`` cannot say.
-
-    Summed over the threads' scheduler statistics (nanoseconds); without them,
-    the process's ``utime + stime`` (clock ticks, exited threads included).
-    """
-    task_dir = f"/proc/{pid}/task"
-    try:
-        threads = [str(t) for t in tids] if tids is not None else os.listdir(task_dir)
-    except OSError:
-        return None
-    total, read = 0, False
-    for tid in threads:
-        try:
-            with open(f"{task_dir}/{tid}/schedstat") as f:
-                total += int(f.read().split()[0])
-            read = True
-        except (OSError, ValueError, IndexError):
-            continue
-    if read:
-        return total / 1e9
-    if tids is not None:
-        return None
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-@dataclass(frozen=True)
-class Rank:
-    """Where a rank's CPU time is read: its process and its task thread (the process's main thread: ``tid=pid``)."""
-
-    pid: int
-    tid: int | None = None
-
-    def cpu(self) -> float | None:
-        return cpu_seconds(self.pid, None if self.tid is None else [self.tid])
-
-
-class ProgressWatch:
-    """Each rank's CPU time since the last :meth:`mark`: who progressed over that span, rank by rank."""
-
-    def __init__(self, ranks: Mapping[int, Rank]) -> None:
-        self.ranks = dict(ranks)
-        self._since = time.monotonic()
-        self._cpu: dict[int, float | None] = {}
-        self.mark()
-
-    @property
-    def available(self) -> bool:
-        """Whether CPU time can be read for every rank (else there is no evidence either way)."""
-        return bool(self.ranks) and all(v is not None for v in self._cpu.values())
-
-    def mark(self, ranks: Sequence[int] | None = None) -> None:
-        """Start a new span now, for ``ranks`` (all when None)."""
-        self._since = time.monotonic()
-        for r in self.ranks if ranks is None else ranks:
-            if r in self.ranks:
-                self._cpu[r] = self.ranks[r].cpu()
-
-    def span(self) -> float:
-        """Seconds since the last :meth:`mark`."""
-        return time.monotonic() - self._since
-
-    def readings(self) -> tuple[float, dict[int, float | None]]:
-        """When, and each rank's CPU seconds then: a mark to measure from later (:meth:`used`, :meth:`progressed`)."""
-        return time.monotonic(), {r: rank.cpu() for r, rank in self.ranks.items()}
-
-    def used(self, ranks: Sequence[int], since: tuple[float, dict[int, float | None]] | None = None,
-             helpers: Mapping[int, float] | None = None) -> dict[int, float]:
-        """CPU seconds each of ``ranks`` used since ``since`` (or the last :meth:`mark`; unreadable ones left out),
-        with what its helper threads used meanwhile (``helpers``, reported by the rank)."""
-        before_all = self._cpu if since is None else since[1]
-        used = {}
-        for r in ranks:
-            before, now = before_all.get(r), self.ranks[r].cpu() if r in self.ranks else None
-            if before is not None and now is not None:
-                used[r] = now - before + (helpers or {}).get(r, 0.0)
-        return used
-
-    def progressed(self, ranks: Sequence[int], since: tuple[float, dict[int, float | None]] | None = None,
-                   helpers: Mapping[int, float] | None = None) -> list[int]:
-        """Those of ``ranks`` that used at least :data:`BUSY_SHARE` of a core since ``since`` (or the last mark),
-        their helper threads' CPU time (``helpers``) included."""
-        span = self.span() if since is None else time.monotonic() - since[0]
-        floor = max(MIN_CPU_S, BUSY_SHARE * span)
-        return sorted(r for r, s in self.used(ranks, since, helpers).items() if s >= floor)
 
 
 @dataclass(frozen=True)
@@ -176,74 +76,6 @@ class Evidence:
 
     def as_json(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
-
-
-#: Where a frame is part of a collective (torch's own code, the threaded process group's).
-_COLLECTIVE_PATHS = (f"{os.sep}torch{os.sep}distributed{os.sep}",
-                     f"{os.sep}torch{os.sep}testing{os.sep}_internal{os.sep}distributed{os.sep}")
-#: The probes' patched ``Work.wait`` / ``is_completed`` (a wait when innermost).
-_PROBES = f"{os.sep}conformance{os.sep}harness{os.sep}probes.py"
-
-#: One frame of a thread's stack as faulthandler prints it: file, line, function.
-Frame = tuple[str, str, str]
-_THREAD_LINE = re.compile(r"^(?:Current thread|Thread) (0x[0-9a-fA-F]+)")
-_FRAME_LINE = re.compile(r'^  File "(.*)", line (\S+) in (.*)$')
-
-
-def _in_collective(filename: str) -> bool:
-    return any(part in filename for part in _COLLECTIVE_PATHS)
-
-
-def thread_stacks() -> dict[int, tuple[Frame, ...]]:
-    """Every thread's Python stack by thread ident (``threading.get_ident()``), innermost frame first.
-
-    Read as ``faulthandler`` dumps them, not by walking ``sys._current_frames()``:
-    on Python 3.11, following ``f_back`` through another thread's live frames
-    from a sampling thread crashes the interpreter now and then (CPython
-    gh-99110 and its sequels; profilers that sampled that way segfaulted), and
-    a rank sampled 20 times a second died of it.  faulthandler reads the
-    interpreter's frames in C, under the GIL, without making frame objects.
-    """
-    dump = getattr(_dumps, "file", None)
-    if dump is None:  # one scratch file per sampling thread, kept for its life
-        dump = _dumps.file = tempfile.TemporaryFile(buffering=0)  # noqa: SIM115
-    dump.seek(0)
-    dump.truncate()
-    faulthandler.dump_traceback(dump, all_threads=True)
-    dump.seek(0)
-    stacks: dict[int, list[Frame]] = {}
-    frames: list[Frame] = []
-    for line in dump.read().decode(errors="replace").splitlines():
-        if thread := _THREAD_LINE.match(line):
-            frames = stacks.setdefault(int(thread.group(1), 16), [])
-        elif frame := _FRAME_LINE.match(line):
-            frames.append((frame.group(1), frame.group(2), frame.group(3)))
-    return {ident: tuple(frames) for ident, frames in stacks.items()}
-
-
-_dumps = threading.local()
-
-
-def format_stack(frames: Sequence[Frame]) -> str:
-    """``frames`` (innermost first) as a traceback reads: outermost first."""
-    return "".join(f'  File "{file}", line {line}, in {name}\n' for file, line, name in reversed(frames))
-
-
-def stack_state(frames: Sequence[Frame]) -> tuple[tuple[Frame, ...], bool]:
-    """A thread's stack (innermost first) as the lines it is at outside collectives, and whether it is in one now.
-
-    In a collective: any frame is torch.distributed's (a blocking call, the
-    threaded group's wait under it), or the innermost is the probes' wait.
-    The frames of a collective or a wait are left out of the lines: a rank
-    polling one keeps one fingerprint however often it looks.
-    """
-    lines, waiting = [], bool(frames) and frames[0][0].endswith(_PROBES)
-    for frame in frames:
-        if _in_collective(frame[0]):
-            waiting = True
-        elif not frame[0].endswith(_PROBES):
-            lines.append(frame)
-    return tuple(lines), waiting
 
 
 class DeviceEvents:

@@ -27,8 +27,9 @@ import pytest
 
 from conformance.cases.config_cases import configure_on_rank
 from conformance.contract.rank_errors import CapturedError
-from conformance.harness.case import call_capturing_errors, observed_warnings
+from conformance.harness.captured_calls import call_capturing_errors
 from conformance.harness.impl_loader import accepts_keyword
+from conformance.harness.rank_warnings import observed_warnings
 from conformance.judge import checks
 from conformance.judge.config_verdicts import judge_effective, judge_refused
 from conformance.protocol import Declarations

@@ -248,7 +248,7 @@ def _judge_uneven(verdicts: Any, declared: Declarations, outcomes: list[LayerOut
 
 
 def _fused_or_skip(coc_impl: Any, coc_declarations: Declarations, tp: int) -> tuple[str, ...]:
-    from conformance.harness.case import call_capturing_errors
+    from conformance.harness.captured_calls import call_capturing_errors
 
     if not coc_declarations.fused_layers:
         raise NotOffered(f"{coc_impl.name} declares no fused-kernel layers (fused_layers = False)")
@@ -300,7 +300,7 @@ def test_auto_chunk_count_matches_golden(coc_ranks: Any, coc_impl: Any, case_evi
     Supporting ``auto`` at all is a SHOULD (judged by test_config's ``cli-auto``): an
     implementation that refuses it skips here.
     """
-    from conformance.harness.case import call_capturing_errors
+    from conformance.harness.captured_calls import call_capturing_errors
 
     _, refused = call_capturing_errors(coc_impl.configure, coc_argv("auto"), {}, tp_size=tp)
     if refused is not None:

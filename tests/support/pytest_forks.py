@@ -111,13 +111,11 @@ class PytestForks:
         return pytest.RunResult(ret, out, err, time.monotonic() - begun)
 
     def close(self) -> None:
+        from conformance.harness.launchers.subprocesses import end_process  # not at the top: the server is a script
+
         self._reader.close()
         self._sock.close()
-        try:
-            self._proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self._proc.kill()
-            self._proc.wait()
+        end_process(self._proc, grace_s=30)
 
 
 def _run(request: dict[str, Any], base_path: Sequence[str]) -> None:

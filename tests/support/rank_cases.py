@@ -243,9 +243,10 @@ def backward_on_device_thread(ctx: RankContext, off_thread: bool) -> dict[str, o
     import torch
     import torch.distributed as dist
 
+    from conformance.harness.completions import COMPLETED
     from conformance.harness.device_thread import run_backward
     from conformance.harness.observed import observed_collectives
-    from conformance.harness.probes import COMPLETED, record_collectives
+    from conformance.harness.probes import record_collectives
 
     threads: list[str] = []
     old_style = {"on": False}
@@ -389,7 +390,7 @@ def warns_from_its_backward(ctx: RankContext) -> dict[str, object]:
     import torch
     import torch.distributed as dist
 
-    from conformance.harness.case import observed_warnings
+    from conformance.harness.rank_warnings import observed_warnings
 
     def backward() -> float:
         dist.barrier(group=ctx.group)  # every rank warns at the same moment

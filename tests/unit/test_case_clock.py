@@ -6,7 +6,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 from conformance.harness.case_clock import CaseClock
-from conformance.harness.progress import Evidence, ProgressWatch, Rank
+from conformance.harness.cpu_time import ProgressWatch, Rank
+from conformance.harness.progress import Evidence
 
 
 class ScriptedWatch(ProgressWatch):

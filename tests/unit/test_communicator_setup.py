@@ -26,10 +26,11 @@ from multiprocessing.connection import Connection
 
 import torch.distributed as dist
 
-from conformance.harness import probes
+from conformance.harness.completions import COMPLETED
 from conformance.harness.launchers import worker
+from conformance.harness.probes.waits import count_completions
 
-probes.count_completions()
+count_completions()
 seen = {}
 init = dist.init_process_group
 
@@ -37,7 +38,7 @@ init = dist.init_process_group
 def init_on_gloo(backend, **kwargs):
     """The named backend's group, carried by gloo (a backend's rendezvous counts as a completion: not this)."""
     init("gloo", **kwargs)
-    seen["after_init"] = probes.COMPLETED.count
+    seen["after_init"] = COMPLETED.count
 
 
 send = Connection.send_bytes
@@ -45,7 +46,7 @@ send = Connection.send_bytes
 
 def noting_ready(self, message, *args):
     if message == worker.READY:
-        seen["at_ready"] = probes.COMPLETED.count
+        seen["at_ready"] = COMPLETED.count
     return send(self, message, *args)
 
 

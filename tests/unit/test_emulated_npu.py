@@ -10,13 +10,13 @@ import sys
 
 import pytest
 
-from conformance.harness.launchers import devices
+from conformance.harness.launchers import npu_emulation
 from tests.support import ROOT
 
 #: Detection after the option's switch, in a fresh process: the node it sees, and whether torch was imported for it.
 DETECT = ("import json, os, sys\n"
-          "from conformance.harness.launchers import devices\n"
-          "devices.emulate_npu()\n"
+          "from conformance.harness.launchers import devices, npu_emulation\n"
+          "npu_emulation.emulate_npu()\n"
           "kind = devices.detect_device_kind(4)\n"
           "print(json.dumps({'kind': [kind.name, kind.backend, kind.count, kind.visibility_var,\n"
           "                           kind.computes_on_host],\n"
@@ -52,8 +52,8 @@ def _refused(pytester: pytest.Pytester) -> pytest.RunResult:
 def test_the_option_is_a_usage_error_where_npu_sim_is_not_installed(pytester: pytest.Pytester,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("NPU_SIM", raising=False)
-    real = devices._importable
-    monkeypatch.setattr(devices, "_importable", lambda name: False if name == "npu_sim" else real(name))
+    real = npu_emulation.importable
+    monkeypatch.setattr(npu_emulation, "importable", lambda name: False if name == "npu_sim" else real(name))
     result = _refused(pytester)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--coc-emulate-npu: the emulated NPU node needs npu-sim, which is not installed*"])
@@ -63,7 +63,7 @@ def test_the_option_is_a_usage_error_where_npu_sim_is_not_installed(pytester: py
 def test_the_option_is_a_usage_error_where_a_real_torch_npu_is_installed(pytester: pytest.Pytester,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("NPU_SIM", raising=False)
-    monkeypatch.setattr(devices, "_real_torch_npu", lambda: "/opt/site-packages/torch_npu/__init__.py")
+    monkeypatch.setattr(npu_emulation, "real_torch_npu", lambda: "/opt/site-packages/torch_npu/__init__.py")
     result = _refused(pytester)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--coc-emulate-npu: a real torch_npu is installed "
@@ -83,8 +83,8 @@ def test_a_setting_the_emulated_node_does_not_take_is_a_usage_error(pytester: py
 def test_npu_sim_installed_is_never_the_emulated_node_without_asking() -> None:
     """Installed beside the suite (as tox installs it), npu-sim changes nothing until the option or NPU_SIM=1."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith("NPU_SIM")}
-    script = ("import sys\nfrom conformance.harness.launchers import devices\n"
-              "print(devices.detect_device_kind(4).name, devices.emulated_npu(), 'torch' in sys.modules)")
+    script = ("import sys\nfrom conformance.harness.launchers import devices, npu_emulation\n"
+              "print(devices.detect_device_kind(4).name, npu_emulation.emulated_npu(), 'torch' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, env=clean,
                           check=True)
     assert done.stdout.split() == ["cpu", "False", "False"], done.stderr

@@ -8,7 +8,7 @@ from __future__ import annotations
 from coc_impl.backends import ascend
 from conformance.harness.launchers.devices import cpu
 from conformance.harness.launchers.process_launcher import ProcessLauncher
-from conformance.harness.probes import FUSED_KERNEL_NAMESPACE, FUSED_KERNELS
+from conformance.harness.probes.recording_mode import FUSED_KERNEL_NAMESPACE, FUSED_KERNELS
 from conformance.harness.runner import CaseTimings, RankRunner
 from conformance.plugins.time_breakdown import describe_fused_by_op, fused_kernels_by_op
 from tests.support import rank_cases

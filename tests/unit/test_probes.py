@@ -131,9 +131,10 @@ def test_a_recordings_nesting_of_entry_points_is_its_own_on_each_thread() -> Non
     thread's collective look called through it (blocking, on its group)."""
     import threading
 
-    from conformance.harness.probes import CollectiveLog, _Recording
+    from conformance.harness.probes.collective_log import CollectiveLog
+    from conformance.harness.probes.recordings import Recording
 
-    recording = _Recording(CollectiveLog(), None, None)
+    recording = Recording(CollectiveLog(), None, None)
     recording.api_stack().append(("all_reduce", False, None))
     seen: list[object] = []
     other = threading.Thread(target=lambda: seen.append(list(recording.api_stack())))

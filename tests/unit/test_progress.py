@@ -14,10 +14,8 @@ from conformance.harness.progress import (
     Evidence,
     Reporter,
     TaskSampler,
-    format_stack,
-    stack_state,
-    thread_stacks,
 )
+from conformance.harness.thread_stacks import format_stack, stack_state, thread_stacks
 
 
 def test_a_spin_polling_in_one_line_keeps_one_stack_and_a_changing_call_tree_does_not() -> None:

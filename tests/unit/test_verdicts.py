@@ -35,7 +35,7 @@ def test_some_ranks_raising_not_implemented_while_others_return_is_not_a_skip() 
 def test_an_exit_a_rank_captured_says_why_whoever_raised_it() -> None:
     """argparse's bare ``SystemExit(2)`` carries what it printed to stderr; an exit that says why itself (the harness's
     ``os._exit`` in the test process) keeps its own message: the contract's record needs no harness class."""
-    from conformance.harness.case import ProcessExitCalled
+    from conformance.harness.captured_calls import ProcessExitCalled
 
     argparse_exit = CapturedError.capture(SystemExit(2), stderr="usage: x\nx: error: unrecognized arguments: --coc-y\n")
     assert argparse_exit.message == ("SystemExit(2) -- argparse exits on a bad or unknown flag: x: error: "

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from conformance.harness.launchers.npu_emulation import emulated_npu, identity_device, importable, real_torch_npu
+
 #: Separates a device from a rank's place on it in a lease slot's name (``"0/1"``: device 0, second rank).
 SLOT_SEP = "/"
 
@@ -130,7 +132,7 @@ def detect_device_kind(cpu_slots: int = 8, backend: str | None = None, ranks_per
     npu = _npu_count()
     if npu:
         kind = dataclasses.replace(_accelerator("npu", backend or "hccl", "ASCEND_RT_VISIBLE_DEVICES", npu),
-                                   emulated=emulated_npu() and _real_torch_npu() is None)
+                                   emulated=emulated_npu() and real_torch_npu() is None)
     else:
         cuda = _cuda_count()
         kind = _accelerator("cuda", backend or "nccl", "CUDA_VISIBLE_DEVICES", cuda) if cuda \
@@ -167,85 +169,9 @@ def cpu(slots: int = 8, backend: str | None = None) -> DeviceKind:
     return DeviceKind("cpu", backend or "gloo", None, slots)
 
 
-#: The emulated Ascend NPU node (npu-sim, ``docs/DESIGN.md#the-emulated-npu-node``): ``1`` switches it on at
-#: ``import torch`` in every process that has it, as torch_npu's entry point loads torch_npu.
-EMULATED_NPU_VAR = "NPU_SIM"
-
-
-class EmulatedNpuError(ValueError):
-    """The emulated NPU node cannot be switched on here (the message says why)."""
-
-
-def _importable(name: str) -> bool:
-    """Whether module ``name`` can be imported, without importing it (one already in ``sys.modules`` counts, even
-    without a ``__spec__``: CPU shims often lack one, and ``find_spec`` raises on them)."""
-    if name in sys.modules:
-        return sys.modules[name] is not None
-    try:
-        return importlib.util.find_spec(name) is not None
-    except (ImportError, ValueError):
-        return False
-
-
-def _real_torch_npu() -> str | None:
-    """Where Huawei's torch_npu is, when it is installed or imported (the emulator's own module aside)."""
-    loaded = sys.modules.get("torch_npu")
-    if loaded is not None:
-        spec = getattr(loaded, "__spec__", None)
-        return None if spec is not None and spec.origin == "npu-sim" else str(getattr(loaded, "__file__", loaded))
-    try:
-        spec = importlib.util.find_spec("torch_npu")
-    except (ImportError, ValueError):
-        return None
-    return None if spec is None else str(spec.origin)
-
-
-def emulated_npu() -> bool:
-    """Whether this session's processes meet the emulated NPU node at ``import torch`` (:data:`EMULATED_NPU_VAR`
-    set and npu-sim installed), read without importing torch."""
-    return os.environ.get(EMULATED_NPU_VAR) == "1" and _importable("npu_sim")
-
-
-#: The device kind the emulated NPU node shows hardware profiles: its own, never a real NPU's (its timings are the
-#: host CPU's: no gate measured on Ascend hardware holds there).
-EMULATED_NPU_IDENTITY = "npu-sim"
-
-
-def identity_device(kind: str) -> str:
-    """The device kind a hardware profile matches on for device kind ``kind`` of this node (``npu-sim`` for the
-    emulated NPU node; the ranks and this process say it alike)."""
-    return EMULATED_NPU_IDENTITY if kind == "npu" and emulated_npu() else kind
-
-
-def emulate_npu() -> None:
-    """Switch the emulated NPU node on for this process and every process it starts (``--coc-emulate-npu``).
-
-    :data:`EMULATED_NPU_VAR` goes into the environment, so the fork servers, ranks, workers and subprocesses
-    started from here meet the node at ``import torch``; where torch is imported already it is switched on
-    here too.  Refused where npu-sim is not installed, or where a real torch_npu is: the emulator never stands in
-    for the hardware's own stack.
-    """
-    if not _importable("npu_sim"):
-        raise EmulatedNpuError("the emulated NPU node needs npu-sim, which is not installed here "
-                               "(pip install ./npu-sim from a checkout of coc-conformance)")
-    real = _real_torch_npu()
-    if real is not None:
-        raise EmulatedNpuError(f"a real torch_npu is installed ({real}): this node's own NPU stack is used, "
-                               "never the emulated node in its place")
-    import npu_sim
-
-    try:
-        npu_sim.node()  # a setting the node does not take (NPU_SIM_CARDS, NPU_SIM_SOC) is refused now
-    except ValueError as exc:
-        raise EmulatedNpuError(str(exc)) from None
-    os.environ[EMULATED_NPU_VAR] = "1"
-    if "torch" in sys.modules:
-        npu_sim.activate()
-
-
 def _torch_npu_present() -> bool:
     """Whether torch_npu can be imported, without importing it: installed, or the emulated node's."""
-    return _importable("torch_npu") or emulated_npu()
+    return importable("torch_npu") or emulated_npu()
 
 
 def _npu_count() -> int:
@@ -270,7 +196,7 @@ def _runtime_probe(kind: str) -> dict[str, Any]:
     starts there, never in this process); ``{}`` when the subprocess fails (a broken install: no such
     devices for us).  The emulated NPU node answers in this process, reading its settings (no runtime, no
     torch)."""
-    if kind == "npu" and emulated_npu() and _real_torch_npu() is None:
+    if kind == "npu" and emulated_npu() and real_torch_npu() is None:
         import npu_sim
 
         count, name = npu_sim.node()

@@ -21,11 +21,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from conformance.harness.case import RankOutcome, RankTask
-from conformance.harness.case_errors import RankCrashed
 from conformance.harness.launchers.devices import DeviceKind
 from conformance.harness.launchers.process_pool import RankPool
 from conformance.harness.launchers.session_env import SessionEnv
-from conformance.harness.launchers.zygote_client import Zygote, can_fork_ranks
+from conformance.harness.launchers.zygote_client import ForkServer, Zygote
 
 #: Seconds a pool that has run a case stays warm once no case uses it.  Idle ranks are not free: gloo's TCP loop
 #: wakes every 10 ms in every process group, and a rank holding Megatron's parallel state has some twenty of them,
@@ -65,12 +64,9 @@ class ProcessLauncher:
                  retire_idle_s: float = RETIRE_IDLE_S) -> None:
         self.kind = kind
         self.retire_idle_s = retire_idle_s
-        self._preload = tuple(preload)
         self.max_live_ranks = max_live_ranks
         self._num_threads = num_threads
-        self._fork_server = fork_server and can_fork_ranks()
-        self._zygote = zygote if self._fork_server else None
-        self._zygote_lock = threading.Lock()
+        self._forks = ForkServer(fork_server, preload, zygote)
         self._lock = threading.Lock()
         self._idle: list[tuple[PoolKey, RankPool]] = []  # least recently used first
         self._busy: Counter[PoolKey] = Counter()  # pools running a case, by key
@@ -96,11 +92,7 @@ class ProcessLauncher:
     def want_preloaded(self, names: Sequence[str], *, now: bool = False) -> None:
         """Have the fork server import ``names`` too: before it is ready, or, once told its modules, before its next
         fork.  ``now``: the list is complete, so a prestarted fork server is told it at once."""
-        with self._zygote_lock:
-            self._preload += tuple(n for n in names if n not in self._preload)
-            zygote = self._zygote if now else None
-        if zygote is not None:
-            zygote.begin(self._preload)
+        self._forks.want_preloaded(names, now=now)
 
     def preferred_devices(self, world_size: int, session: SessionEnv | None = None) -> tuple[str, ...]:
         """The devices of the most recently used idle pool of this size (and session), if any (lease these to stay
@@ -113,9 +105,7 @@ class ProcessLauncher:
 
     def prestart(self) -> None:
         """Start the fork server now, so that it imports torch while the session collects its cases."""
-        with self._zygote_lock:
-            if self._fork_server and self._zygote is None:
-                self._zygote = Zygote()
+        self._forks.prestart()
 
     def warm(self, world_sizes: Sequence[int], session: SessionEnv | None = None) -> None:
         """Start an idle pool of each of ``world_sizes`` (in that order, for ``session``) in the background, as soon
@@ -148,7 +138,7 @@ class ProcessLauncher:
                 if key in self._warming or self._busy[key] or any(k == key for k, _ in self._idle):
                     continue  # a case started it already
                 done = self._warming[key] = threading.Event()
-            pool = RankPool(size, self.kind, (), num_threads=self._num_threads, fork_server=self._zygote_for_start,
+            pool = RankPool(size, self.kind, (), num_threads=self._num_threads, fork_server=self._forks.for_start,
                             session=session)
             started = keep = False
             try:
@@ -167,21 +157,6 @@ class ProcessLauncher:
             if started and not keep:
                 pool.close()
 
-    def _zygote_for_start(self) -> Zygote | None:
-        if not self._fork_server:
-            return None
-        with self._zygote_lock:
-            if self._closed:  # a pool still warming when the session ended
-                raise RankCrashed("the launcher is closed: no rank is started any more")
-            if self._zygote is None or not self._zygote.alive:
-                if self._zygote is not None:
-                    self._zygote.close()
-                self._zygote = Zygote()
-            zygote = self._zygote
-            preload = self._preload
-        zygote.ready(preload)
-        return zygote
-
     def run(self, task: RankTask, devices: Sequence[str], impl_spec: str,
             sys_path: Sequence[str] | None = None, session: SessionEnv | None = None, *,
             raw: bool = False) -> list[RankOutcome]:
@@ -199,7 +174,7 @@ class ProcessLauncher:
             pool = None
         if pool is None:
             pool = RankPool(task.world_size, self.kind, devices, num_threads=self._num_threads,
-                            fork_server=self._zygote_for_start, session=session)
+                            fork_server=self._forks.for_start, session=session)
         try:
             return pool.run(task, impl_spec, self.name, sys_path, raw=raw)
         finally:
@@ -289,13 +264,11 @@ class ProcessLauncher:
     def close(self) -> None:
         with self._lock:
             self._closed = True
+            self._forks.refuse()  # a pool still warming when the session ended starts no rank
             idle, self._idle = self._idle, []
             warmers = list(self._warmers.values())
         _stop_all([pool for _, pool in idle])
-        with self._zygote_lock:
-            if self._zygote is not None:
-                self._zygote.close()  # its ranks die with it, so a pool still starting fails at once
-                self._zygote = None
+        self._forks.close()  # its ranks die with it, so a pool still starting fails at once
         for warmer in warmers:
             warmer.join(timeout=30)
 

@@ -38,63 +38,16 @@ from conformance.harness import wire
 from conformance.harness.case import RankOutcome, RankTask
 from conformance.harness.case_clock import CaseClock
 from conformance.harness.case_errors import CaseTimeout, RankCrashed
+from conformance.harness.cpu_time import ProgressWatch, Rank
 from conformance.harness.launchers.devices import DeviceKind
+from conformance.harness.launchers.rank_process import RankProcess
 from conformance.harness.launchers.session_env import SessionEnv
 from conformance.harness.launchers.worker import BUDGET, LOADED, PROGRESS, READY, STOP
 from conformance.harness.launchers.zygote_client import Zygote
-from conformance.harness.progress import Evidence, ProgressWatch, Rank
+from conformance.harness.progress import Evidence
 
 #: How long ranks get to dump their stacks after SIGUSR1.
 _STACK_GRACE_S = 0.5
-
-
-class _RankProcess:
-    """A rank process: forked by the zygote (``pid``) or started as an interpreter (``popen``)."""
-
-    def __init__(self, pid: int, log: Path, popen: subprocess.Popen[bytes] | None = None) -> None:
-        self.pid, self.log, self.popen = pid, log, popen
-
-    def alive(self) -> bool:
-        if self.popen is not None:
-            return self.popen.poll() is None
-        if self.log.with_name(self.log.name + ".exit").exists():
-            return False
-        try:
-            os.kill(self.pid, 0)
-        except ProcessLookupError:
-            return False
-        return True
-
-    def exit_code(self, wait_s: float = 2.0) -> int | None:
-        """The exit code, waiting up to ``wait_s`` for it to be known."""
-        if self.popen is not None:
-            try:
-                return self.popen.wait(timeout=wait_s)
-            except subprocess.TimeoutExpired:
-                return None
-        status = self.log.with_name(self.log.name + ".exit")
-        deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline:
-            try:
-                return int(status.read_text())
-            except (OSError, ValueError):
-                time.sleep(0.02)
-        return None
-
-    def signal(self, sig: int) -> None:
-        try:
-            os.kill(self.pid, sig)
-        except ProcessLookupError:
-            pass
-
-    def reap(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while self.alive() and time.monotonic() < deadline:
-            time.sleep(0.02)
-        if self.alive():
-            self.signal(signal.SIGKILL)
-        if self.popen is not None:
-            self.popen.wait()
 
 
 class RankPool:
@@ -114,7 +67,7 @@ class RankPool:
         self._fork_server = fork_server
         #: The environment and working directory its ranks take on (None: the launching process's).
         self.session = session
-        self._procs: list[_RankProcess] = []
+        self._procs: list[RankProcess] = []
         self._conns: list[Connection] = []
         self._tmp: Path | None = None
         self._stopping = False
@@ -153,7 +106,7 @@ class RankPool:
             log.touch()
             session = self.session
             if zygote is not None:
-                self._procs.append(_RankProcess(zygote.fork(spec, env, log, theirs.fileno(), session), log))
+                self._procs.append(RankProcess(zygote.fork(spec, env, log, theirs.fileno(), session), log))
             else:
                 base = dict(session.variables) if session is not None else {
                     **os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
@@ -165,7 +118,7 @@ class RankPool:
                         stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                         pass_fds=(theirs.fileno(),),
                     )
-                self._procs.append(_RankProcess(popen.pid, log, popen))
+                self._procs.append(RankProcess(popen.pid, log, popen))
             theirs.close()
             self._conns.append(Connection(ours.detach()))
         deadline = time.monotonic() + self._start_timeout_s
@@ -332,5 +285,3 @@ class RankPool:
         if self._tmp is not None:
             shutil.rmtree(self._tmp, ignore_errors=True)
             self._tmp = None
-
-

@@ -29,6 +29,7 @@ from conformance.harness.launchers.code_key import code_key
 from conformance.harness.launchers.devices import DeviceKind
 from conformance.harness.launchers.rank_server import ServerSettings
 from conformance.harness.launchers.session_env import SessionEnv
+from conformance.harness.launchers.subprocesses import end_process
 
 _LOG = "server.log"
 
@@ -71,11 +72,7 @@ class RankServer:
         """Stop the server (it closes every pool) and remove its files."""
         if self._proc.stdin is not None and not self._proc.stdin.closed:
             self._proc.stdin.close()
-        try:
-            self._proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            self._proc.kill()
-            self._proc.wait()
+        end_process(self._proc, grace_s=60)
         if self._proc.stdout is not None:
             self._proc.stdout.close()
         shutil.rmtree(self.directory, ignore_errors=True)

@@ -16,9 +16,11 @@ from contextlib import AbstractContextManager, contextmanager
 from conformance.harness.case import RankContext, RankOutcome, RankTask, run_on_rank
 from conformance.harness.case_clock import CaseClock
 from conformance.harness.case_errors import CaseTimeout
+from conformance.harness.cpu_time import ProgressWatch, Rank
 from conformance.harness.impl_loader import preload_implementation
 from conformance.harness.launchers import StartsNothingAhead
-from conformance.harness.progress import ProgressWatch, Rank, TaskSampler, format_stack, thread_stacks
+from conformance.harness.progress import TaskSampler
+from conformance.harness.thread_stacks import format_stack, thread_stacks
 
 _LOCK = threading.Lock()  # one threaded world at a time per process
 
@@ -36,10 +38,10 @@ class ThreadedLauncher(StartsNothingAhead):
             _uninstall_threaded_pg,
         )
 
-        from conformance.harness import probes
+        from conformance.harness.probes.waits import count_completions
 
         preload_implementation(impl_spec)  # before the clock: the load is not the case's
-        probes.count_completions()
+        count_completions()
         with _LOCK:
             world = _install_threaded_pg()
             torch._C._distributed_c10d._set_thread_isolation_mode(True)  # type: ignore[attr-defined]
@@ -116,7 +118,7 @@ def _thread_watch(threads: Sequence[threading.Thread]) -> ProgressWatch | None:
 def _sampler(thread: threading.Thread) -> TaskSampler:
     """A rank thread's evidence: its stack and the collectives it (or a thread working for it) saw complete since
     now."""
-    from conformance.harness.probes import COMPLETED
+    from conformance.harness.completions import COMPLETED
 
     assert thread.ident is not None
     ident, begun = thread.ident, COMPLETED.of_rank(thread.ident)

@@ -79,8 +79,9 @@ def rank_main(
     create_communicators(backend, device, world_size)
     conn.send_bytes(READY)
 
-    from conformance.harness import probes
     from conformance.harness.case_clock import sampling_starts
+    from conformance.harness.completions import COMPLETED
+    from conformance.harness.probes.waits import count_completions
     from conformance.harness.progress import Reporter, TaskSampler
 
     lock = threading.Lock()
@@ -93,7 +94,7 @@ def rank_main(
         send(BUDGET + repr(seconds).encode())
         reporter.sample_from(sampling_starts(seconds))
 
-    probes.count_completions()  # every collective completing is evidence, recorded or not
+    count_completions()  # every collective completing is evidence, recorded or not
     reporter = Reporter(lambda e: conn.send_bytes(PROGRESS + json.dumps(e.as_json()).encode()), lock)
     task_thread = threading.get_ident()
 
@@ -111,7 +112,7 @@ def rank_main(
                     sys.path.insert(0, entry)
             preload_implementation(impl_spec)
             send(LOADED)
-            reporter.start(TaskSampler(task_thread, _completed_since(probes.COMPLETED.count), device,
+            reporter.start(TaskSampler(task_thread, _completed_since(COMPLETED.count), device,
                                        whole_process=True))
             ctx = RankContext(rank, world_size, device, impl_spec, launcher, on_budget=on_budget, budget=budget,
                               device_thread_backward=device_thread_backward)
@@ -152,7 +153,7 @@ def create_communicators(backend: str, device: str, world_size: int) -> None:
 
 def _completed_since(begun: int) -> Callable[[], int]:
     """How many collectives this process saw complete since the count was ``begun``."""
-    from conformance.harness.probes import COMPLETED
+    from conformance.harness.completions import COMPLETED
 
     return lambda: COMPLETED.count - begun
 

@@ -1,10 +1,10 @@
 """The launcher's side of the rank fork server (:mod:`conformance.harness.launchers.zygote`).
 
-One per launcher, started early (:meth:`ProcessLauncher.prestart
+One per launcher (:class:`ForkServer`), started early (:meth:`ProcessLauncher.prestart
 <conformance.harness.launchers.process_launcher.ProcessLauncher.prestart>`)
-or on first use: it starts the server process, names the modules it should
-import beyond torch, waits until it has, and asks it for a forked rank per
-request.
+or on first use, and again when it died: it starts the server process, names
+the modules it should import beyond torch, waits until it has, and asks it
+for a forked rank per request.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from pathlib import Path
 
 from conformance.harness.case_errors import RankCrashed
 from conformance.harness.launchers.session_env import SessionEnv
+from conformance.harness.launchers.subprocesses import end_process
 
 
 def can_fork_ranks() -> bool:
@@ -114,10 +115,65 @@ class Zygote:
     def close(self) -> None:
         self._reader.close()
         self._sock.close()
-        try:
-            self._proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self._proc.kill()
-            self._proc.wait()
+        end_process(self._proc, grace_s=10)
         self._log.close()
         os.unlink(self._log.name)
+
+
+class ForkServer:
+    """A launcher's one fork server (:class:`Zygote`): started ahead (:meth:`prestart`) or by the first pool that
+    starts ranks, restarted when it died, told every module to import ahead (the list only grows).
+
+    ``enabled=False`` (or a platform that cannot fork ranks): every rank is a fresh interpreter.  ``zygote``:
+    one started already.
+    """
+
+    def __init__(self, enabled: bool = True, preload: Sequence[str] = (), zygote: Zygote | None = None) -> None:
+        self.enabled = enabled and can_fork_ranks()
+        self._preload = tuple(preload)
+        self._zygote = zygote if self.enabled else None
+        self._refused = False
+        self._lock = threading.Lock()
+
+    def want_preloaded(self, names: Sequence[str], *, now: bool = False) -> None:
+        """Import ``names`` too: before the server is ready, or, once told its modules, before its next fork.
+        ``now``: the list is complete, so a prestarted server is told it at once."""
+        with self._lock:
+            self._preload += tuple(n for n in names if n not in self._preload)
+            zygote = self._zygote if now else None
+        if zygote is not None:
+            zygote.begin(self._preload)
+
+    def prestart(self) -> None:
+        """Start the server now, so that it imports torch meanwhile."""
+        with self._lock:
+            if self.enabled and self._zygote is None:
+                self._zygote = Zygote()
+
+    def for_start(self) -> Zygote | None:
+        """The server to fork a pool's ranks from, ready (started anew if it died); None: start interpreters."""
+        if not self.enabled:
+            return None
+        with self._lock:
+            if self._refused:  # a pool still warming when the session ended
+                raise RankCrashed("the launcher is closed: no rank is started any more")
+            if self._zygote is None or not self._zygote.alive:
+                if self._zygote is not None:
+                    self._zygote.close()
+                self._zygote = Zygote()
+            zygote = self._zygote
+            preload = self._preload
+        zygote.ready(preload)
+        return zygote
+
+    def refuse(self) -> None:
+        """From now on :meth:`for_start` raises (the launcher is closing)."""
+        with self._lock:
+            self._refused = True
+
+    def close(self) -> None:
+        """Stop the server (the ranks it forked die with it)."""
+        with self._lock:
+            if self._zygote is not None:
+                self._zygote.close()
+                self._zygote = None
