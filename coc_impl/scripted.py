@@ -42,12 +42,11 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from coc_impl.block_product import Matmul, Product
 from coc_impl.chunking import FallbackNotice, resolve_chunks
 from coc_impl.config import CoCConfig
 from coc_impl.errors import CoCShapeError
 from coc_impl.overlap import (
-    Matmul,
-    Product,
     all_gather,
     all_gather_matmul,
     equal_blocks,
@@ -71,9 +70,9 @@ def soc_friendly_k(k: int, itemsize: int) -> int:
 
 
 def rows_times(right: torch.Tensor, *, soc_friendly: bool) -> Matmul:
-    """A :data:`~coc_impl.overlap.Matmul` computing ``rows @ right`` (``right`` is ``[k, n]``).
+    """A :data:`~coc_impl.block_product.Matmul` computing ``rows @ right`` (``right`` is ``[k, n]``).
 
-    Outside autocast it is a :class:`~coc_impl.overlap.Product`, so the engine
+    Outside autocast it is a :class:`~coc_impl.block_product.Product`, so the engine
     multiplies straight into the result; under autocast the matmul must pick
     its own output dtype, so it stays a plain function.
     """
