@@ -6,7 +6,7 @@ the live backend and device:
 * ``CostMM(b)``: the matmul of ``b`` rows, and ``CostComm(b)``: the
   collective of those ``b`` rows, for the whole ``m`` and for each candidate
   block ``b = m/p``.  The model is evaluated at exactly these sizes, so it
-  runs on the measured points (:class:`~coc_shared.cost_model.MeasuredCurve`), not on a fit: a line
+  runs on the measured points (:class:`~coc_shared.cost_curves.MeasuredCurve`), not on a fit: a line
   through noisy timings can go negative at small blocks;
 * ``T2(b)``: the real two-block pipeline of the overlap engine on ``2b``
   rows (blocks ``[b, b]``): one overlapped step, with everything the engine
@@ -63,7 +63,7 @@ from coc_impl.comm_lane import InFlight
 from coc_impl.config import VALID_CHUNKS
 from coc_shared import chunk_efficiency, timing
 from coc_shared.chunk_efficiency import ChunkedMatmul, ChunkEfficiency
-from coc_shared.cost_model import CostCurve, MeasuredCurve
+from coc_shared.cost_curves import CostCurve, MeasuredCurve
 from coc_shared.timeline import Order, simulate
 
 Collective = Literal["all_reduce", "reduce_scatter", "all_gather"]
