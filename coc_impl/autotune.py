@@ -60,7 +60,7 @@ import torch.distributed as dist
 from coc_impl import overlap
 from coc_impl.block_product import Product
 from coc_impl.comm_lane import InFlight
-from coc_impl.config import VALID_CHUNKS
+from coc_impl.config_sources import VALID_CHUNKS
 from coc_shared import chunk_efficiency, timing
 from coc_shared.chunk_efficiency import ChunkedMatmul, ChunkEfficiency
 from coc_shared.cost_curves import CostCurve, MeasuredCurve
