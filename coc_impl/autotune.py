@@ -6,7 +6,7 @@ the live backend and device:
 * ``CostMM(b)``: the matmul of ``b`` rows, and ``CostComm(b)``: the
   collective of those ``b`` rows, for the whole ``m`` and for each candidate
   block ``b = m/p``.  The model is evaluated at exactly these sizes, so it
-  runs on the measured points (:class:`~coc_shared.cost_model.MeasuredCurve`), not on a fit: a line
+  runs on the measured points (:class:`~coc_shared.cost_curves.MeasuredCurve`), not on a fit: a line
   through noisy timings can go negative at small blocks;
 * ``T2(b)``: the real two-block pipeline of the overlap engine on ``2b``
   rows (blocks ``[b, b]``): one overlapped step, with everything the engine
@@ -58,10 +58,12 @@ import torch
 import torch.distributed as dist
 
 from coc_impl import overlap
-from coc_impl.config import VALID_CHUNKS
+from coc_impl.block_product import Product
+from coc_impl.comm_lane import InFlight
+from coc_impl.config_sources import VALID_CHUNKS
 from coc_shared import chunk_efficiency, timing
 from coc_shared.chunk_efficiency import ChunkedMatmul, ChunkEfficiency
-from coc_shared.cost_model import CostCurve, MeasuredCurve
+from coc_shared.cost_curves import CostCurve, MeasuredCurve
 from coc_shared.timeline import Order, simulate
 
 Collective = Literal["all_reduce", "reduce_scatter", "all_gather"]
@@ -253,12 +255,12 @@ class _Probe:
     def matmul(self, rows: int) -> None:
         torch.matmul(self.x[:rows], self.w)  # a fresh output, as the layers' matmuls
 
-    def launch(self, rows: int) -> overlap.InFlight[torch.Tensor]:
+    def launch(self, rows: int) -> InFlight[torch.Tensor]:
         if self.collective_kind == "all_reduce":
-            return overlap.all_reduce(self.sent[:rows], [rows], self.group, out=self.sent[:rows])
+            return overlap.matmul_all_reduce(self.sent[:rows], None, [rows], self.group, out=self.sent[:rows])
         shard = rows // self.tp
         if self.collective_kind == "reduce_scatter":
-            return overlap.reduce_scatter(self.sent[:rows], [shard], self.group, out=self.received[:shard])
+            return overlap.matmul_reduce_scatter(self.sent[:rows], None, [shard], self.group, out=self.received[:shard])
         return overlap.all_gather(self.sent[:shard], [shard], self.group, out=self.received[:rows])
 
     def collective(self, rows: int) -> None:
@@ -266,7 +268,7 @@ class _Probe:
 
     def pipeline(self, rows: int, count: int) -> None:
         """The engine's pipeline of ``count`` blocks of ``rows`` rows, as the scripted layers run it."""
-        multiply = overlap.Product(self.w)
+        multiply = Product(self.w)
         total = rows * count
         if self.collective_kind == "all_reduce":
             overlap.matmul_all_reduce(self.x[:total], multiply, [rows] * count, self.group).wait()

@@ -53,7 +53,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 # The engine owns the all-gather launch (its name differs across torch releases).
-from coc_impl.overlap import Pending, Product, launch_all_gather
+from coc_impl.block_product import Product
+from coc_impl.comm_lane import Pending
+from coc_impl.reducers import launch_all_gather
 from coc_impl.split_invariance import MIN_GEMM_ROWS
 
 #: The float32 weight's columns are zero-padded to a multiple of this.
@@ -70,7 +72,7 @@ def stable_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def stable_product(b: torch.Tensor) -> Product:
-    """:func:`stable_matmul` by ``b`` as an engine :class:`~coc_impl.overlap.Product`."""
+    """:func:`stable_matmul` by ``b`` as an engine :class:`~coc_impl.block_product.Product`."""
     return Product(b, min_rows=MIN_GEMM_ROWS)
 
 
@@ -111,7 +113,7 @@ class _SumOnWait:
 
 
 class RankOrderedReducer:
-    """A :class:`~coc_impl.overlap.Reducer` that sums float32 partials in rank order.
+    """A :class:`~coc_impl.reducers.Reducer` that sums float32 partials in rank order.
 
     The partials move by pure data movement (all-gather, all-to-all), which is
     bit exact whatever the transport; the summation happens on wait, locally,

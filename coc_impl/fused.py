@@ -52,9 +52,9 @@ import torch.distributed as dist
 
 from coc_impl import scripted
 from coc_impl.backends import ascend, portable
+from coc_impl.block_policy import LayerCall, MatmulSite
 from coc_impl.config import FUSED_TP_SIZE, CoCConfig
 from coc_impl.errors import CoCArgumentError, CoCBackendUnavailable, CoCFusedTPError
-from coc_impl.scripted import LayerCall, MatmulSite
 from coc_impl.validated_call import OPS, OpName, ValidatedCall
 
 __all__ = [

@@ -20,211 +20,26 @@ rank's shard: chunked all-gather rows come out rank-major like one serial
 ``all_gather`` along dim 0, and chunked reduce-scatter leaves on each rank
 exactly the rows a serial ``reduce_scatter`` would.
 
-A plain :data:`Matmul` returns each block's product as a fresh tensor, which
-the engine then copies into the result.  A :class:`Product` can also write a
-block straight into its rows of the result; the all-reduce pipeline uses that
-(one allocation, no copy) and sums the rows in place, like the serial
-``all_reduce(x @ w)``.
-
-Collectives are asynchronous (``async_op=True`` work handles).  On CUDA / NPU
-they are launched on a dedicated communication stream, ordered against the
-compute stream with events; on CPU they run inline (gloo has its own threads).
+The engine multiplies with a :mod:`coc_impl.block_product` (a :class:`Product`
+writes each block straight into its rows of the result, and the all-reduce
+pipeline sums those rows in place, like the serial ``all_reduce(x @ w)``), sums
+with a :mod:`coc_impl.reducers` reducer and launches its collectives on a
+:mod:`coc_impl.comm_lane` lane.  ``matmul=None`` runs the collective alone, pipelined.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from functools import partial as bind
-from typing import Any, Generic, NamedTuple, Protocol, TypeVar
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
+from coc_impl.block_product import Matmul, Product
+from coc_impl.comm_lane import CommLane, InFlight, Pending
 from coc_impl.errors import CoCShapeError
-
-T = TypeVar("T")
-
-#: One block of rows ``[b, k]`` -> its outputs ``[b, n]``.  The caller owns
-#: transposition, padding and dequantisation; the engine only slices rows.
-Matmul = Callable[[torch.Tensor], torch.Tensor]
-
-
-def gemm_dense(t: torch.Tensor) -> torch.Tensor:
-    """``t`` itself where a GEMM reads it as one dense block (row- or column-major), else a contiguous copy.
-
-    A column slice of a wider buffer (row stride above the row length) is copied:
-    torch's CPU bfloat16 GEMM reads past the end of each such row (torch 2.13:
-    NaN padding beside a ``[257, 3]`` slice comes back as NaN rows).
-    """
-    if t.dim() != 2 or t.is_contiguous() or t.t().is_contiguous():
-        return t
-    return t.contiguous()
-
-
-@dataclass(frozen=True)
-class Product:
-    """``rows @ right`` for the engine, optionally straight into the result's rows.
-
-    ``pad_k`` zero columns are appended to every block of rows (``right``
-    already holds the matching zero rows: the soc-friendly re-lay), and a
-    block thinner than ``min_rows`` is zero-padded to that many rows, so that
-    thin tiles run the same BLAS kernel as the rows of a large matmul.
-    """
-
-    right: torch.Tensor  #: ``[k + pad_k, n]``
-    pad_k: int = 0
-    min_rows: int = 1
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "right", gemm_dense(self.right))
-
-    def _lhs(self, rows: torch.Tensor) -> torch.Tensor:
-        lhs = F.pad(rows, (0, self.pad_k)) if self.pad_k else gemm_dense(rows)
-        short = self.min_rows - lhs.shape[0]
-        return F.pad(lhs, (0, 0, 0, short)) if short > 0 else lhs
-
-    def __call__(self, rows: torch.Tensor) -> torch.Tensor:
-        """The product of ``rows`` as a fresh tensor (a :data:`Matmul`)."""
-        return torch.matmul(self._lhs(rows), self.right)[: rows.shape[0]]
-
-    def empty(self, rows: torch.Tensor) -> torch.Tensor:
-        """An uninitialised result for all of ``rows``."""
-        return rows.new_empty((rows.shape[0], self.right.shape[1]), dtype=self.right.dtype)
-
-    def into(self, rows: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-        """Write the product of ``rows`` into ``out`` (contiguous ``[rows, n]``) and return it."""
-        if rows.shape[0] < self.min_rows:
-            return out.copy_(self(rows))
-        return torch.matmul(self._lhs(rows), self.right, out=out)
-
-
-class Pending(Protocol):
-    """A launched collective (a ``dist.Work`` or a reducer's own handle)."""
-
-    def wait(self) -> Any: ...
-
-
-class Reducer(Protocol):
-    """How partial results are summed over the TP group.
-
-    Both methods *launch* the reduction and return a handle; after
-    ``handle.wait()`` the result must be complete in ``out``.  ``partial`` is
-    contiguous and must not be modified before the wait; ``out`` is a
-    contiguous view into the engine's result.
-
-    * ``all_reduce``: ``out = sum over ranks of partial`` (same shape).
-    * ``reduce_scatter``: ``partial`` has ``tp * out.shape[0]`` rows, rank-major;
-      ``out = sum over ranks r' of partial_{r'}[rank rows]``.
-
-    The default :data:`SUM_REDUCER` issues ``dist.all_reduce`` /
-    ``dist.reduce_scatter`` directly.  A deterministic reducer (all-gather the
-    partials, sum in ascending rank order in fp32, cast) does its summation in
-    ``wait()``.
-    """
-
-    def all_reduce(
-        self, partial: torch.Tensor, out: torch.Tensor, group: dist.ProcessGroup
-    ) -> Pending: ...
-
-    def reduce_scatter(
-        self, partial: torch.Tensor, out: torch.Tensor, group: dist.ProcessGroup
-    ) -> Pending: ...
-
-
-def launch_all_gather(out: torch.Tensor, inp: torch.Tensor, group: dist.ProcessGroup) -> Pending:
-    """Async ``all_gather_into_tensor`` (renamed ``all_gather_single`` in newer torch).
-
-    Looked up on ``dist`` at call time so a wrapped ``torch.distributed``
-    (e.g. a test counting collectives) sees every call.
-    """
-    fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    return fn(out, inp, group=group, async_op=True)
-
-
-def launch_reduce_scatter(out: torch.Tensor, inp: torch.Tensor, group: dist.ProcessGroup) -> Pending:
-    """Async ``reduce_scatter_tensor`` (renamed ``reduce_scatter_single`` in newer torch)."""
-    fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-    return fn(out, inp, group=group, async_op=True)
-
-
-class CollectiveReducer:
-    """Plain sum through the backend's own collectives (order is the backend's)."""
-
-    def all_reduce(
-        self, partial: torch.Tensor, out: torch.Tensor, group: dist.ProcessGroup
-    ) -> Pending:
-        if out.data_ptr() != partial.data_ptr():
-            out.copy_(partial)
-        return dist.all_reduce(out, group=group, async_op=True)
-
-    def reduce_scatter(
-        self, partial: torch.Tensor, out: torch.Tensor, group: dist.ProcessGroup
-    ) -> Pending:
-        return launch_reduce_scatter(out, partial, group)
-
-
-SUM_REDUCER: Reducer = CollectiveReducer()
-
-_COMM_STREAMS: dict[torch.device, Any] = {}
-
-
-class _CommLane:
-    """Where collectives run: a side stream on CUDA / NPU, inline on CPU."""
-
-    def __init__(self, device: torch.device) -> None:
-        self._module: Any = None  # torch.cuda / torch.npu
-        self._stream: Any = None
-        if device.type in ("cuda", "npu"):
-            self._module = torch.get_device_module(device)
-            if device not in _COMM_STREAMS:
-                _COMM_STREAMS[device] = self._module.Stream(device=device)
-            self._stream = _COMM_STREAMS[device]
-
-    def launch(self, start: Callable[[], Pending], *tensors: torch.Tensor) -> Pending:
-        """Start a collective after the compute work queued so far on ``tensors``."""
-        if self._stream is None:
-            return start()
-        ready = self._module.Event()
-        ready.record(self._module.current_stream())
-        self._stream.wait_event(ready)
-        with self._module.stream(self._stream):
-            for t in tensors:
-                t.record_stream(self._stream)  # keep the allocator from reusing it early
-            return start()
-
-    def wait(self, pending: Pending) -> None:
-        """Block until ``pending`` finished and order later compute after it."""
-        if self._stream is None:
-            pending.wait()
-            return
-        with self._module.stream(self._stream):
-            pending.wait()
-        done = self._module.Event()
-        done.record(self._stream)
-        self._module.current_stream().wait_event(done)
-
-
-@dataclass
-class InFlight(Generic[T]):
-    """A result whose collectives may still be running; :meth:`wait` finishes it."""
-
-    result: T
-    _lane: _CommLane
-    _pending: list[Pending] = field(default_factory=list)
-    _finish: Callable[[], None] | None = None
-    _done: bool = False
-
-    def wait(self) -> T:
-        """Wait for every collective (in launch order) and return the result."""
-        if not self._done:
-            for pending in self._pending:
-                self._lane.wait(pending)
-            if self._finish is not None:
-                self._finish()
-            self._done = True
-        return self.result
+from coc_impl.reducers import SUM_REDUCER, CollectiveReducer, Reducer, launch_all_gather
 
 
 class GatherMatmulResult(NamedTuple):
@@ -290,7 +105,7 @@ def matmul_all_reduce(
     """
     what = "matmul_all_reduce"
     spans = _offsets(validate_blocks(blocks, x.shape[0], what=what))
-    lane = _CommLane(x.device)
+    lane = CommLane(x.device)
     # A Product writes every block into the result and the sum reduces it in place.
     direct = matmul if isinstance(matmul, Product) and isinstance(reducer, CollectiveReducer) else None
     if direct is not None:
@@ -337,7 +152,7 @@ def matmul_reduce_scatter(
     shard = _shard_rows(x.shape[0], tp, what=what)
     spans = _offsets(validate_blocks(blocks, shard, what=what))
     by_rank = x.unflatten(0, (tp, shard))
-    lane = _CommLane(x.device)
+    lane = CommLane(x.device)
     pending: list[Pending] = []
     for start, rows in spans:
         part = by_rank[:, start : start + rows].reshape(tp * rows, *x.shape[1:])
@@ -355,7 +170,7 @@ def matmul_reduce_scatter(
 
 
 def _launch_block_gather(
-    lane: _CommLane,
+    lane: CommLane,
     group: dist.ProcessGroup,
     x: torch.Tensor,
     start: int,
@@ -395,7 +210,7 @@ def all_gather_matmul(
     elif keep_gathered:
         gathered_out = x.new_empty((tp * shard, *x.shape[1:]))
     single = len(spans) == 1
-    lane = _CommLane(x.device)
+    lane = CommLane(x.device)
 
     def launch(i: int) -> tuple[torch.Tensor, Pending]:
         start, rows = spans[i]
@@ -443,7 +258,7 @@ def all_gather(
     if out is None:
         out = x.new_empty((tp * shard, *x.shape[1:]))
     _check_out(out, (tp * shard, *x.shape[1:]), what=what)
-    lane = _CommLane(x.device)
+    lane = CommLane(x.device)
     single = len(spans) == 1
     launched = [
         _launch_block_gather(lane, group, x, start, rows, out if single else None)
@@ -459,26 +274,3 @@ def all_gather(
 
     return InFlight(out, lane, [h for _, h in launched], scatter_blocks_into_out)
 
-
-def reduce_scatter(
-    x: torch.Tensor,
-    blocks: Sequence[int],
-    group: dist.ProcessGroup,
-    *,
-    reducer: Reducer = SUM_REDUCER,
-    out: torch.Tensor | None = None,
-) -> InFlight[torch.Tensor]:
-    """Pipelined reduce-scatter of ``x`` along dim 0 (no matmul)."""
-    return matmul_reduce_scatter(x, None, blocks, group, reducer=reducer, out=out)
-
-
-def all_reduce(
-    x: torch.Tensor,
-    blocks: Sequence[int],
-    group: dist.ProcessGroup,
-    *,
-    reducer: Reducer = SUM_REDUCER,
-    out: torch.Tensor | None = None,
-) -> InFlight[torch.Tensor]:
-    """Pipelined all-reduce of ``x`` (no matmul); ``out=x`` reduces in place."""
-    return matmul_all_reduce(x, None, blocks, group, reducer=reducer, out=out)

@@ -32,7 +32,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from coc_impl.errors import CoCShapeError
-from coc_shared.cost_model import CommCost, CostCurve, MatmulCost
+from coc_shared.cost_curves import CostCurve
+from coc_shared.cost_model import CommCost, MatmulCost
 
 Bound = Literal["comm", "compute"]
 

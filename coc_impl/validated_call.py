@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from coc_impl.errors import CoCArgumentError, CoCShapeError
+from coc_impl.overlap import validate_blocks
 from coc_impl.quant import Antiquant, check_antiquant, weight_kn
 
 Tensor = torch.Tensor
@@ -89,7 +90,7 @@ class ValidatedCall:
         if blocks is None:
             return call
         axis = "m/tp" if op == "matmul_reduce_scatter" else "m"
-        return replace(call, blocks=_check_blocks(blocks, call.tiled_rows, axis))
+        return replace(call, blocks=_check_blocks(blocks, call.tiled_rows, f"{op}: the tiled axis {axis}"))
 
     @property
     def tiled_rows(self) -> int:
@@ -153,17 +154,11 @@ def _check_operands(
     return k, n
 
 
-def _check_blocks(blocks: Any, rows: int, axis: str) -> tuple[int, ...]:
+def _check_blocks(blocks: Any, rows: int, what: str) -> tuple[int, ...]:
     """An explicit tiling must cover the tiled axis exactly with positive blocks."""
     try:
         sizes = tuple(blocks)
     except TypeError:
         raise CoCShapeError(f"blocks must be a sequence of row counts, got {blocks!r}") from None
-    if not sizes or any(isinstance(b, bool) or not isinstance(b, int) or b <= 0 for b in sizes):
-        raise CoCShapeError(f"blocks must be positive integers, got {list(sizes)}")
-    if sum(sizes) != rows:
-        raise CoCShapeError(
-            f"blocks {list(sizes)} sum to {sum(sizes)} but the tiled axis {axis} has {rows} rows"
-        )
-    return sizes
+    return validate_blocks(sizes, rows, what=what)
 

@@ -131,7 +131,7 @@ def configured() -> ChunkEfficiency | None:
 class ChunkedMatmul:
     """A matmul cost curve with the device's chunk penalty: ``rows`` of ``m`` cost
     ``ratio(m/rows) * whole(m) * rows/m`` (the whole product's cost shared out, times the penalty of
-    cutting it that fine).  A :class:`~coc_shared.cost_model.CostCurve` for the pipeline model."""
+    cutting it that fine).  A :class:`~coc_shared.cost_curves.CostCurve` for the pipeline model."""
 
     whole: Any  # a CostCurve: the unchunked matmul time of a row count
     m: int

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from coc_shared.cost_model import CostCurve
+from coc_shared.cost_curves import CostCurve
 
 Order = Literal["compute_first", "comm_first"]
 ORDERS: tuple[Order, ...] = ("compute_first", "comm_first")

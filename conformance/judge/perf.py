@@ -22,7 +22,7 @@ communication ``T_coc - T_mm`` (the two-lane makespan is the matmul time plus
 the communication the overlap failed to hide), and the two-lane pipeline
 model's prediction (:func:`coc_shared.timeline.simulate`, the pipeline model,
 fed with the per-block costs measured in the same run through
-:class:`coc_shared.cost_model.MeasuredCurve`) with its error.
+:class:`coc_shared.cost_curves.MeasuredCurve`) with its error.
 
 On a CPU the collective's copies and reductions run on the same cores as the
 matmul, so what overlap can hide depends on how much of the collective's time
@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from coc_shared.cost_model import MeasuredCurve
+from coc_shared.cost_curves import MeasuredCurve
 from coc_shared.timeline import Order, Timeline, simulate
 from conformance.contract.perf_items import COMM, MM, SERIAL
 from conformance.record.intervals import CI_LEVEL, percentile_interval

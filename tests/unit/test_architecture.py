@@ -6,7 +6,7 @@
 * ``coc_shared`` (neutral ground) imports neither; ``golden`` imports neither;
 * one module owns each foreign dependency: megatron-core
   (the package ``coc_shared.megatron``), allure (``conformance.reporting.allure``),
-  torch_npu (``coc_impl.backends.ascend``; device detection only probes for it);
+  torch_npu (``coc_impl.backends.npu_runtime``; device detection only probes for it);
 * inside ``conformance``, data flows one way (test -> rank task -> typed
   results -> checks -> record -> report): :data:`SUB_FORBIDDEN` lists what each part
   must not import: the contract stands alone (no harness), the record of a verdict is
@@ -62,7 +62,7 @@ OWNERS = {
     "megatron": {"coc_shared/megatron/", "conformance/adapters/mindspeed/shims.py",
                  "conformance/adapters/mindspeed/layer_patch.py", "conformance/adapters/mindspeed/compat.py"},
     "allure": {"conformance/reporting/allure.py"},
-    "torch_npu": {"coc_impl/backends/ascend.py", "conformance/harness/launchers/devices.py"},
+    "torch_npu": {"coc_impl/backends/npu_runtime.py", "conformance/harness/launchers/devices.py"},
 }
 
 

@@ -29,15 +29,15 @@ import torch.multiprocessing as mp
 
 import coc_impl.backends as backends
 from coc_impl import fused
-from coc_impl.backends import ascend, portable
+from coc_impl.backends import ascend, mc2_limits, npu_runtime, portable
 from coc_impl.errors import CoCArgumentError, CoCBackendUnavailable, CoCShapeError
 from coc_impl.quant import dequantize
 from coc_impl.validated_call import ValidatedCall
 from tests.support import mc2_stand_in as stand_in
 from tests.support.mc2_stand_in import A2_SOC, A3_SOC, FakeGroup, FakeTorchNpu, Refused
 
-requires_npu = pytest.mark.skipif(not ascend.is_available(), reason=str(ascend.unavailable_reason()))
-without_npu = pytest.mark.skipif(ascend.is_available(), reason="an NPU is usable here")
+requires_npu = pytest.mark.skipif(not npu_runtime.is_available(), reason=str(npu_runtime.unavailable_reason()))
+without_npu = pytest.mark.skipif(npu_runtime.is_available(), reason="an NPU is usable here")
 
 F16, BF16 = torch.float16, torch.bfloat16
 AR, RS, AG, AG2 = fused.OPS
@@ -51,10 +51,10 @@ def _install(monkeypatch, fake: FakeTorchNpu, ops) -> FakeTorchNpu:
     """``fake`` as torch_npu, ``ops`` as ``torch.ops.npu``; CPU tensors stand for NPU ones."""
     monkeypatch.setitem(sys.modules, "torch_npu", fake)
     monkeypatch.setattr(torch.ops, "npu", ops)
-    monkeypatch.setattr(ascend, "_npu_device", lambda index=None: torch.device("cpu", index))
-    monkeypatch.setattr(ascend, "_domain", None)
+    monkeypatch.setattr(npu_runtime, "npu_device", lambda index=None: torch.device("cpu", index))
+    monkeypatch.setattr(mc2_limits, "_domain", None)
     monkeypatch.setattr(dist, "get_global_rank", lambda group, rank: 8 + rank)
-    ascend._probe.cache_clear()
+    npu_runtime._probe.cache_clear()
     return fake
 
 
@@ -62,14 +62,14 @@ def _install(monkeypatch, fake: FakeTorchNpu, ops) -> FakeTorchNpu:
 def fake_npu(monkeypatch):
     """An Atlas A2 host with 8 NPUs and torch_npu 2.13.0's MC2 ops; the probe cache is reset around it."""
     yield _install(monkeypatch, FakeTorchNpu(), stand_in.OPS)
-    ascend._probe.cache_clear()
+    npu_runtime._probe.cache_clear()
 
 
 @pytest.fixture
 def on_soc(monkeypatch):
     """Like :func:`fake_npu`, on the SoC given."""
     yield lambda soc, ops=stand_in.OPS: _install(monkeypatch, FakeTorchNpu(soc=soc), ops)
-    ascend._probe.cache_clear()
+    npu_runtime._probe.cache_clear()
 
 
 def _operands(m=8, k=256, n=256, dtype=F16, transposed=False):
@@ -107,7 +107,7 @@ def _expected(op, x, w_kn, bias, group):
 
 
 def test_import_does_not_import_torch_npu(monkeypatch):
-    """Importing the module must not even try to import torch_npu."""
+    """Importing the backend must not even try to import torch_npu."""
     attempts: list[str] = []
 
     class Recorder(importlib.abc.MetaPathFinder):
@@ -118,19 +118,22 @@ def test_import_does_not_import_torch_npu(monkeypatch):
 
     monkeypatch.setattr(sys, "meta_path", [Recorder(), *sys.meta_path])
     monkeypatch.delitem(sys.modules, "torch_npu", raising=False)
-    monkeypatch.delitem(sys.modules, "coc_impl.backends.ascend")
+    modules = {"npu_runtime": npu_runtime, "mc2_limits": mc2_limits, "ascend": ascend}
+    for name in modules:
+        monkeypatch.delitem(sys.modules, f"coc_impl.backends.{name}")
     try:
         importlib.import_module("coc_impl.backends.ascend")
     finally:
-        backends.ascend = ascend  # keep the package attribute on the module under test
+        for name, module in modules.items():  # keep the package attributes on the modules under test
+            setattr(backends, name, module)
     assert attempts == []
     assert "torch_npu" not in sys.modules
 
 
 @without_npu
 def test_unavailable_with_an_honest_reason():
-    assert ascend.is_available() is False
-    reason = ascend.unavailable_reason()
+    assert npu_runtime.is_available() is False
+    reason = npu_runtime.unavailable_reason()
     assert reason
     if importlib.util.find_spec("torch_npu") is None:
         assert reason.startswith("torch_npu is not importable: ")
@@ -143,23 +146,23 @@ def test_ops_raise_unavailable_with_the_reason(name, entry):
     x, w, bias = _operands()
     with pytest.raises(CoCBackendUnavailable, match="torch_npu|NPU") as info:
         entry[name](x, w, bias, group=FakeGroup())
-    assert ascend.unavailable_reason() in str(info.value)
+    assert npu_runtime.unavailable_reason() in str(info.value)
 
 
 @without_npu
 def test_rank_set_up_needs_the_runtime():
     with pytest.raises(CoCBackendUnavailable):
-        ascend.init_process_group_kwargs()
+        npu_runtime.init_process_group_kwargs()
     with pytest.raises(CoCBackendUnavailable):
-        ascend.bind_device(0)
+        npu_runtime.bind_device(0)
 
 
 def test_visible_devices_env():
-    assert ascend.visible_devices_env([2, 3]) == {"ASCEND_RT_VISIBLE_DEVICES": "2,3"}
-    assert ascend.visible_devices_env(range(1)) == {"ASCEND_RT_VISIBLE_DEVICES": "0"}
+    assert npu_runtime.visible_devices_env([2, 3]) == {"ASCEND_RT_VISIBLE_DEVICES": "2,3"}
+    assert npu_runtime.visible_devices_env(range(1)) == {"ASCEND_RT_VISIBLE_DEVICES": "0"}
     for bad in ([], [1, 1], [-1], [True], ["2"]):
         with pytest.raises(CoCArgumentError):
-            ascend.visible_devices_env(bad)
+            npu_runtime.visible_devices_env(bad)
 
 
 # --------------------------------------------------------------------------- validation on CPU
@@ -251,17 +254,17 @@ def test_mc2_activation_dtypes_are_checked_before_the_runtime(name):
 
 def test_the_binding_keeps_the_contracts_limits():
     """The binding's limits are the ones recorded with their sources in the contract (npu_sim/mc2_contract.toml)."""
-    assert {name: (codes.start, codes.stop - 1) for name, codes in ascend.SOC_FAMILIES.items()} == {
+    assert {name: (codes.start, codes.stop - 1) for name, codes in npu_runtime.SOC_FAMILIES.items()} == {
         name: tuple(span) for name, span in stand_in.CONTRACT["soc"].items()}
-    for op, limits in ascend.LIMITS.items():
+    for op, limits in mc2_limits.LIMITS.items():
         recorded = stand_in.LIMITS[limits.kernel]
         assert limits.doc == recorded["doc"], op
         assert {family: sorted(sizes) for family, sizes in limits.tp.items()} == recorded["tp"], op
         assert limits.k_range == (tuple(recorded["k"]) if "k" in recorded else None), op
         assert sorted(limits.one_domain) == recorded["one_domain"], op
     w8a16 = stand_in.LIMITS["npu_mm_all_reduce_base"]["w8a16"]
-    assert (w8a16["doc"], w8a16["max_kn"]) == (ascend.W8A16_DOC, ascend.W8A16_MAX_KN)
-    assert set(ascend.MC2_OPS) == set(stand_in.SCHEMAS)
+    assert (w8a16["doc"], w8a16["max_kn"]) == (mc2_limits.W8A16_DOC, mc2_limits.W8A16_MAX_KN)
+    assert set(npu_runtime.MC2_OPS) == set(stand_in.SCHEMAS)
 
 
 def test_the_stand_in_is_the_published_schema():
@@ -333,7 +336,7 @@ def test_the_stand_in_kernel_asserts_the_documented_limits(fake_npu, case):
 def _binding_calls():
     """Every kind of call the binding makes, at every TP size the kernels take, on Atlas A2 and A3."""
     for soc in (A2_SOC, A3_SOC):
-        for op, limits in ascend.LIMITS.items():
+        for op, limits in mc2_limits.LIMITS.items():
             for tp in sorted(limits.tp.get(FAMILY[soc], ())):
                 for transposed in (False, True):
                     yield pytest.param(soc, op, tp, transposed, None, id=f"{FAMILY[soc]}-{op}-tp{tp}-t{transposed:d}")
@@ -377,7 +380,7 @@ def test_every_call_the_binding_makes_is_accepted_and_computed(on_soc, soc, op, 
         w_kn = w_kn.t() if transposed else w_kn
     torch.testing.assert_close(out, _expected(op, x, w_kn, bias, group))
     (kernel, bound), = fake.calls
-    assert kernel == ascend.LIMITS[op].kernel and bound["bias"] is None
+    assert kernel == mc2_limits.LIMITS[op].kernel and bound["bias"] is None
     if op == AG2:
         assert torch.equal(result[1], x.repeat(tp, 1))
 
@@ -386,28 +389,28 @@ def test_every_call_the_binding_makes_is_accepted_and_computed(on_soc, soc, op, 
 
 
 def test_fake_runtime_is_available_and_binds(fake_npu):
-    assert ascend.is_available() and ascend.unavailable_reason() is None
-    assert ascend.init_process_group_kwargs() == {"backend": "hccl"}
-    assert ascend.bind_device(1) == torch.device("cpu", 1)
+    assert npu_runtime.is_available() and npu_runtime.unavailable_reason() is None
+    assert npu_runtime.init_process_group_kwargs() == {"backend": "hccl"}
+    assert npu_runtime.bind_device(1) == torch.device("cpu", 1)
     assert fake_npu.devices_set == [1]
 
 
 def test_reasons_name_the_missing_piece(monkeypatch):
-    ascend._probe.cache_clear()
+    npu_runtime._probe.cache_clear()
     try:
         monkeypatch.setitem(sys.modules, "torch_npu", None)  # import raises ImportError
-        assert ascend.unavailable_reason().startswith("torch_npu is not importable: ModuleNotFoundError")
-        ascend._probe.cache_clear()
+        assert npu_runtime.unavailable_reason().startswith("torch_npu is not importable: ModuleNotFoundError")
+        npu_runtime._probe.cache_clear()
         _install(monkeypatch, FakeTorchNpu(devices=0), stand_in.OPS)
         monkeypatch.setenv("ASCEND_RT_VISIBLE_DEVICES", "5")
-        assert ascend.unavailable_reason() == "no NPU device visible (ASCEND_RT_VISIBLE_DEVICES=5)"
+        assert npu_runtime.unavailable_reason() == "no NPU device visible (ASCEND_RT_VISIBLE_DEVICES=5)"
         _install(monkeypatch, FakeTorchNpu(), torch.ops.coc_mc2_stand_in_none)  # a namespace with no ops
-        reason = ascend.unavailable_reason()
-        assert all(kernel in reason for kernel in ascend.MC2_OPS) and "torch.ops.npu" in reason
+        reason = npu_runtime.unavailable_reason()
+        assert all(kernel in reason for kernel in npu_runtime.MC2_OPS) and "torch.ops.npu" in reason
         with pytest.raises(CoCBackendUnavailable, match="registers no MC2 ops"):
             OPS[AR](*_operands(), group=FakeGroup())
     finally:
-        ascend._probe.cache_clear()
+        npu_runtime._probe.cache_clear()
 
 
 @pytest.mark.parametrize("name", OPS)
@@ -499,7 +502,7 @@ def test_w8a16_size_limit_is_reported_not_sent(fake_npu):
 
 
 def test_tensors_off_the_npu_are_refused(fake_npu, monkeypatch):
-    monkeypatch.setattr(ascend, "_npu_device", lambda index=None: torch.device("meta"))  # "the NPU"
+    monkeypatch.setattr(npu_runtime, "npu_device", lambda index=None: torch.device("meta"))  # "the NPU"
     with pytest.raises(CoCArgumentError, match="takes NPU tensors, x is on cpu"):
         OPS[AR](*_operands()[:2], group=FakeGroup())
 
@@ -679,7 +682,7 @@ def test_early_release_without_antiquant_arguments(on_soc, monkeypatch):
     """6. The probe reads the registered schema: no antiquant arguments, no w8A16; plain calls still run."""
     monkeypatch.setattr(portable, "run", lambda call: "portable")
     fake = on_soc(A2_SOC, stand_in.EARLY_OPS)
-    assert ascend.is_available()
+    assert npu_runtime.is_available()
     x, w, _ = _operands()
     OPS[AR](x, w, group=FakeGroup())
     with pytest.raises(CoCBackendUnavailable, match=r"npu_mm_all_reduce_base takes no antiquant_scale \(its "
@@ -698,7 +701,7 @@ def test_calls_go_through_torch_ops_not_the_onnx_wrappers(fake_npu):
         wrapped.append(hcom)
         raise AssertionError("the onnx wrapper was called")
 
-    for kernel in ascend.MC2_OPS:
+    for kernel in npu_runtime.MC2_OPS:
         setattr(fake_npu, kernel, onnx_wrapper)
     x, w, bias = _operands()
     group = FakeGroup()
@@ -753,12 +756,12 @@ def test_deterministic_runs_the_rank_ordered_pipeline_not_mc2(fake_npu, monkeypa
 
 
 @requires_npu
-@pytest.mark.parametrize("kernel", ascend.MC2_OPS)
+@pytest.mark.parametrize("kernel", npu_runtime.MC2_OPS)
 def test_installed_schemas_have_not_drifted(kernel):
     """The installed torch_npu registers exactly the signature the contract stores."""
     stored = torch._C.parse_schema(f"npu::{stand_in.SCHEMAS[kernel]}")
     source = stand_in.CONTRACT["source"]
-    assert str(ascend.registered_schema(kernel)) == str(stored), f"installed torch_npu differs from {source}"
+    assert str(npu_runtime.registered_schema(kernel)) == str(stored), f"installed torch_npu differs from {source}"
 
 
 DEV_M, DEV_K, DEV_N, DEV_G = 64, 256, 128, 64
@@ -780,8 +783,8 @@ def _device_inputs(world: int):
 
 
 def _device_worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
-    device = ascend.bind_device(rank)
-    dist.init_process_group(**ascend.init_process_group_kwargs(), init_method=f"file://{init_file}",
+    device = npu_runtime.bind_device(rank)
+    dist.init_process_group(**npu_runtime.init_process_group_kwargs(), init_method=f"file://{init_file}",
                             rank=rank, world_size=world)
     torch.use_deterministic_algorithms(True)
     try:
@@ -843,11 +846,11 @@ def _assert_close(actual: torch.Tensor, a: torch.Tensor, b: torch.Tensor, bias: 
 
 def _npu_worlds() -> list[int]:
     """Every TP size some MC2 kernel takes on this SoC, up to the visible NPUs."""
-    if not ascend.is_available():
+    if not npu_runtime.is_available():
         return []
-    family = ascend.soc_family(int(ascend.load().npu.get_soc_version()))
-    devices = ascend.load().npu.device_count()
-    sizes = set().union(*(limits.tp.get(family, ()) for limits in ascend.LIMITS.values()))
+    family = npu_runtime.soc_family(int(npu_runtime.load().npu.get_soc_version()))
+    devices = npu_runtime.load().npu.device_count()
+    sizes = set().union(*(limits.tp.get(family, ()) for limits in mc2_limits.LIMITS.values()))
     return sorted(tp for tp in sizes if tp <= devices)
 
 
@@ -862,12 +865,12 @@ def test_fused_ops_on_npus_match_the_serial_product(tmp_path, world):
     w_deq = (w_q.double() + offset.double()) * scale.double()
     w_deq_g = (w_q.double() + g_offset.double().repeat_interleave(DEV_G, 0)) * g_scale.double().repeat_interleave(
         DEV_G, 0)
-    family = ascend.soc_family(int(ascend.load().npu.get_soc_version()))
+    family = npu_runtime.soc_family(int(npu_runtime.load().npu.get_soc_version()))
     for rank in range(world):
         saved = torch.load(tmp_path / f"{rank}.pt")
         out, refused = saved["out"], saved["refused"]
         for key, (op, message) in refused.items():  # refused exactly where the documentation says
-            assert world not in ascend.LIMITS[op].tp.get(family, ()), (key, message)
+            assert world not in mc2_limits.LIMITS[op].tp.get(family, ()), (key, message)
         rows = slice(rank * DEV_M // world, (rank + 1) * DEV_M // world)
         expected = {"ar": (x_full, w_full), "ar_t": (x_full, w_full), "w8a16": (x_full, w_deq),
                     "w8a16_group": (x_full, w_deq_g), "w8a16_group_t": (x_full, w_deq_g),

@@ -12,7 +12,8 @@ from coc_impl import autotune
 from coc_impl.plan_cli import main as plan_main
 from coc_shared import chunk_efficiency
 from coc_shared.chunk_efficiency import ChunkedMatmul, ChunkEfficiency, EfficiencyError, ShapeEfficiency, chunk_ratio
-from coc_shared.cost_model import SEED_COSTS_FILE, MeasuredCurve
+from coc_shared.cost_curves import MeasuredCurve
+from coc_shared.cost_model import SEED_COSTS_FILE
 from conformance.bench import device, gemm_measurements
 
 #: An H100-like table: 8 chunks cost 1.15x the whole at the big shape, 3x at the small one.

@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 
 from coc_impl import errors
-from coc_impl.config import CoCConfigWarning, UserCfgs, add_coc_args, resolve_config
+from coc_impl.config import CoCConfigWarning, resolve_config
+from coc_impl.config_sources import add_coc_args
+from coc_impl.user_cfgs import UserCfgs
 
 ON = ["--use-ascend-coc"]
 

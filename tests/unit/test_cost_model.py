@@ -10,17 +10,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from coc_shared.cost_curves import MB, LinearCost, PiecewiseQuadLinearCost, fit_comm, fit_matmul
 from coc_shared.cost_model import (
-    MB,
     SEED_COSTS_FILE,
     CommCost,
     CostFileError,
     CostModels,
-    LinearCost,
     MatmulCost,
-    PiecewiseQuadLinearCost,
-    fit_comm,
-    fit_matmul,
     load_costs,
     save_costs,
 )

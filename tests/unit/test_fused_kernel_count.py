@@ -5,7 +5,7 @@ No NPU here: the rank task registers a CPU kernel under torch_npu's namespace an
 
 from __future__ import annotations
 
-from coc_impl.backends import ascend
+from coc_impl.backends import npu_runtime
 from conformance.harness.launchers.devices import cpu
 from conformance.harness.launchers.process_launcher import ProcessLauncher
 from conformance.harness.probes.recording_mode import FUSED_KERNEL_NAMESPACE, FUSED_KERNELS
@@ -33,7 +33,7 @@ def test_a_case_records_the_fused_kernels_its_implementation_reached_per_rank() 
 
 
 def test_the_kernels_counted_include_every_one_the_reference_binds() -> None:
-    assert FUSED_KERNEL_NAMESPACE == "npu" and set(ascend.MC2_OPS) <= FUSED_KERNELS
+    assert FUSED_KERNEL_NAMESPACE == "npu" and set(npu_runtime.MC2_OPS) <= FUSED_KERNELS
 
 
 def test_per_fused_op_the_cases_that_reached_a_fused_kernel_and_their_calls() -> None:

@@ -7,7 +7,7 @@ import torch
 import torch.distributed as dist
 
 from coc_impl import fused, overlap
-from coc_impl.backends import ascend, portable
+from coc_impl.backends import ascend, npu_runtime, portable
 from coc_impl.errors import (
     CoCArgumentError,
     CoCBackendUnavailable,
@@ -278,8 +278,8 @@ def test_bad_arguments_are_refused_before_any_backend(monkeypatch: pytest.Monkey
     monkeypatch.setattr(portable, "run", spy("portable.run"))
     monkeypatch.setattr(ascend, "run", spy("ascend.run"))
     monkeypatch.setattr(ascend, "check", spy("ascend.check"))
-    monkeypatch.setattr(ascend, "load", spy("ascend.load"))
-    monkeypatch.setattr(ascend, "is_available", spy("ascend.is_available"))
+    monkeypatch.setattr(npu_runtime, "load", spy("npu_runtime.load"))
+    monkeypatch.setattr(npu_runtime, "is_available", spy("npu_runtime.is_available"))
     for results in run_threaded(2, _attempt_every_case, ("portable", "atb", "auto")):
         *refused, (_, _, valid_type, valid_message) = results
         for case, backend, got_type, message in refused:
@@ -309,13 +309,13 @@ def test_the_call_object_holds_what_a_backend_needs() -> None:
         ValidatedCall.validate("matmul", x, w.t(), group=group)
 
 
-@pytest.mark.skipif(ascend.is_available(), reason="an Ascend device is present")
+@pytest.mark.skipif(npu_runtime.is_available(), reason="an Ascend device is present")
 def test_atb_without_ascend_says_why() -> None:
     got_type, message = run_threaded(2, _attempt, "ar", {"x": torch.zeros(8, 16, dtype=torch.float16),
                                                          "w": torch.zeros(16, 4, dtype=torch.float16),
                                                          "backend": "atb"})[0]
     assert got_type is CoCBackendUnavailable
-    assert ascend.unavailable_reason() in message
+    assert npu_runtime.unavailable_reason() in message
 
 
 def test_auto_falls_back_to_portable() -> None:

@@ -17,9 +17,10 @@ import torch
 
 from coc_impl import scripted
 from coc_impl.backends import portable
-from coc_impl.config import CoCConfig, UserCfgs
+from coc_impl.config import CoCConfig
 from coc_impl.errors import CoCBackendUnavailable
 from coc_impl.megatron_patch import backend_for, patch_megatron
+from coc_impl.user_cfgs import UserCfgs
 from coc_shared import megatron as adapter
 from coc_shared.megatron import ColumnParallelLinear, RowParallelLinear
 from tests.support.dist_helpers import LinearProblem, record_collectives

@@ -12,7 +12,9 @@ import torch
 import torch.distributed as dist
 
 from coc_impl import overlap
+from coc_impl.block_product import Product
 from coc_impl.errors import CoCShapeError
+from coc_impl.reducers import CollectiveReducer
 from tests.support.dist_helpers import GlooPool, RankFailure, record_collectives, run_threaded
 
 SHARD = 6  # rows per rank on the split axis
@@ -68,9 +70,9 @@ def all_ops_case(rank: int, tp: int, blocks: list[int]) -> dict[str, tuple[torch
     gm = overlap.all_gather_matmul(local, times_weight, blocks, group, keep_gathered=True)
     gathered = overlap.all_gather(local, blocks, group)
     rs = overlap.matmul_reduce_scatter(full, times_weight, blocks, group)
-    rs_plain = overlap.reduce_scatter(full, blocks, group)
+    rs_plain = overlap.matmul_reduce_scatter(full, None, blocks, group)
     ar = overlap.matmul_all_reduce(full, times_weight, [b * tp for b in blocks], group)
-    ar_plain = overlap.all_reduce(full, [b * tp for b in blocks], group)
+    ar_plain = overlap.matmul_all_reduce(full, None, [b * tp for b in blocks], group)
     return {
         "all_gather_matmul": (gm.output, times_weight(_serial_all_gather(local))),
         "all_gather_matmul.gathered": (gm.gathered, _serial_all_gather(local)),
@@ -99,7 +101,7 @@ def test_every_op_matches_serial_layout(tp: int, blocks: list[int]) -> None:
 def test_product_writes_every_block_into_the_result_and_reduces_in_place() -> None:
     """A Product skips the per-block copies: same bits as a plain matmul, one result buffer."""
 
-    class InPlaceSpy(overlap.CollectiveReducer):
+    class InPlaceSpy(CollectiveReducer):
         def __init__(self) -> None:
             self.aliased: list[bool] = []
 
@@ -112,7 +114,7 @@ def test_product_writes_every_block_into_the_result_and_reduces_in_place() -> No
         out = full.new_empty((tp * SHARD, N))
         spy = InPlaceSpy()
         direct = overlap.matmul_all_reduce(
-            full, overlap.Product(WEIGHT_T), [1, 5, 6], dist.group.WORLD, reducer=spy, out=out
+            full, Product(WEIGHT_T), [1, 5, 6], dist.group.WORLD, reducer=spy, out=out
         ).wait()
         plain = overlap.matmul_all_reduce(full, times_weight, [1, 5, 6], dist.group.WORLD).wait()
         return direct.data_ptr() == out.data_ptr(), spy.aliased == [True] * 3, torch.equal(direct, plain)
@@ -122,7 +124,7 @@ def test_product_writes_every_block_into_the_result_and_reduces_in_place() -> No
 
 def test_product_pads_thin_blocks_and_the_contraction() -> None:
     rows = integers(3, K, seed=7)
-    padded = overlap.Product(torch.cat([WEIGHT_T, integers(2, N, seed=8)]), pad_k=2, min_rows=16)
+    padded = Product(torch.cat([WEIGHT_T, integers(2, N, seed=8)]), pad_k=2, min_rows=16)
     assert torch.equal(padded(rows), rows @ WEIGHT_T)  # the extra k rows meet zero columns
     out = torch.full((3, N), float("nan"), dtype=torch.float64)
     assert padded.into(rows, out) is out and torch.equal(out, rows @ WEIGHT_T)
@@ -139,7 +141,7 @@ def test_product_reads_only_the_values_of_strided_operands(dtype: torch.dtype) -
         return wide[:, 3:3 + t.shape[1]]
 
     x, w = integers(257, 3, seed=3).to(dtype), integers(3, 81, seed=4).to(dtype)
-    product = overlap.Product(column_slice(w))
+    product = Product(column_slice(w))
     assert torch.equal(product(column_slice(x)), x @ w)
     assert torch.equal(product.into(column_slice(x), product.empty(x)), x @ w)
 

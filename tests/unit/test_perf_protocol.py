@@ -10,7 +10,7 @@ import torch
 
 from coc_impl import autotune
 from coc_shared import timing
-from coc_shared.cost_model import MeasuredCurve
+from coc_shared.cost_curves import MeasuredCurve
 from coc_shared.timeline import simulate
 from conformance.bench.coc import targets
 from conformance.contract import perf_items
@@ -287,7 +287,7 @@ def test_auto_confirmation_rejects_a_candidate_that_is_not_faster():
 
 
 def _line(slope):
-    from coc_shared.cost_model import LinearCost
+    from coc_shared.cost_curves import LinearCost
 
     return LinearCost(slope, 0.0)
 

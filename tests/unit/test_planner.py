@@ -13,14 +13,8 @@ from coc_impl.planner import (
     short_block_candidates,
     short_block_rows,
 )
-from coc_shared.cost_model import (
-    SEED_COSTS_FILE,
-    CommCost,
-    LinearCost,
-    MatmulCost,
-    PiecewiseQuadLinearCost,
-    load_costs,
-)
+from coc_shared.cost_curves import LinearCost, PiecewiseQuadLinearCost
+from coc_shared.cost_model import SEED_COSTS_FILE, CommCost, MatmulCost, load_costs
 
 
 @pytest.fixture(scope="module")

@@ -14,8 +14,9 @@ import torch.distributed as dist
 
 from coc_impl import scripted
 from coc_impl.chunking import CoCChunkFallbackWarning, FallbackNotice, resolve_chunks
-from coc_impl.config import CoCConfig, UserCfgs
+from coc_impl.config import CoCConfig
 from coc_impl.errors import CoCShapeError
+from coc_impl.user_cfgs import UserCfgs
 from tests.support.dist_helpers import LinearProblem, record_collectives, run_threaded
 
 S, B, H = 16, 2, 60  # sequence, batch, hidden (in == out); m = S * B = 32

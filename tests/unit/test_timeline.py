@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from coc_shared.cost_model import SEED_COSTS_FILE, LinearCost, load_costs
+from coc_shared.cost_curves import LinearCost
+from coc_shared.cost_model import SEED_COSTS_FILE, load_costs
 from coc_shared.timeline import simulate
 
 MM = LinearCost(1.0, 0.0)  # 1 us per row

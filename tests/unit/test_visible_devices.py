@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from coc_impl.backends import ascend
+from coc_impl.backends import npu_runtime
 from coc_impl.errors import CoCArgumentError
 from conformance.harness.launchers import devices
 from conformance.harness.leases import DeviceLeases
@@ -84,6 +84,6 @@ def test_sessions_given_other_cards_of_the_node_never_free_each_others_leases(tm
 
 
 def test_the_reference_binding_refuses_a_list_cann_would_not_take() -> None:
-    assert ascend.visible_devices_env([4, 6]) == {"ASCEND_RT_VISIBLE_DEVICES": "4,6"}
+    assert npu_runtime.visible_devices_env([4, 6]) == {"ASCEND_RT_VISIBLE_DEVICES": "4,6"}
     with pytest.raises(CoCArgumentError, match="ascending"):
-        ascend.visible_devices_env([6, 4])
+        npu_runtime.visible_devices_env([6, 4])

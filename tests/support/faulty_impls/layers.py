@@ -129,8 +129,8 @@ class UnevenTokensGarbageRows(ReferenceCoC):
     name = "fault-uneven-garbage"
 
     def patch_megatron(self, config: CoCConfig) -> Any:
+        import coc_impl.block_policy as block_policy
         import coc_impl.overlap as overlap
-        import coc_impl.scripted as scripted
 
         def chunks(config: CoCConfig, *, m: int, k: int, n: int, **kw: Any) -> int:
             p = config.chunks_for(m, k, n)
@@ -139,8 +139,8 @@ class UnevenTokensGarbageRows(ReferenceCoC):
         def floor_blocks(total: int, parts: int, *, what: str = "") -> list[int]:
             return [total // parts] * parts  # leaves total % parts rows out
 
-        return _patched(partial(super().patch_megatron, config), (scripted, "resolve_chunks", chunks),
-                        (scripted, "equal_blocks", floor_blocks),
+        return _patched(partial(super().patch_megatron, config), (block_policy, "resolve_chunks", chunks),
+                        (block_policy, "equal_blocks", floor_blocks),
                         (overlap, "validate_blocks", lambda blocks, total, what: tuple(blocks)))
 
 
@@ -154,16 +154,16 @@ class IgnoresRecomputeAllGather(ReferenceCoC):
 
 
 class _ChunkPolicy(ReferenceCoC):
-    """Runs the reference patch with ``coc_impl.scripted.resolve_chunks`` replaced by ``self.resolve``."""
+    """Runs the reference patch with ``coc_impl.block_policy.resolve_chunks`` replaced by ``self.resolve``."""
 
     def resolve(self, original: Any, config: CoCConfig, **kw: Any) -> int:
         raise NotImplementedError
 
     def patch_megatron(self, config: CoCConfig) -> Any:
-        import coc_impl.scripted as scripted
+        import coc_impl.block_policy as block_policy
 
-        resolve = partial(self.resolve, scripted.resolve_chunks)
-        return _patched(partial(super().patch_megatron, config), (scripted, "resolve_chunks", resolve))
+        resolve = partial(self.resolve, block_policy.resolve_chunks)
+        return _patched(partial(super().patch_megatron, config), (block_policy, "resolve_chunks", resolve))
 
 
 class RefusesUnevenTokensVaguely(_ChunkPolicy):

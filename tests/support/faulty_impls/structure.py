@@ -58,9 +58,9 @@ class AsyncFlagButBlocking(_PatchedPipeline):
         def pipeline(x: Any, matmul: Any, blocks: Any, group: Any, **kw: Any) -> Any:
             import torch.distributed as dist
 
-            from coc_impl import overlap
+            from coc_impl import reducers
 
-            class Blocking(overlap.CollectiveReducer):
+            class Blocking(reducers.CollectiveReducer):
                 def all_reduce(self, partial: Any, out: Any, group: Any) -> Any:
                     return _waited_at_once(lambda t: dist.all_reduce(t, dist.ReduceOp.SUM, group, True), partial, out)
 

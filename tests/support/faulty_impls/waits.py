@@ -68,10 +68,10 @@ class AliasBoundCollectives(_EveryOp):
         from unittest import mock
 
         import coc_impl.deterministic
-        import coc_impl.overlap
+        import coc_impl.reducers
 
         stack = ExitStack()
-        for module in (coc_impl.overlap, coc_impl.deterministic):
+        for module in (coc_impl.reducers, coc_impl.deterministic):
             stack.enter_context(mock.patch.object(module, "dist", MYDIST))
         return stack
 
@@ -102,11 +102,11 @@ class AliasAsyncButBlocking(AliasBoundCollectives):
     def patch_megatron(self, config: CoCConfig) -> Any:
         from unittest import mock
 
-        import coc_impl.overlap as overlap
+        import coc_impl.reducers as reducers
 
         def all_reduce(partial: Any, out: Any, group: Any) -> Any:
             return _waited_at_once(lambda t: MYDIST.all_reduce(t, group=group, async_op=True), partial, out)
 
         stack = super().patch_megatron(config)
-        stack.enter_context(mock.patch.object(overlap.SUM_REDUCER, "all_reduce", all_reduce))
+        stack.enter_context(mock.patch.object(reducers.SUM_REDUCER, "all_reduce", all_reduce))
         return stack
