@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from conformance import options
+from conformance.case_kinds import KIND_MARKER
 from conformance.options import impl_spec
 from conformance.roster import is_xdist_worker
 
@@ -76,6 +77,8 @@ def pytest_configure(config: pytest.Config) -> None:
                             "(hang storms are counted per capability)")
     config.addinivalue_line("markers", "coc_builds_megatron: the case may build Megatron layers on its ranks "
                             "(the rank processes preload megatron-core), as the explorer does")
+    config.addinivalue_line("markers", f"{KIND_MARKER}(kind): the kind of case a suite module holds (op, layer, "
+                            "training, config, perf, explore, corpus): the report's feature, the explorer's cases")
     config.addinivalue_line("markers", "perf: performance gate (exclusive device lease)")
     config.addinivalue_line("markers", "large: large shapes, not in the default CPU run")
     config.addinivalue_line("markers", "smoke: the per-change tier (conformance/smoke_tier.json: cases that catch "

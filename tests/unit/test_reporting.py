@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from conformance.record import run_diff
-from conformance.reporting import allure as reporting
+from conformance.reporting.allure import attachments, labels, recording, steps
 from conformance.reporting import baseline, page, plots, quality_gate, same_run
 from conformance.reporting import build as report_build
 from conformance.reporting import meta as report_meta
@@ -27,24 +27,24 @@ def test_readable_values() -> None:
         id: str
         argv: list[str]
 
-    assert reporting.readable(torch.bfloat16) == "bfloat16"
-    assert reporting.readable(Setting("cli-over-env", ["--x"])) == "cli-over-env"
+    assert labels.readable(torch.bfloat16) == "bfloat16"
+    assert labels.readable(Setting("cli-over-env", ["--x"])) == "cli-over-env"
     from conformance.judge.hardware import PerfCase
 
     perf = PerfCase("cpu-gloo", "balanced-ar", "matmul_all_reduce", 64, 64, 64, 2, "float32", {})
-    assert reporting.readable(perf) == "cpu-gloo/balanced-ar-tp2"  # its name: its id leaves out profile and TP
-    assert reporting.readable((4096, 8192)) == "4096x8192"
-    assert reporting.readable([2, 4]) == "[2, 4]"
-    long_a, long_b = reporting.readable("a" * 100 + "1"), reporting.readable("a" * 100 + "2")
+    assert labels.readable(perf) == "cpu-gloo/balanced-ar-tp2"  # its name: its id leaves out profile and TP
+    assert labels.readable((4096, 8192)) == "4096x8192"
+    assert labels.readable([2, 4]) == "[2, 4]"
+    long_a, long_b = labels.readable("a" * 100 + "1"), labels.readable("a" * 100 + "2")
     assert len(long_a) <= 80 and long_a != long_b
 
 
 def test_functions_are_no_ops_when_allure_is_off(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert not reporting.is_active()
+    assert not recording.is_active()
     monkeypatch.setattr(plots, "error_histogram", lambda *a, **k: pytest.fail("plotted while inactive"))
-    reporting.describe_case(feature="f", story="s", device="cpu")
-    reporting.attach_comparison(object(), failed=True)  # type: ignore[arg-type]
-    reporting.attach_timeline(None, {"mm": [1.0]}, "t")
+    labels.describe_case(feature="f", story="s", device="cpu")
+    attachments.attach_comparison(object(), failed=True)  # type: ignore[arg-type]
+    attachments.attach_timeline(None, {"mm": [1.0]}, "t")
 
 
 def test_heatmap_view_and_pooling() -> None:
@@ -187,11 +187,11 @@ def test_a_level_with_no_check_judged_is_never_conformant() -> None:
 def test_check_outcomes_as_shown() -> None:
     """A failed check of a known or ungated case says so; only passed checks are passed."""
     failed, not_judged = _check("n", "MUST", "failed"), _check("p", "MUST", "not judged")
-    assert reporting.check_outcome(failed, "failed") == "failed"
-    assert reporting.check_outcome(failed, reporting.KNOWN) == "known"
-    assert reporting.check_outcome(failed, reporting.NOT_GATED) == "failed, not gated"
-    assert reporting.check_outcome(not_judged, "passed") == "not judged"
-    assert reporting.LEVEL_SEVERITY == {"MUST": "critical", "STRUCTURE": "normal", "SHOULD": "minor"}
+    assert steps.check_outcome(failed, "failed") == "failed"
+    assert steps.check_outcome(failed, steps.KNOWN) == "known"
+    assert steps.check_outcome(failed, steps.NOT_GATED) == "failed, not gated"
+    assert steps.check_outcome(not_judged, "passed") == "not judged"
+    assert labels.LEVEL_SEVERITY == {"MUST": "critical", "STRUCTURE": "normal", "SHOULD": "minor"}
 
 
 def test_staged_results_leave_out_fixtures_and_add_the_globals(tmp_path: Path) -> None:
@@ -234,9 +234,9 @@ def test_check_tags_one_per_level_and_step_titles() -> None:
     """A level's tag names its worst outcome: never "MUST failed" beside "MUST passed"."""
     checks = [_check("ran", "MUST", "passed"), _check("numerics", "MUST", "failed"), _check("x", "SHOULD", "passed"),
               _check("overlap", "STRUCTURE", "not judged"), _check("y", "STRUCTURE", "passed")]
-    assert reporting.level_tags(checks) == ["MUST failed", "STRUCTURE not judged", "SHOULD passed"]
-    assert reporting.level_tags(checks, reporting.KNOWN) == ["MUST known", "STRUCTURE not judged", "SHOULD passed"]
-    assert reporting.check_title(checks[1], "failed") == "[MUST] numerics: failed"
+    assert labels.level_tags(checks) == ["MUST failed", "STRUCTURE not judged", "SHOULD passed"]
+    assert labels.level_tags(checks, steps.KNOWN) == ["MUST known", "STRUCTURE not judged", "SHOULD passed"]
+    assert steps.check_title(checks[1], "failed") == "[MUST] numerics: failed"
 
 
 def _result(folder: Path, name: str, status: str, run: str | None, case: str, title: str) -> None:
@@ -383,9 +383,9 @@ def test_a_case_that_judged_nothing_is_shown_skipped_by_the_case_rule(
     from allure_commons.model2 import Status, TestResult
 
     result = TestResult(status=Status.FAILED if "failed" in outcomes else Status.PASSED)  # as pytest ended it
-    monkeypatch.setattr(reporting, "_active", True)
-    monkeypatch.setattr(reporting, "_open_result", lambda config: result)
-    reporting.not_judged(None, [_check(f"check {i}", "MUST", o) for i, o in enumerate(outcomes)])  # type: ignore[arg-type]
+    monkeypatch.setattr(recording, "_active", True)
+    monkeypatch.setattr(steps, "_open_result", lambda config: result)
+    steps.not_judged(None, [_check(f"check {i}", "MUST", o) for i, o in enumerate(outcomes)])  # type: ignore[arg-type]
     assert result.status == shown
 
 
