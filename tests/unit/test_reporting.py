@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 from conformance.record import run_diff
-from conformance.reporting.allure import attachments, labels, recording, steps
 from conformance.reporting import baseline, page, plots, quality_gate, same_run
 from conformance.reporting import build as report_build
 from conformance.reporting import meta as report_meta
+from conformance.reporting.allure import attachments, labels, recording, steps
 
 
 def test_readable_values() -> None:
