@@ -39,7 +39,7 @@ from conformance.judge.layer_verdicts import (
     layers_ran,
     sort_layer_attempts,
 )
-from conformance.plugin import rank_backend
+from conformance.launching import rank_backend
 from conformance.protocol import (
     PHASE_COLLECTIVES,
     Chunked,
