@@ -11,35 +11,17 @@ import pytest
 
 from tests.support import ROOT
 
-#: A suite module of op cases, as the suite writes one; the tests save it under two names.
-OPS = """
-import pytest
 
-pytestmark = pytest.mark.coc_kind("op")
-
-
-def test_numerics():
-    pass
+def suite_module(kind: str, *tests: str) -> str:
+    """A module as the suite writes one: its kind marked once, then its tests."""
+    return f"import pytest\n\npytestmark = pytest.mark.coc_kind({kind!r})\n" + \
+        "".join(f"\n\ndef {test}():\n    pass\n" for test in tests)
 
 
-def test_w8a16_numerics():
-    pass
-"""
-
-#: The explorer's two tests, in a module its plugin has never heard the name of.
-EXPLORER = """
-import pytest
-
-pytestmark = pytest.mark.coc_kind("explore")
-
-
-def test_explore():
-    pass
-
-
-def test_replay():
-    pass
-"""
+#: Op cases (the tests save the module under two names), and the explorer's two tests in a module its plugin has
+#: never heard the name of.
+OPS = suite_module("op", "test_numerics", "test_w8a16_numerics")
+EXPLORER = suite_module("explore", "test_explore", "test_replay")
 
 
 def _features(results: Path) -> dict[str, str]:
