@@ -29,13 +29,10 @@ if TYPE_CHECKING:
     from conformance.harness.runner import RankRunner
 
 runner_key = pytest.StashKey["RankRunner"]()
-
 #: ``--coc-rank-server`` as decided once: the address to use, or why not (``(None, reason)``).
 _shared_key = pytest.StashKey["tuple[str | None, str]"]()
-
 #: The rank fork server :func:`prestart_ranks` started before this process imported torch.
 _early_zygote_key = pytest.StashKey["Zygote"]()
-
 launcher_key = pytest.StashKey["Launcher"]()
 
 
@@ -129,7 +126,6 @@ def _max_live_ranks(config: pytest.Config, kind: DeviceKind) -> int:
 #: ``workerinput`` keys: the address of the rank server the workers use, and, where it is another session's
 #: (``--coc-rank-server``), this session's environment (``SessionEnv`` fields), the same for every worker.
 _RANK_SERVER = "coc_rank_server"
-
 _RANK_SESSION = "coc_rank_session"
 
 
@@ -234,7 +230,6 @@ def prestart_ranks(config: pytest.Config) -> None:
     rank_runner(config).launcher.prestart()
 
 
-
 def warm_ranks(session: pytest.Session) -> None:
     """Tell a launcher made before collection whether the rank fork server should import megatron-core, and
     which world sizes to start ranks of ahead of the cases (in the order the cases need them)."""
@@ -263,7 +258,6 @@ def node_devices(config: pytest.Config) -> int | None:
     would refuse its lease."""
     leases = rank_runner(config).leases
     return None if leases is None else len(leases.devices)
-
 
 
 def rank_server_header(config: pytest.Config) -> str | None:

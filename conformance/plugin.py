@@ -27,7 +27,6 @@ if TYPE_CHECKING:
     from conformance.harness.runner import CaseRanks
     from conformance.protocol import Declarations
 
-
 #: Sub-plugins, in registration order (each is a module of hook implementations).
 #:
 #: The order matters where several wrap ``pytest_runtest_makereport``: pluggy
@@ -116,11 +115,10 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
     return auto_workers(0 if kind.computes_on_host else kind.count, options.available_cores())
 
 
-#: ``workerinput`` keys: the address of the rank server the workers use, and, where it is another session's
-#: (``--coc-rank-server``), this session's environment (``SessionEnv`` fields), the same for every worker.
-_RANK_SERVER = "coc_rank_server"
 def pytest_collection_finish(session: pytest.Session) -> None:
+    """Tell a launcher made before collection what the cases left to run need (:func:`launching.warm_ranks`)."""
     launching.warm_ranks(session)
+
 
 def pytest_sessionstart(session: pytest.Session) -> None:
     """Refuse, once and up front, a ``--coc-impl`` that cannot be loaded or an unsupported megatron-core."""
@@ -157,6 +155,7 @@ def _check_shared_devices(config: pytest.Config) -> None:
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     launching.close_launcher(config)
+
 
 @pytest.fixture(scope="session")
 def coc_impl_spec(pytestconfig: pytest.Config) -> str:

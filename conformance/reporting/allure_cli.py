@@ -75,7 +75,6 @@ def ensure_cli(tool_dir: Path = TOOL_DIR) -> Path:
     return executable
 
 
-
 def environment() -> dict[str, str]:
     """The environment every ``allure`` command runs in: this one, analytics off."""
     return {**os.environ, "ALLURE_NO_ANALYTICS": "true"}
@@ -117,7 +116,6 @@ def prepare_output(out: Path) -> None:
             raise ReportBuildError(f"{out} exists and is not a report directory; not clearing it")
         shutil.rmtree(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-
 
 
 def generate(executable: Path, staged: Path, dump: Path, config: Mapping[str, object], workdir: Path) -> Path:

@@ -25,15 +25,12 @@ if TYPE_CHECKING:
 
 #: Tables are markdown: the report renders them (it shows CSV as raw text).
 _MARKDOWN = "text/markdown"
-
-
 _warned_no_plots = False
 
 
 def attach_text(body: str, name: str) -> None:
     if recording.is_active() and body:
         allure.attach(body, name=name, attachment_type=allure.attachment_type.TEXT)
-
 
 
 def attach_evidence(error: CaseError) -> None:
@@ -46,7 +43,6 @@ def attach_evidence(error: CaseError) -> None:
         attach_text(outcome.log, f"rank {outcome.rank} log")
 
 
-
 def _attach_png(png: bytes | None, name: str) -> None:
     global _warned_no_plots
     if png is not None:
@@ -55,7 +51,6 @@ def _attach_png(png: bytes | None, name: str) -> None:
         _warned_no_plots = True
         warnings.warn("matplotlib is not installed (pip install '.[report]'): "
                       "the Allure report has no figures", stacklevel=3)
-
 
 
 def _table(rows: Iterable[tuple[str, Any]]) -> str:
@@ -69,7 +64,6 @@ def _table(rows: Iterable[tuple[str, Any]]) -> str:
 
 #: Upper edges of the decades of |diff| / bound counted in every statistics table.
 _DECADES = (1e-4, 1e-3, 1e-2, 1e-1, 1.0)
-
 
 
 def ratio_decades(abs_diff: Any, bound: Any) -> list[tuple[str, int]]:
@@ -86,7 +80,6 @@ def ratio_decades(abs_diff: Any, bound: Any) -> list[tuple[str, int]]:
         low = high
     rows.append((f"|diff| / bound > {low:g} (violations)", int((ratio > low).sum())))
     return rows
-
 
 
 def attach_comparison(comparison: Comparison, *, failed: bool | None = None) -> None:
@@ -120,7 +113,6 @@ def attach_comparison(comparison: Comparison, *, failed: bool | None = None) -> 
 Lane = Sequence[Any]
 
 
-
 def _intervals(lane: Lane) -> list[tuple[float, float]]:
     if not lane or not isinstance(lane[0], (int, float)):
         return [(float(start), float(end)) for start, end in lane]
@@ -128,12 +120,10 @@ def _intervals(lane: Lane) -> list[tuple[float, float]]:
     return list(zip([0.0, *ends[:-1]], ends, strict=True))
 
 
-
 def _lanes(source: Timeline | Mapping[str, Lane]) -> dict[str, list[tuple[float, float]]]:
     if not isinstance(source, Mapping):
         return {"matmul": list(source.mm), "comm": list(source.comm)}
     return {("matmul" if key == "mm" else key): _intervals(lane) for key, lane in source.items()}
-
 
 
 def attach_timeline(predicted: Timeline | None, measured: Timeline | Mapping[str, Lane] | None,
@@ -159,7 +149,6 @@ def attach_timeline(predicted: Timeline | None, measured: Timeline | Mapping[str
     _attach_png(plots.lanes(rows, title=f"{title}: {', '.join(spans)}", unit=unit), f"{title}: timeline")
 
 
-
 def attach_case_evidence(found: CaseEvidence) -> None:
     """Everything the case's checks recorded, attached after its call."""
     if not recording.is_active():
@@ -172,7 +161,6 @@ def attach_case_evidence(found: CaseEvidence) -> None:
         attach_text(body, title)
     for title, predicted, measured, unit in found.timelines:
         attach_timeline(predicted, measured, title, unit=unit)
-
 
 
 def attach_exploration(explored: Mapping[str, Any] | None) -> None:

@@ -24,20 +24,12 @@ if TYPE_CHECKING:
     import pytest
 
 EPIC = "CoC"
-
-
 #: Parameters shown but left out of the history id, so trends follow a case across machines and
 #: implementations (a patch's run lines up with its accepted baseline's).
 HISTORY_EXCLUDED = frozenset({"device", "implementation"})
-
-
 #: A case's severity: that of the most important level among its failed checks, else among its checks.
 LEVEL_SEVERITY = {Level.MUST.value: "critical", Level.STRUCTURE.value: "normal", Level.SHOULD.value: "minor"}
-
-
 SEVERITIES = tuple(level.value for level in allure.severity_level)
-
-
 _MAX_TEXT = 80
 
 
@@ -51,7 +43,6 @@ class _Shown:
 
     def __repr__(self) -> str:
         return self.text
-
 
 
 def readable(value: Any) -> str:
@@ -81,14 +72,12 @@ def readable(value: Any) -> str:
     return f"{text[:_MAX_TEXT - 12]}...{hashlib.sha1(text.encode()).hexdigest()[:8]}"
 
 
-
 def add_parameters(params: Mapping[str, Any]) -> None:
     """Show ``params`` with readable values; those in :data:`HISTORY_EXCLUDED` stay out of history."""
     if not recording.is_active():
         return
     for name, value in params.items():
         allure.dynamic.parameter(name, _Shown(readable(value)), excluded=name in HISTORY_EXCLUDED or None)
-
 
 
 def describe_case(*, feature: str, story: str, title: str | None = None, severity: str | None = None,
@@ -115,7 +104,6 @@ def describe_case(*, feature: str, story: str, title: str | None = None, severit
     add_parameters(params)
 
 
-
 def begin_case(params: Mapping[str, Any], *, run: str, case: str) -> None:
     """Before the case's fixtures: epic, run and case ids, and parameters (before allure-pytest adds raw ones)."""
     recording.described.clear()
@@ -124,7 +112,6 @@ def begin_case(params: Mapping[str, Any], *, run: str, case: str) -> None:
         allure.dynamic.label(RUN_LABEL, run)
         allure.dynamic.label(CASE_LABEL, case)
         add_parameters(params)
-
 
 
 def finish_case(item: pytest.Item, *, feature: str, story: str, title: str) -> None:
@@ -145,7 +132,6 @@ def finish_case(item: pytest.Item, *, feature: str, story: str, title: str) -> N
         allure.dynamic.title(title)
 
 
-
 def _worst(levels: Iterable[str]) -> str | None:
     """The most important of ``levels`` (MUST, STRUCTURE, SHOULD; unknown ones last)."""
     order = list(LEVEL_SEVERITY)
@@ -154,7 +140,6 @@ def _worst(levels: Iterable[str]) -> str | None:
 
 #: How much a check's outcome says against the implementation: a level's tag names its worst one.
 _SEVERITY_OF_OUTCOME = {FAILED: 0, "failed, not gated": 1, "known": 2, NOT_JUDGED: 3, NOT_OFFERED: 3, PASSED: 5}
-
 
 
 def level_tags(checks: Sequence[Mapping[str, Any]], case_outcome: str = "passed") -> list[str]:
@@ -168,7 +153,6 @@ def level_tags(checks: Sequence[Mapping[str, Any]], case_outcome: str = "passed"
     order = list(LEVEL_SEVERITY)
     return [f"{level} {worst[level]}" for level in sorted(worst, key=lambda lvl: (
         order.index(lvl) if lvl in order else len(order), lvl))]
-
 
 
 def label_levels(checks: Sequence[Mapping[str, Any]], case_outcome: str = "passed") -> None:
@@ -191,7 +175,6 @@ def label_levels(checks: Sequence[Mapping[str, Any]], case_outcome: str = "passe
     if "severity" not in recording.described:
         allure.dynamic.severity(allure.severity_level(severity))
         recording.described.add("severity")
-
 
 
 def link_expectations(entries: Sequence[Mapping[str, Any]]) -> None:

@@ -19,11 +19,8 @@ if TYPE_CHECKING:
 
 #: What a case that did not pass is, as the suite reports it (the summary's outcomes).
 KNOWN, NOT_GATED = "known", "not-gated"
-
-
 #: Allure's status for each check outcome; anything else (not judged, a newer outcome) is never "passed".
 _STEP_STATUS = {PASSED: "passed", FAILED: "failed"}
-
 
 
 def check_outcome(check: Mapping[str, Any], case_outcome: str) -> str:
@@ -40,7 +37,6 @@ def _open_result(config: pytest.Config) -> Any:
     return listener.allure_logger.get_test(None) if listener is not None else None
 
 
-
 def _step(result: Any, name: str, status: str, message: str = "", seconds: float | None = None) -> None:
     """A step ending now; ``seconds`` long when known (Allure shows a step without a time as "unknown")."""
     from allure_commons.model2 import StatusDetails, TestStepResult
@@ -52,11 +48,9 @@ def _step(result: Any, name: str, status: str, message: str = "", seconds: float
                                        statusDetails=StatusDetails(message=message) if message else None))
 
 
-
 def check_title(check: Mapping[str, Any], case_outcome: str) -> str:
     """``[MUST] numerics: failed``: a check's step title, and the first line of a failed case's message."""
     return f"[{check['level']}] {check['name']}: {check_outcome(check, case_outcome)}"
-
 
 
 def show_checks(config: pytest.Config, checks: Sequence[Mapping[str, Any]], case_outcome: str,
@@ -76,7 +70,6 @@ def show_checks(config: pytest.Config, checks: Sequence[Mapping[str, Any]], case
               str(check.get("message") or ""), seconds)
 
 
-
 def show_reason(config: pytest.Config, what: str, reason: str, seconds: float | None = None) -> None:
     """Why a case was skipped, known, not gated or not judged: a step above its checks (Allure shows no
     message at the top of a skipped case), as long as the phase that decided it (``seconds``)."""
@@ -84,7 +77,6 @@ def show_reason(config: pytest.Config, what: str, reason: str, seconds: float | 
     if result is not None:
         _step(result, f"{what}: {reason}", "skipped", seconds=seconds)
         result.steps.insert(0, result.steps.pop())
-
 
 
 def not_judged(config: pytest.Config, checks: Sequence[Mapping[str, Any]]) -> None:
@@ -97,7 +89,6 @@ def not_judged(config: pytest.Config, checks: Sequence[Mapping[str, Any]]) -> No
     why = "; ".join(f"{c['name']}: {c.get('message') or 'nothing to judge'}" for c in checks)
     result.status = Status.SKIPPED
     result.statusDetails = StatusDetails(message=f"{NOT_JUDGED}: {why}")
-
 
 
 def show_failure(config: pytest.Config, command: str, frames: str | None,
