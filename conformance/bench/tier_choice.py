@@ -213,7 +213,7 @@ def _run(jobs: Sequence[tuple[str, str, str, list[str]]], store: RunStore, optio
         return
     from conformance.harness.launchers.devices import cpu
     from conformance.harness.launchers.rank_server_client import RankServer
-    from conformance.plugin import default_max_live_ranks
+    from conformance.launching import default_max_live_ranks
 
     server = RankServer(cpu(), max_live_ranks=default_max_live_ranks(8))
     try:

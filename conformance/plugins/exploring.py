@@ -12,11 +12,12 @@ from typing import Any
 import pytest
 
 from conformance import options
+from conformance.case_kinds import EXPLORE, declared_kind
 from conformance.record import report_properties
 from conformance.record.report_properties import property_of
 from conformance.roster import is_xdist_worker
 
-#: The test of the suite each option runs (``conformance/suite/test_explore.py``).
+#: The test of the suite's explorer cases (kind ``explore``) each option runs.
 EXPLORE_TEST, REPLAY_TEST = "test_explore", "test_replay"
 
 
@@ -37,7 +38,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def _explorer_test(item: pytest.Item) -> str | None:
     name = getattr(item, "originalname", item.name)
-    return name if item.path.name == "test_explore.py" and name in (EXPLORE_TEST, REPLAY_TEST) else None
+    return name if declared_kind(item) == EXPLORE and name in (EXPLORE_TEST, REPLAY_TEST) else None
 
 
 @pytest.hookimpl(tryfirst=True)  # before scheduling, which preloads megatron-core only if a kept case needs it

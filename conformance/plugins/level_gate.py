@@ -8,8 +8,8 @@ MUST) or per check through the ``verdicts`` fixture.  After the test body:
   (``xfailed``, reason ``[SHOULD, not gated] ...``), so the run stays green and
   the failure stays visible;
 * every check's outcome goes into the report's ``user_properties``
-  (``coc_checks``), which the JSON summary, the Allure hooks and the terminal
-  summary read (under xdist, on the controller).
+  (``coc_checks``), which the JSON summary, the Allure hooks and the terminal's
+  table of levels (:mod:`conformance.plugins.level_table`) read (under xdist, on the controller).
 
 Failures are sticky (``docs/DESIGN.md#requirement-levels``): the case's
 outcome follows from everything it recorded by one rule,
@@ -39,15 +39,14 @@ pass.
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Generator
-from typing import Any, NoReturn, cast
+from typing import NoReturn
 
 import pytest
 
 from conformance import options
 from conformance.harness.case_errors import CaseError
-from conformance.record import level_tally, report_properties
+from conformance.record import report_properties
 from conformance.record.evidence import CaseEvidence
 from conformance.record.failures import CheckFailure, SuiteError
 from conformance.record.item_verdicts import verdicts_key, verdicts_of
@@ -71,7 +70,9 @@ def pytest_configure(config: pytest.Config) -> None:
     except ValueError as exc:
         raise pytest.UsageError(f"{options.GATE}: {exc}") from None
     refuse_reruns(config)
-    config.pluginmanager.register(LevelTally(config), "coc-level-tally")
+    from conformance.plugins.level_table import LevelTally
+
+    config.pluginmanager.register(LevelTally(config.stash[gate_key]), "coc-level-tally")
 
 
 def refuse_reruns(config: pytest.Config) -> None:
@@ -277,38 +278,3 @@ def pytest_report_teststatus(report: pytest.TestReport) -> tuple[str, str, str] 
             report_properties.property_of(report, report_properties.SUITE_ERROR):
         return "error", "E", "ERROR"
     return None
-
-
-def checks_of(report: pytest.TestReport) -> list[dict[str, Any]]:
-    """The check results a report carries (empty for setup and teardown)."""
-    return list(cast(list[dict[str, Any]], report_properties.property_of(report, report_properties.CHECKS) or []))
-
-
-class LevelTally:
-    """Counts every check by level and outcome (on the controller under xdist) and prints them."""
-
-    def __init__(self, config: pytest.Config) -> None:
-        self.config = config
-        self.gate = config.stash[gate_key]
-        self.tally: Counter[tuple[str, str]] = Counter()
-        self.ungated: list[str] = []
-
-    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        if report.when != "call" and not (report.when == "setup" and report.skipped):
-            return  # a case skipped at setup (not offered) has no call report
-        checks = checks_of(report)
-        self.tally.update(level_tally.tally(checks, self.gate))
-        for check in checks:
-            if level_tally.column(check, self.gate) == level_tally.NOT_GATED:
-                self.ungated.append(f"{report.nodeid} [{check['level']}] {check['name']}: {check['message'][:160]}")
-
-    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
-        if not self.tally:
-            return
-        terminalreporter.section("coc-conformance: requirement levels")
-        for line in level_tally.lines(self.tally, self.gate):
-            terminalreporter.write_line(line)
-        for line in self.ungated[:20]:
-            terminalreporter.write_line(f"  not gated: {line}")
-        if len(self.ungated) > 20:
-            terminalreporter.write_line(f"  ... and {len(self.ungated) - 20} more (see the JSON summary)")

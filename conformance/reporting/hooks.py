@@ -3,9 +3,9 @@
 * setup: epic, the implementation and every parametrize value as readable
   parameters (before allure-pytest adds raw ones; ``device`` and
   ``implementation`` out of history);
-* teardown: default feature (the kind of case), story (its op or layer),
+* teardown: default feature (the kind of case, :func:`conformance.case_kinds.kind_of`), story (its op or layer),
   severity and title (with parameter names) for what the test did not
-  describe through :func:`conformance.reporting.allure.describe_case`;
+  describe through :func:`conformance.reporting.allure.labels.describe_case`;
 * a failing :class:`~conformance.harness.case_errors.CaseError`: every rank's evidence;
 * after the call: what the checks recorded (the evidence of the case's record, :mod:`conformance.record.evidence`):
   comparisons, texts, timelines and the case's own description;
@@ -32,35 +32,24 @@ from typing import Any
 import pytest
 
 from conformance import options
+from conformance.case_kinds import kind_of
 from conformance.caseids import case_id
 from conformance.harness.case_errors import CaseError
 from conformance.record import report_properties
 from conformance.record.item_verdicts import verdicts_of
-from conformance.reporting import allure as reporting
 from conformance.reporting import meta as report_meta
-from conformance.reporting.allure import readable
+from conformance.reporting.allure import attachments, labels, recording, steps
+from conformance.reporting.allure.labels import readable
+from conformance.reporting.allure.lost_cases import report_lost_case
 from conformance.roster import is_xdist_worker, roster, run_id
 
 _OUTPUT_KEY = "coc_allure"
+#: A lost case's feature when no worker lived to say what kind of case it was.
+UNKNOWN_KIND = "kind unknown (every worker was lost)"
 
 
 def _params(item: pytest.Item) -> dict[str, Any]:
     return dict(getattr(getattr(item, "callspec", None), "params", {}))
-
-
-#: The kind of case each suite module holds (the report's ``feature``); w8A16 cases are told by name.
-KINDS = {"ops": "op", "layers": "layer", "training": "training", "config": "config", "perf": "perf",
-         "explore": "explore"}
-W8A16 = "w8A16"
-
-
-def kind_of(item: pytest.Item) -> str:
-    """op, layer, training, config, w8A16, perf or explore (another module: its name)."""
-    module = getattr(getattr(item, "module", None), "__name__", item.path.stem).rsplit(".", 1)[-1]
-    if "w8a16" in getattr(item, "originalname", item.name).lower():
-        return W8A16
-    area = module.removeprefix("test_")
-    return KINDS.get(area, area.replace("_", " "))
 
 
 def _defaults(item: pytest.Item) -> dict[str, str]:
@@ -110,35 +99,41 @@ class AllureHooks:
         self.backends: set[str] = set()
         self.reported: set[str] = set()  # on the controller (or without xdist)
         self.frames: dict[str, str] = {}  # the running case's failure, cut to the check's frames
+        #: Each collected case's kind (a lost case's feature): collected here, or reported by the xdist workers.
+        self.kinds: dict[str, str] = {}
 
     def pytest_configure(self, config: pytest.Config) -> None:
-        reporting.activate(True, figures=config.getoption(options.FIGURES))
+        recording.activate(True, figures=config.getoption(options.FIGURES))
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
-        reporting.activate(False)
+        recording.activate(False)
+
+    @pytest.hookimpl(trylast=True)  # the cases that will run, deselection done
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        self.kinds = {item.nodeid: kind_of(item) for item in items}
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
         params = _params(item)
         self.world_sizes.update(params[p] for p in options.TP_PARAMS if isinstance(params.get(p), int))
-        reporting.begin_case({**params, "implementation": options.impl_spec(item.config)},
+        labels.begin_case({**params, "implementation": options.impl_spec(item.config)},
                              run=run_id(item.config), case=case_id(item.nodeid))
         verdicts_of(item).evidence.kept = True
 
     def pytest_runtest_teardown(self, item: pytest.Item) -> None:
-        reporting.finish_case(item, **_defaults(item))
+        labels.finish_case(item, **_defaults(item))
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[
             None, pytest.TestReport, pytest.TestReport]:
         report = yield
         if call.excinfo is not None and isinstance(call.excinfo.value, CaseError):
-            reporting.attach_evidence(call.excinfo.value)
+            attachments.attach_evidence(call.excinfo.value)
         if call.excinfo is not None and report.failed:
             self.frames[item.nodeid] = check_frames(call.excinfo.value)
         if call.when == "call":
-            reporting.attach_case_evidence(verdicts_of(item).evidence)
-            reporting.attach_exploration(report_properties.property_of(report, report_properties.EXPLORE))
+            attachments.attach_case_evidence(verdicts_of(item).evidence)
+            attachments.attach_exploration(report_properties.property_of(report, report_properties.EXPLORE))
         return report
 
     def _present(self, report: pytest.TestReport) -> None:
@@ -146,22 +141,22 @@ class AllureHooks:
         config = self.config
         wasxfail = getattr(report, "wasxfail", None)
         not_gated = report_properties.property_of(report, report_properties.NOT_GATED)
-        outcome = reporting.NOT_GATED if wasxfail is not None and not_gated else \
-            reporting.KNOWN if wasxfail is not None else report.outcome
+        outcome = steps.NOT_GATED if wasxfail is not None and not_gated else \
+            steps.KNOWN if wasxfail is not None else report.outcome
         checks = report_properties.property_of(report, report_properties.CHECKS) or []
         if report.when == "call":
-            reporting.label_levels(checks, outcome)
-            reporting.show_checks(config, checks, outcome, report.duration)
-            reporting.not_judged(config, checks)
-            reporting.link_expectations(report_properties.property_of(report, report_properties.EXPECTATION) or [])
+            labels.label_levels(checks, outcome)
+            steps.show_checks(config, checks, outcome, report.duration)
+            steps.not_judged(config, checks)
+            labels.link_expectations(report_properties.property_of(report, report_properties.EXPECTATION) or [])
         if wasxfail is not None:
-            reporting.show_reason(config, "failed but not gated" if not_gated else "known failure", wasxfail,
+            steps.show_reason(config, "failed but not gated" if not_gated else "known failure", wasxfail,
                                   report.duration)
         elif report.skipped and isinstance(report.longrepr, tuple):
-            reporting.show_reason(config, "skipped", str(report.longrepr[2]).removeprefix("Skipped: "),
+            steps.show_reason(config, "skipped", str(report.longrepr[2]).removeprefix("Skipped: "),
                                   report.duration)
         if report.failed or wasxfail is not None:
-            reporting.show_failure(config, reproduce_command(config, report.nodeid),
+            steps.show_failure(config, reproduce_command(config, report.nodeid),
                                    self.frames.pop(report.nodeid, None), checks, outcome)
 
     def _observe_device(self) -> None:
@@ -191,16 +186,19 @@ class AllureHooks:
 
         Cases left unrun by ``-x`` or an interrupt, with no worker lost, stay absent.
         """
-        results = self.config.option.allure_report_dir
+        results, run = self.config.option.allure_report_dir, run_id(self.config)
         lost = roster(self.config)
         for nodeid in lost.crashed:
-            reporting.report_lost_case(results, nodeid, "the pytest worker running this case died "
-                                                        "(see the run's output for its last words)",
-                                       run=run_id(self.config))
+            report_lost_case(results, nodeid, "the pytest worker running this case died (see the run's output for "
+                                              "its last words)", run=run, feature=self._kind(nodeid))
         for nodeid in lost.collected if lost.crashed else ():
             if nodeid not in self.reported and nodeid not in lost.crashed:
-                reporting.report_lost_case(results, nodeid, "never run: the run lost its workers before "
-                                                            "reaching this case", run=run_id(self.config))
+                report_lost_case(results, nodeid, "never run: the run lost its workers before reaching this case",
+                                 run=run, feature=self._kind(nodeid))
+
+    def _kind(self, nodeid: str) -> str:
+        """A lost case's kind, as a worker that finished collected it (every worker collects every case)."""
+        return self.kinds.get(nodeid, UNKNOWN_KIND)
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node: Any, error: Any) -> None:
@@ -208,13 +206,14 @@ class AllureHooks:
         self.world_sizes.update(seen.get("world_sizes", ()))
         self.devices.update(seen.get("devices", ()))
         self.backends.update(seen.get("backends", ()))
+        self.kinds.update(seen.get("kinds", {}))
 
     @pytest.hookimpl(tryfirst=True)  # lost cases are written before the summary counts results
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         config = self.config
         if is_xdist_worker(config):  # an xdist worker: report to the controller
             self._observe_device()
-            config.workeroutput[_OUTPUT_KEY] = self._observed()  # type: ignore[attr-defined]
+            config.workeroutput[_OUTPUT_KEY] = {**self._observed(), "kinds": self.kinds}  # type: ignore[attr-defined]
             return
         if not self.devices:
             self._observe_device()

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from conformance.plugin import prestart_ranks
+from conformance.launching import prestart_ranks
 
 
 def pytest_configure(config: pytest.Config) -> None:

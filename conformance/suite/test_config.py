@@ -37,6 +37,8 @@ from conformance.record.failures import WrongError
 from conformance.record.levels import Level
 from conformance.record.verdicts import NotJudged, NotOffered
 
+pytestmark = pytest.mark.coc_kind("config")
+
 ON = ["--use-ascend-coc"]
 
 

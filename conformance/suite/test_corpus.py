@@ -17,6 +17,8 @@ from conformance.explore.corpus import read_corpus, replay
 from conformance.protocol import Declarations
 from conformance.suite.explorer_run import corpus_directories, run_scope
 
+pytestmark = pytest.mark.coc_kind("corpus")
+
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """One case per spec of the corpora in force (a malformed one is refused at start-up, naming its file)."""

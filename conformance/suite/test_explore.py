@@ -27,6 +27,8 @@ from conformance.record.levels import Level
 from conformance.record.verdicts import NotOffered
 from conformance.suite.explorer_run import corpus_directories, run_scope
 
+pytestmark = pytest.mark.coc_kind("explore")
+
 
 def _replay_command(config: pytest.Config, path: Path) -> str:
     impl = options.impl_spec(config)

@@ -39,7 +39,7 @@ from conformance.judge.layer_verdicts import (
     layers_ran,
     sort_layer_attempts,
 )
-from conformance.plugin import rank_backend
+from conformance.launching import rank_backend
 from conformance.protocol import (
     PHASE_COLLECTIVES,
     Chunked,
@@ -53,7 +53,7 @@ from conformance.record.levels import Level
 from conformance.record.verdicts import NotJudged, NotOffered
 from golden.catalogue import TP_SIZES
 
-pytestmark = pytest.mark.coc_requires("patch_megatron")
+pytestmark = [pytest.mark.coc_requires("patch_megatron"), pytest.mark.coc_kind("layer")]
 
 CHUNKS = (1, 2, 4, 8)
 LAYER_CASES = golden.catalogue("layer")

@@ -66,6 +66,8 @@ from conformance.record.failures import suite_requires
 from conformance.record.levels import Level
 from golden.catalogue import DTYPES, TP_SIZES
 
+pytestmark = pytest.mark.coc_kind("op")
+
 OP_CASES: tuple[Any, ...] = golden.catalogue("op")
 QUANT_CASES = golden.catalogue("w8a16")
 

@@ -49,6 +49,8 @@ from conformance.record.evidence import CaseEvidence
 from conformance.record.failures import PerfRegression
 from conformance.record.verdicts import NotJudged
 
+pytestmark = pytest.mark.coc_kind("perf")
+
 #: This node as a profile sees it, with the backend its device kind defaults to (``--coc-backend`` is
 #: checked again when a case runs).
 NODE = node_identity(detect_device_kind())

@@ -37,7 +37,7 @@ from conformance.contract.jobs import LayerJob, coc_argv
 from conformance.contract.problems import LAYER_KINDS, LayerProblem
 from conformance.judge.layer_verdicts import judge_training, sort_layer_attempts
 
-pytestmark = pytest.mark.coc_requires("patch_megatron")
+pytestmark = [pytest.mark.coc_requires("patch_megatron"), pytest.mark.coc_kind("training")]
 
 CHUNKS = 2
 

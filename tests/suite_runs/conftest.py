@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 import pytest
 
+from conformance.launching import default_max_live_ranks, rank_server_address
 from conformance.options import RANK_SERVER
-from conformance.plugin import default_max_live_ranks, rank_server_address
 from tests.support import ROOT
 from tests.support.pytest_forks import PytestForks
 from tests.support.suite_run import SuiteRun

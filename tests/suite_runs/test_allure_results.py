@@ -35,7 +35,7 @@ from coc_shared.timeline import simulate
 from conformance.harness import case_errors as errors
 from conformance.judge import numerics
 from conformance.record import failures
-from conformance.reporting import allure as reporting
+from conformance.reporting.allure import attachments, labels
 from conformance.contract.rank_errors import CapturedError
 from conformance.harness.case import RankOutcome
 from conformance.record.levels import Level
@@ -61,9 +61,9 @@ def comparison(broken):
 @pytest.mark.parametrize("op", ["all_gather_matmul"])
 def test_numerics(op, tp, device):
     result = comparison(broken=tp == 4)
-    reporting.describe_case(feature=op, story="sp", title=f"{op} sp tp{tp}", severity="critical",
+    labels.describe_case(feature=op, story="sp", title=f"{op} sp tp{tp}", severity="critical",
                             chunks=4, dtype="float32", shape=(24, 16, 8))
-    reporting.attach_comparison(result)
+    attachments.attach_comparison(result)
     if not result.stats.ok:
         raise failures.NumericMismatch(result.stats.summary())
 
@@ -92,8 +92,8 @@ def test_missing_error():
 def test_perf_timeline():
     predicted = simulate([64] * 4, lambda m: 2.0 * m, lambda m: 1.5 * m + 10)
     measured = {"mm": [140.0] * 4, "comm": [(150, 260), (290, 400), (430, 540), (570, 690)]}
-    reporting.describe_case(feature="row all-reduce", story="perf", tp=8)
-    reporting.attach_timeline(predicted, measured, "row all-reduce")
+    labels.describe_case(feature="row all-reduce", story="perf", tp=8)
+    attachments.attach_timeline(predicted, measured, "row all-reduce")
 
 
 @pytest.mark.parametrize("tp", [2])

@@ -146,7 +146,8 @@ def test_a_corrupted_golden_file_names_the_file_and_the_fix(run_suite: Callable[
 
 
 def test_a_worker_that_dies_loses_only_its_case(run_suite: Callable[..., SuiteRun], tmp_path: Path) -> None:
-    """Results of finished cases survive; the summary counts collected cases against results."""
+    """Results of finished cases survive; the summary counts collected cases against results; the lost case is
+    reported under its kind."""
     summary = tmp_path / "coc-summary.json"
     results = tmp_path / "allure-results"
     run_suite("test_config", "tests.support.faulty_impls:KillsItsTestProcess", "-n", "2", "-k", "effective_config",
@@ -163,6 +164,8 @@ def test_a_worker_that_dies_loses_only_its_case(run_suite: Callable[..., SuiteRu
     lost = [r for r in lost if r["status"] == "broken"]
     assert [r["name"] for r in lost] == [victims[0]["nodeid"].split("::", 1)[1]], lost
     assert lost[0]["statusDetails"]["message"].startswith("conformance.harness.case_errors.WorkerLost: ")
+    # its kind, as a worker that lived collected it (the controller collects nothing): the report's feature
+    assert [label["value"] for label in lost[0]["labels"] if label["name"] == "feature"] == ["config"], lost
 
 
 def test_cases_left_unrun_by_maxfail_are_missing_not_broken(run_suite: Callable[..., SuiteRun],

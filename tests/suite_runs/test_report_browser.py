@@ -39,12 +39,12 @@ from typing import Any
 
 import pytest
 
-from conformance.reporting import build as report_build
+from conformance.reporting import allure_cli
 from tests.support import ROOT
 
 ARTEFACTS = ROOT / "reports" / "browser"
 CHROMIUM = next(filter(None, map(shutil.which, ("chromium", "chromium-browser"))), None)
-_CLI = report_build.TOOL_DIR / "node_modules" / ".bin" / "allure"
+_CLI = allure_cli.TOOL_DIR / "node_modules" / ".bin" / "allure"
 FAULTY = "tests.support.faulty_impls:UnwrittenColumnTail"
 REFERENCE = "coc_impl.reference:ReferenceCoC"
 CORNER = "corner_n_not_multiple_of_8"

@@ -158,7 +158,7 @@ def test_a_wrong_result_beside_a_refusal_is_not_conformant_at_must_in_the_report
                                                                                  tmp_path: Path) -> None:
     """One row off under its own tiling, explicit tilings refused with ``NotImplementedError``: the run fails and
     its report's verdict is NOT CONFORMANT at MUST (issue 50: "2 skipped", exit 0, a CONFORMANT report)."""
-    from conformance.reporting.build import verdict
+    from conformance.reporting.verdict_view import verdict
 
     summary = tmp_path / "coc-summary.json"
     run = run_suite("test_ops", f"{FAULTS}:WrongDefaultTilingRefusesBlocks", "-k",

@@ -5,7 +5,7 @@
   name (``conformance.options.DEFAULT_IMPL``), never by import;
 * ``coc_shared`` (neutral ground) imports neither; ``golden`` imports neither;
 * one module owns each foreign dependency: megatron-core
-  (the package ``coc_shared.megatron``), allure (``conformance.reporting.allure``),
+  (the package ``coc_shared.megatron``), allure (the package ``conformance.reporting.allure``),
   torch_npu (``coc_impl.backends.npu_runtime``; device detection only probes for it);
 * inside ``conformance``, data flows one way (test -> rank task -> typed
   results -> checks -> record -> report): :data:`SUB_FORBIDDEN` lists what each part
@@ -61,7 +61,7 @@ SUB_FORBIDDEN = {
 OWNERS = {
     "megatron": {"coc_shared/megatron/", "conformance/adapters/mindspeed/shims.py",
                  "conformance/adapters/mindspeed/layer_patch.py", "conformance/adapters/mindspeed/compat.py"},
-    "allure": {"conformance/reporting/allure.py"},
+    "allure": {"conformance/reporting/allure/"},
     "torch_npu": {"coc_impl/backends/npu_runtime.py", "conformance/harness/launchers/devices.py"},
 }
 

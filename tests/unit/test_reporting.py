@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 from conformance.record import run_diff, runs
-from conformance.reporting import allure as reporting
-from conformance.reporting import baseline, page, plots, quality_gate, same_run
+from conformance.reporting import allure_cli, baseline, page, plots, quality_gate, same_run, verdict_view
 from conformance.reporting import build as report_build
 from conformance.reporting import meta as report_meta
+from conformance.reporting.allure import attachments, labels, recording, steps
 
 
 def test_readable_values() -> None:
@@ -27,24 +27,24 @@ def test_readable_values() -> None:
         id: str
         argv: list[str]
 
-    assert reporting.readable(torch.bfloat16) == "bfloat16"
-    assert reporting.readable(Setting("cli-over-env", ["--x"])) == "cli-over-env"
+    assert labels.readable(torch.bfloat16) == "bfloat16"
+    assert labels.readable(Setting("cli-over-env", ["--x"])) == "cli-over-env"
     from conformance.judge.hardware import PerfCase
 
     perf = PerfCase("cpu-gloo", "balanced-ar", "matmul_all_reduce", 64, 64, 64, 2, "float32", {})
-    assert reporting.readable(perf) == "cpu-gloo/balanced-ar-tp2"  # its name: its id leaves out profile and TP
-    assert reporting.readable((4096, 8192)) == "4096x8192"
-    assert reporting.readable([2, 4]) == "[2, 4]"
-    long_a, long_b = reporting.readable("a" * 100 + "1"), reporting.readable("a" * 100 + "2")
+    assert labels.readable(perf) == "cpu-gloo/balanced-ar-tp2"  # its name: its id leaves out profile and TP
+    assert labels.readable((4096, 8192)) == "4096x8192"
+    assert labels.readable([2, 4]) == "[2, 4]"
+    long_a, long_b = labels.readable("a" * 100 + "1"), labels.readable("a" * 100 + "2")
     assert len(long_a) <= 80 and long_a != long_b
 
 
 def test_functions_are_no_ops_when_allure_is_off(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert not reporting.is_active()
+    assert not recording.is_active()
     monkeypatch.setattr(plots, "error_histogram", lambda *a, **k: pytest.fail("plotted while inactive"))
-    reporting.describe_case(feature="f", story="s", device="cpu")
-    reporting.attach_comparison(object(), failed=True)  # type: ignore[arg-type]
-    reporting.attach_timeline(None, {"mm": [1.0]}, "t")
+    labels.describe_case(feature="f", story="s", device="cpu")
+    attachments.attach_comparison(object(), failed=True)  # type: ignore[arg-type]
+    attachments.attach_timeline(None, {"mm": [1.0]}, "t")
 
 
 def test_heatmap_view_and_pooling() -> None:
@@ -77,7 +77,7 @@ def test_category_rules(message: str, category: str | None) -> None:
 
 
 def test_report_config_and_page(tmp_path: Path) -> None:
-    config = report_build.allure_config(tmp_path, tmp_path / "out", tmp_path / "h.jsonl", "n", 5)
+    config = allure_cli.allure_config(tmp_path, tmp_path / "out", tmp_path / "h.jsonl", "n", 5)
     awesome = config["plugins"]["awesome"]["options"]  # type: ignore[index]
     assert awesome["singleFile"] is True
     assert {"successRateDistribution", "currentStatus"}.isdisjoint(chart["type"] for chart in awesome["charts"])
@@ -102,8 +102,8 @@ def test_report_config_and_page(tmp_path: Path) -> None:
     other = tmp_path / "other"
     other.mkdir()
     (other / "keep.txt").write_text("not a report")
-    with pytest.raises(report_build.ReportBuildError, match="not a report directory"):
-        report_build._prepare_output(other)
+    with pytest.raises(allure_cli.ReportBuildError, match="not a report directory"):
+        allure_cli.prepare_output(other)
 
 
 def _check(name: str, level: str, outcome: str) -> dict[str, str]:
@@ -122,7 +122,7 @@ def test_verdict_first_with_the_terminals_table() -> None:
              {"nodeid": "t.py::d", "outcome": "passed", "checks": [_check("odd", "SHOULD", "someday")]}]
     summary = {"gate": "must,should", "implementation": "pkg:Impl", "missing": [], "cases": cases,
                "outcomes": {"failed": 1, "not judged": 1, "not-gated": 1, "passed": 1}}
-    shown = report_build.verdict(summary, {"device": "cpu"})
+    shown = verdict_view.verdict(summary, {"device": "cpu"})
     assert list(shown) == ["verdict", "MUST", "SHOULD", "STRUCTURE", "implementation", "device", "profile", "cases"]
     assert shown["verdict"] == "NOT CONFORMANT at SHOULD: 1 case(s) failed; conformant at MUST"
     gate = frozenset({Level.MUST, Level.SHOULD})
@@ -136,21 +136,21 @@ def test_verdict_first_with_the_terminals_table() -> None:
     assert "1 someday" in shown["SHOULD"] and shown["SHOULD"].endswith("(gates: NOT CONFORMANT)")
     assert shown["implementation"] == "pkg:Impl" and shown["profile"] == "no perf case ran"
     assert "1 not judged" in shown["cases"]
-    text = report_build.verdict_markdown(shown, "passed", summary)
+    text = verdict_view.verdict_markdown(shown, "passed", summary)
     assert all(line in text for line in level_tally.lines(counts, gate)) and "[SHOULD] warning" in text
-    assert report_build.level_rows(summary)[0] == (
+    assert verdict_view.level_rows(summary)[0] == (
         "MUST", [("passed", 1), ("failed", 0), ("not gated", 0), ("not judged", 1), ("not offered", 0)],
         "conformant")
 
     judged_ok = {**summary, "gate": "all", "outcomes": {"passed": 2},
                  "cases": [{"outcome": "passed", "checks": [_check("n", "MUST", "passed"), _check("w", "SHOULD",
                                                                                                   "passed")]}]}
-    assert report_build.verdict(judged_ok, {})["verdict"] == "CONFORMANT at MUST, SHOULD; not judged at STRUCTURE"
+    assert verdict_view.verdict(judged_ok, {})["verdict"] == "CONFORMANT at MUST, SHOULD; not judged at STRUCTURE"
     lost = {**judged_ok, "missing": ["t.py::e"]}
-    assert report_build.verdict(lost, {})["verdict"].startswith("NOT CONFORMANT at MUST, SHOULD, STRUCTURE: 0 case")
+    assert verdict_view.verdict(lost, {})["verdict"].startswith("NOT CONFORMANT at MUST, SHOULD, STRUCTURE: 0 case")
     broken = {**judged_ok, "outcomes": {"error": 1}}
-    assert report_build.verdict(broken, {})["verdict"].startswith("NOT DECIDED")
-    assert [report_build.run_verdict(s).outcome for s in (summary, judged_ok, lost, broken)] == \
+    assert verdict_view.verdict(broken, {})["verdict"].startswith("NOT DECIDED")
+    assert [verdict_view.run_verdict(s).outcome for s in (summary, judged_ok, lost, broken)] == \
         [level_tally.NOT_CONFORMANT, level_tally.CONFORMANT, level_tally.NOT_CONFORMANT, level_tally.NOT_DECIDED]
 
 
@@ -187,11 +187,11 @@ def test_a_level_with_no_check_judged_is_never_conformant() -> None:
 def test_check_outcomes_as_shown() -> None:
     """A failed check of a known or ungated case says so; only passed checks are passed."""
     failed, not_judged = _check("n", "MUST", "failed"), _check("p", "MUST", "not judged")
-    assert reporting.check_outcome(failed, "failed") == "failed"
-    assert reporting.check_outcome(failed, reporting.KNOWN) == "known"
-    assert reporting.check_outcome(failed, reporting.NOT_GATED) == "failed, not gated"
-    assert reporting.check_outcome(not_judged, "passed") == "not judged"
-    assert reporting.LEVEL_SEVERITY == {"MUST": "critical", "STRUCTURE": "normal", "SHOULD": "minor"}
+    assert steps.check_outcome(failed, "failed") == "failed"
+    assert steps.check_outcome(failed, steps.KNOWN) == "known"
+    assert steps.check_outcome(failed, steps.NOT_GATED) == "failed, not gated"
+    assert steps.check_outcome(not_judged, "passed") == "not judged"
+    assert labels.LEVEL_SEVERITY == {"MUST": "critical", "STRUCTURE": "normal", "SHOULD": "minor"}
 
 
 def test_staged_results_leave_out_fixtures_and_add_the_globals(tmp_path: Path) -> None:
@@ -220,7 +220,7 @@ def test_the_overview_says_how_many_perf_cases_were_enforced_reported_or_not_run
 
     def profile(*gates: str) -> str:
         summary = {"gate": "all", "missing": [], "cases": [perf_case(g) for g in gates], "outcomes": {}}
-        return report_build.verdict(summary, {})["profile"]
+        return verdict_view.verdict(summary, {})["profile"]
 
     assert profile(GATE_NOT_RUN, GATE_NOT_RUN) == \
         "no perf gate is enforced on this machine: 0 perf case(s) report, 2 not run; not judged"
@@ -234,9 +234,9 @@ def test_check_tags_one_per_level_and_step_titles() -> None:
     """A level's tag names its worst outcome: never "MUST failed" beside "MUST passed"."""
     checks = [_check("ran", "MUST", "passed"), _check("numerics", "MUST", "failed"), _check("x", "SHOULD", "passed"),
               _check("overlap", "STRUCTURE", "not judged"), _check("y", "STRUCTURE", "passed")]
-    assert reporting.level_tags(checks) == ["MUST failed", "STRUCTURE not judged", "SHOULD passed"]
-    assert reporting.level_tags(checks, reporting.KNOWN) == ["MUST known", "STRUCTURE not judged", "SHOULD passed"]
-    assert reporting.check_title(checks[1], "failed") == "[MUST] numerics: failed"
+    assert labels.level_tags(checks) == ["MUST failed", "STRUCTURE not judged", "SHOULD passed"]
+    assert labels.level_tags(checks, steps.KNOWN) == ["MUST known", "STRUCTURE not judged", "SHOULD passed"]
+    assert steps.check_title(checks[1], "failed") == "[MUST] numerics: failed"
 
 
 def _result(folder: Path, name: str, status: str, run: str | None, case: str, title: str) -> None:
@@ -271,12 +271,12 @@ def test_a_summary_and_results_of_one_run_agree_and_of_two_runs_say_how_they_dif
 def test_the_summary_is_found_inside_the_results_first(tmp_path: Path) -> None:
     results = tmp_path / "allure-results"
     results.mkdir()
-    assert report_build.find_summary(results, None) is None
+    assert verdict_view.find_summary(results, None) is None
     (tmp_path / "coc-summary.json").write_text("{}")
-    assert report_build.find_summary(results, None) == tmp_path / "coc-summary.json"  # an older suite's place
+    assert verdict_view.find_summary(results, None) == tmp_path / "coc-summary.json"  # an older suite's place
     (results / "coc-summary.json").write_text("{}")
-    assert report_build.find_summary(results, None) == results / "coc-summary.json"
-    assert report_build.find_summary(results, tmp_path / "x.json") == tmp_path / "x.json"
+    assert verdict_view.find_summary(results, None) == results / "coc-summary.json"
+    assert verdict_view.find_summary(results, tmp_path / "x.json") == tmp_path / "x.json"
 
 
 def test_quality_gate_results_for_the_tab(tmp_path: Path) -> None:
@@ -383,9 +383,9 @@ def test_a_case_that_judged_nothing_is_shown_skipped_by_the_case_rule(
     from allure_commons.model2 import Status, TestResult
 
     result = TestResult(status=Status.FAILED if "failed" in outcomes else Status.PASSED)  # as pytest ended it
-    monkeypatch.setattr(reporting, "_active", True)
-    monkeypatch.setattr(reporting, "_open_result", lambda config: result)
-    reporting.not_judged(None, [_check(f"check {i}", "MUST", o) for i, o in enumerate(outcomes)])  # type: ignore[arg-type]
+    monkeypatch.setattr(recording, "_active", True)
+    monkeypatch.setattr(steps, "_open_result", lambda config: result)
+    steps.not_judged(None, [_check(f"check {i}", "MUST", o) for i, o in enumerate(outcomes)])  # type: ignore[arg-type]
     assert result.status == shown
 
 
@@ -409,9 +409,9 @@ def test_an_incomplete_summary_gives_no_verdict(tmp_path: Path) -> None:
     _result(results, "u1", "passed", "run-a", "t.py::a", "h1")
     summary = results / "coc-summary.json"
     summary.write_text(json.dumps({"run_id": "run-a", "complete": False, "cases": []}))
-    judged = report_build._judge(results, None, same_run.read_results(results))
+    judged = verdict_view.judge_run(results, None, same_run.read_results(results))
     assert judged.summary is None and judged.shown["verdict"].startswith("NO VERDICT: the summary")
     assert judged.verdict.outcome == "NO VERDICT"
     assert "is incomplete" in judged.reasons[0]
     summary.write_text(json.dumps({"run_id": "run-a", "complete": True, "cases": []}))
-    assert report_build._judge(results, None, same_run.read_results(results)).summary is not None
+    assert verdict_view.judge_run(results, None, same_run.read_results(results)).summary is not None
