@@ -22,7 +22,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from conformance.contract.rank_errors import CapturedError
@@ -140,10 +140,23 @@ class RankTask:
     #: Run on ranks that ran no case before (a launcher whose ``relaunches`` is true starts new ones): what a
     #: process fixes at its first call (a plan, a cache) is fixed anew, as in another job.
     fresh: bool = False
+    #: ``(fn, params)`` as :func:`conformance.harness.wire.dumps` wrote them in the process that made the task
+    #: (``params`` then empty): a rank server forwards them to the ranks unread, never importing what they hold.
+    call: bytes | None = None
 
     @property
     def name(self) -> str:
         return f"{self.fn.__module__}.{self.fn.__qualname__}"
+
+    def pickled(self) -> RankTask:
+        """The task with its call pickled already (:attr:`call`), as it is sent to a rank server."""
+        from conformance.harness import wire
+
+        return self if self.call is not None else replace(self, params={}, call=wire.dumps((self.fn, self.params)))
+
+    def pickled_call(self) -> bytes:
+        """``(fn, params)`` pickled, as every rank reads them."""
+        return self.pickled().call  # type: ignore[return-value]
 
 
 @dataclass

@@ -4,8 +4,8 @@ Tasks go from the pytest process (or the rank server) to the ranks, and
 outcomes come back the same way, as pickles.  torch pickles each storage
 through ``torch.save``, a small archive per storage: about 0.12 ms to write
 and 0.07 ms to read on the 2-core machine, for every tensor an outcome
-carries (results, their copies, kept inputs), and through the rank server
-each crosses three times.  :func:`dumps` sends a CPU storage as its raw bytes
+carries (results, their copies, kept inputs); a rank server forwards both
+unread (:attr:`~conformance.harness.case.RankTask.call`).  :func:`dumps` sends a CPU storage as its raw bytes
 and its dtype instead (about 0.02 and 0.01 ms); everything else about a tensor
 (shape, strides, offset, ``requires_grad``, its subclass) still goes through
 torch's own reduction, and a storage on any other device is pickled by torch
@@ -18,9 +18,19 @@ import copyreg
 import io
 import pickle
 import sys
+import threading
 from typing import Any
 
 PROTOCOL = pickle.HIGHEST_PROTOCOL
+#: Unpickling imports what a pickle names (torch, for a tensor; a task's module): one thread at a time, since a
+#: thread importing a submodule of a package another thread is half-way through importing fails.
+_unpickling = threading.Lock()
+
+
+def loads(data: bytes) -> Any:
+    """``pickle.loads(data)``, one thread at a time (:data:`_unpickling`)."""
+    with _unpickling:
+        return pickle.loads(data)
 
 
 def dumps(obj: Any) -> bytes:

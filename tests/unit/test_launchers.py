@@ -21,14 +21,14 @@ import pytest
 from conformance.harness import wire
 from conformance.harness.case import RankTask
 from conformance.harness.case_errors import CaseTimeout, RankCrashed, RankRaised
-from conformance.harness.launchers import Launcher, rank_server, rank_server_client
+from conformance.harness.launchers import Launcher, rank_server_client
 from conformance.harness.launchers.devices import cpu
 from conformance.harness.launchers.process_launcher import ProcessLauncher
 from conformance.harness.launchers.rank_server_client import RankServer, ServerLauncher, why_not_shared
 from conformance.harness.launchers.session_env import SessionEnv
 from conformance.harness.launchers.threaded import ThreadedLauncher
 from conformance.harness.runner import RankRunner
-from tests.support import rank_cases
+from tests.support import ROOT, rank_cases
 
 IMPL = "coc_impl.reference:ReferenceCoC"
 
@@ -290,38 +290,34 @@ def test_closing_the_server_stops_every_rank() -> None:
         ServerLauncher(server.address).run(RankTask(rank_cases.pid, 2), (), IMPL)
 
 
-class _NoRanks:
-    """A launcher that runs nothing: what :func:`rank_server.handle` answers without ranks."""
+def test_the_server_forwards_a_tasks_call_unread(tmp_path: Path) -> None:
+    """A worker's task reaches the ranks with its call (function, parameters: tensors too) as the worker pickled
+    it: the server reads neither, and so imports no torch for it (seconds of CPU while the session starts)."""
+    import subprocess
 
+    import torch
+
+    task = RankTask(rank_cases.pid, 2, {"x": torch.arange(6.0).view(2, 3)})
+    request = ServerLauncher(str(tmp_path / "no-server")).run_request(task, (), IMPL)
+    (tmp_path / "request").write_bytes(wire.dumps(request))
+    script = f"""
+import pickle, sys
+from pathlib import Path
+from conformance.harness.launchers import rank_server
+
+class Forwarding:
     last_start_s = 0.0
-
-    def want_preloaded(self, *_: object) -> None:
-        pass
-
-    def pools_started(self) -> int:
-        return 0
-
-    def run(self, *_: object, **__: object) -> list[object]:
+    def want_preloaded(self, *_): pass
+    def run(self, task, *_, **__):
+        print("call" if task.call == {task.pickled().call!r} and task.params == {{}} else "changed")
         return []
 
-
-def test_the_server_unpickles_a_task_only_once_torch_is_imported(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Two threads importing torch at once can meet it half-initialised, so a case waits for the server's own
-    import of torch (started with the server) before its task is unpickled; answers that unpickle nothing
-    do not wait."""
-    imported = threading.Event()
-    monkeypatch.setattr(rank_server, "torch_imported", imported)
-    launcher: Any = _NoRanks()
-    request = ("run", wire.dumps(RankTask(rank_cases.pid, 2)), (), IMPL, [], ())
-    answers: list[tuple[str, Any, float]] = []
-    waiting = threading.Thread(target=lambda: answers.append(rank_server.handle(request, launcher)))
-    waiting.start()
-    waiting.join(0.3)
-    assert not answers  # still waiting for torch
-    assert rank_server.handle(("stats",), launcher) == ("ok", {"pools_started": 0}, 0.0)
-    imported.set()
-    waiting.join(10)
-    assert answers == [("ok", [], 0.0)]
+request = pickle.loads(Path({str(tmp_path / "request")!r}).read_bytes())
+print(rank_server.handle(request, Forwarding())[0])
+print("torch imported" if "torch" in sys.modules else "no torch")
+"""
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=str(ROOT), timeout=120)
+    assert run.stdout.split() == ["call", "ok", "no", "torch"], run.stdout + run.stderr
 
 
 def _running(pid: int) -> bool:
@@ -404,3 +400,37 @@ def test_a_task_asking_for_fresh_ranks_runs_on_processes_that_ran_no_case(pool_l
     assert not set(fresh) & set(first)
     assert [o.value for o in pool_launcher.run(RankTask(rank_cases.pid, 2), (), IMPL)] == fresh
     assert pool_launcher.relaunches and not ThreadedLauncher.relaunches
+
+
+def test_naming_the_fork_servers_modules_never_waits_for_its_imports(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A session's second worker names the modules (at the end of its collection) while a pool of the first waits
+    for the fork server's imports: naming returns at once (it once waited for the imports, seconds on 2 cores)."""
+    import subprocess
+
+    from conformance.harness.launchers import zygote_client
+
+    started = subprocess.Popen
+
+    def still_importing(args: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:  # a server that never gets ready
+        return started([sys.executable, "-c", "import time; time.sleep(30)"], **kwargs)
+
+    monkeypatch.setattr(zygote_client.subprocess, "Popen", still_importing)
+    zygote = zygote_client.Zygote(start_timeout_s=4.0)
+    raised: list[BaseException] = []
+
+    def pool_start() -> None:
+        try:
+            zygote.ready(("numpy",))
+        except BaseException as exc:  # noqa: BLE001 - looked at below
+            raised.append(exc)
+
+    waiting = threading.Thread(target=pool_start)
+    waiting.start()
+    time.sleep(0.3)  # the pool's thread now waits for "ready"
+    began = time.monotonic()
+    zygote.begin(("numpy", "json"))
+    named_in = time.monotonic() - began
+    waiting.join()
+    zygote.close()
+    assert named_in < 1.0, f"naming the modules waited {named_in:.1f} s for the fork server's imports"
+    assert len(raised) == 1 and isinstance(raised[0], RankCrashed)  # the server that never got ready is said so

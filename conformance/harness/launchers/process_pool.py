@@ -160,7 +160,7 @@ class RankPool:
             self.start()
             self.last_start_s = time.perf_counter() - begun
         message = pickle.dumps(
-            (list(sys.path if sys_path is None else sys_path), wire.dumps((task.fn, task.params)), impl_spec,
+            (list(sys.path if sys_path is None else sys_path), task.pickled_call(), impl_spec,
              launcher, task.budget, task.device_thread_backward)
         )
         offsets = [self._file_size(self._stack_path(r)) for r in range(self.world_size)]
@@ -193,7 +193,7 @@ class RankPool:
             why = clock.hung(pending) if pending else None
             if why:
                 self._fail(CaseTimeout, task, why, outcomes, offsets, log_offsets)
-        return [outcomes[rank] if raw else pickle.loads(outcomes[rank]) for rank in range(self.world_size)]
+        return [outcomes[rank] if raw else wire.loads(outcomes[rank]) for rank in range(self.world_size)]
 
     def _progress_watch(self) -> ProgressWatch | None:
         """CPU time of each rank's task thread (its main thread); none on devices, where a rank waiting spins (the
@@ -208,7 +208,7 @@ class RankPool:
         stacks = self._dump_stacks(offsets)
         self._add_output(stacks, log_offsets)
         self.close(kill=True)
-        finished: list[RankOutcome] = [pickle.loads(o) for _, o in sorted(outcomes.items())]
+        finished: list[RankOutcome] = [wire.loads(o) for _, o in sorted(outcomes.items())]
         raised = [o.rank for o in finished if o.error is not None]
         note = f"; rank(s) {raised} raised" if raised else ""
         raise error(f"{task.name}: {why}{note}", stacks=stacks, outcomes=finished)

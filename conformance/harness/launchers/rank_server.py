@@ -33,7 +33,8 @@ per worker, pickled tuples):
   used idle pool of that size (``()`` if none);
 - ``("run", task_bytes, devices, impl_spec, sys_path, preload[, session])``:
   the outcomes of running the task on those devices, each as its rank
-  pickled it;
+  pickled it; the task's call (its function and parameters) goes to the
+  ranks as the worker pickled it, unread here, so the server imports no torch;
 - ``("stats",)``: ``{"pools_started": n}``;
 - ``("identity",)``: ``{"code_key": ..., "device": ..., "backend": ...}``,
   what a session compares with its own before it shares the server;
@@ -83,19 +84,6 @@ class ServerSettings:
     num_threads: int = 1
 
 
-#: Set once this process has imported torch.  Tasks and outcomes are unpickled only then: threads that import
-#: torch at once can meet it half-initialised (importing a submodule does not wait for its parent package).
-torch_imported = threading.Event()
-torch_imported.set()  # only :func:`main` imports it ahead, on a thread of its own
-
-
-def _import_torch() -> None:
-    try:
-        import torch  # noqa: F401 - imported for every later unpickling thread
-    finally:
-        torch_imported.set()
-
-
 #: What the server runs on and which code (``("identity",)``), set by :func:`main`.
 identity: dict[str, str] = {}
 
@@ -125,13 +113,12 @@ def handle(request: tuple[Any, ...], launcher: ProcessLauncher) -> tuple[str, An
         if op != "run":
             raise ValueError(f"unknown rank server request {op!r}")
         _, task_bytes, devices, impl_spec, sys_path, preload, *session = request
-        torch_imported.wait()
         for entry in sys_path:  # where the task's function is importable from
             if entry and entry not in sys.path:
                 sys.path.append(entry)
         launcher.want_preloaded(preload)
         # The outcomes go back as the ranks pickled them: the worker reads them, the server never needs to.
-        outcomes = launcher.run(pickle.loads(task_bytes), devices, impl_spec, sys_path, *session, raw=True)
+        outcomes = launcher.run(wire.loads(task_bytes), devices, impl_spec, sys_path, *session, raw=True)
     except BaseException as exc:  # noqa: BLE001 - the worker's case fails with it
         return ("raised", _picklable(exc), launcher.last_start_s if op == "run" else 0.0)
     return ("ok", outcomes, launcher.last_start_s)
@@ -175,8 +162,6 @@ def main() -> None:
         os._exit(0)
 
     threading.Thread(target=stop_when_controller_leaves, name="controller-watch", daemon=True).start()
-    torch_imported.clear()  # imported while the workers start: their first case finds it ready
-    threading.Thread(target=_import_torch, name="import-torch", daemon=True).start()
     print("ready", flush=True)
     while True:
         try:

@@ -164,8 +164,12 @@ class ServerLauncher:
 
     def run(self, task: RankTask, devices: Sequence[str], impl_spec: str) -> list[RankOutcome]:
         self.last_start_s = 0.0
-        return [pickle.loads(outcome) for outcome in self._ask(
-            "run", wire.dumps(task), tuple(devices), impl_spec, list(sys.path), self._preload, self.session)]
+        return [pickle.loads(outcome) for outcome in self._ask(*self.run_request(task, devices, impl_spec))]
+
+    def run_request(self, task: RankTask, devices: Sequence[str], impl_spec: str) -> tuple[Any, ...]:
+        """The request that runs ``task``: its call pickled here, for the server to forward unread."""
+        return ("run", wire.dumps(task.pickled()), tuple(devices), impl_spec, list(sys.path), self._preload,
+                self.session)
 
     def close(self) -> None:
         if self._releases:

@@ -56,14 +56,17 @@ class Zygote:
         self._imported: set[str] = set()  #: the modules named to it so far
         self._wanted: list[str] = []  #: modules named since, imported before the next fork
         self._lock = threading.Lock()  # pools of several threads may start ranks at once
+        #: Naming the modules never waits for the imports: a session's second worker names them (at the end of
+        #: its collection) while a pool of the first waits in :meth:`ready` for the imports to finish.
+        self._naming = threading.Lock()
 
     def begin(self, preload: Sequence[str] = ()) -> None:
         """Name the modules it should import beyond torch (only the first call counts); returns at once."""
-        with self._lock:
+        with self._naming:
             if self._named:
                 return
             self._named = True
-            self._imported.update(preload)
+            self._imported.update(preload)  # before any ready() reads it: each calls begin() first
             try:
                 self._sock.sendall((",".join(preload) + "\n").encode())
             except OSError:
