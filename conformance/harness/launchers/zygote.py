@@ -35,6 +35,7 @@ pid as text.  ``session``, when not null, is the environment
 
 from __future__ import annotations
 
+import gc
 import importlib
 import json
 import os
@@ -103,6 +104,9 @@ def serve(control: socket.socket) -> None:
                 _refuse_if_runtimes_started(request["preload"])
             # Reaping waits until the child is recorded, however fast it dies.
             signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
+            # What the zygote imported stays out of the children's collections: a full collection in a rank would
+            # otherwise walk (and so copy, page by page) every object torch and megatron left here.
+            gc.freeze()
             try:
                 pid = os.fork()
                 if pid == 0:
@@ -159,11 +163,18 @@ def _become_rank(request: dict[str, Any], fd: int) -> None:
 def preload(extra: Sequence[str] = ()) -> None:
     """Import :data:`PRELOAD` and ``extra`` with CUDA's driver check kept off the driver."""
     os.environ.update(NO_DRIVER_CHECK)
-    for name in (*PRELOAD, *extra):
-        try:
-            importlib.import_module(name)
-        except Exception:  # noqa: BLE001 - optional: the rank imports what it needs
-            pass
+    # Imports leave almost no cyclic garbage, and each full collection among torch's objects costs a tenth of a
+    # second of the start every pool waits for: no collection while importing; what was imported is frozen.
+    gc.disable()
+    try:
+        for name in (*PRELOAD, *extra):
+            try:
+                importlib.import_module(name)
+            except Exception:  # noqa: BLE001 - optional: the rank imports what it needs
+                pass
+    finally:
+        gc.freeze()
+        gc.enable()
 
 
 def runtimes_started() -> list[str]:
