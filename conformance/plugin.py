@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 #: ``tests/unit/test_plugin_parts.py`` holds the plugins to this order.
 SUB_PLUGINS = (
     "conformance.roster",
+    "conformance.plugins.worker_threads",
     "conformance.plugins.level_gate",
     "conformance.plugins.scheduling",
     "conformance.plugins.known_outcomes",

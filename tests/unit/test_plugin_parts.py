@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -382,3 +383,28 @@ def test_stale_expectations_warn_in_a_partial_run_and_fail_a_whole_one(pytester:
     monkeypatch.setattr(known_outcomes.StaleEntries, "full_run", lambda self: True)
     whole = pytester.runpytest(*args)
     assert whole.ret == 1 and json.loads(summary.read_text())["full_run"] is True
+
+
+@pytest.mark.parametrize(("cores", "workers", "threads"), [(2, 2, 1), (16, 8, 2), (16, 3, 5), (2, 8, 1), (8, 0, 8)])
+def test_a_worker_takes_its_share_of_the_cores(cores: int, workers: int, threads: int) -> None:
+    from conformance.plugins.worker_threads import worker_threads
+
+    assert worker_threads(cores, workers) == threads
+
+
+def test_worker_threads_are_set_on_xdist_workers_only_and_never_over_the_users(monkeypatch) -> None:
+    from types import SimpleNamespace
+
+    from conformance.plugins import worker_threads as plugin
+
+    monkeypatch.setattr(plugin.options, "available_cores", lambda: 16)
+    monkeypatch.setenv(plugin.THREADS_VARIABLE, "")  # recorded, so that what the hook sets is undone after
+    monkeypatch.delenv(plugin.THREADS_VARIABLE)
+    plugin.pytest_configure(SimpleNamespace())  # the controller, or a run without xdist: its threads are its own
+    assert plugin.THREADS_VARIABLE not in os.environ
+    worker = SimpleNamespace(workerinput={"workercount": 4})
+    plugin.pytest_configure(worker)
+    assert os.environ[plugin.THREADS_VARIABLE] == "4"
+    monkeypatch.setenv(plugin.THREADS_VARIABLE, "3")  # the user's
+    plugin.pytest_configure(worker)
+    assert os.environ[plugin.THREADS_VARIABLE] == "3"
