@@ -31,16 +31,18 @@ bit for bit.  Chunking alone (row blocks) does not change any row's sum.
 from __future__ import annotations
 
 from functools import partial
+from typing import TYPE_CHECKING
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
-from coc_impl.block_policy import BlockPolicy, LayerCall, MatmulSite, chunked_blocks
+from coc_impl.block_policy import BlockPolicy, LayerCall, LayerCallKeywords, MatmulSite, chunked_blocks
 from coc_impl.block_product import Matmul, Product
-from coc_impl.config import CoCConfig
 from coc_impl.errors import CoCShapeError
 from coc_impl.overlap import all_gather, all_gather_matmul, matmul_all_reduce, matmul_reduce_scatter
+
+if TYPE_CHECKING:  # typing has Unpack from 3.11; annotations are never evaluated, so 3.10 runs too
+    from typing import Unpack
 
 # Same autocast behaviour as megatron's own linear autograd function.
 _custom_fwd = partial(torch.amp.custom_fwd, device_type="cuda")
@@ -202,16 +204,15 @@ def _as_rows(x: torch.Tensor) -> torch.Tensor:
     return x.reshape(-1, x.shape[-1])
 
 
+def _layer_output(rows: torch.Tensor, lead: tuple[int, ...], bias: torch.Tensor | None) -> torch.Tensor:
+    """The layer's output rows in the input's leading shape ``lead``, the bias (if any) added once."""
+    output = rows.view(*lead, rows.shape[-1])
+    return output + bias if bias is not None else output
+
+
 def column_forward(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    *,
-    group: dist.ProcessGroup,
-    sequence_parallel: bool,
-    config: CoCConfig,
-    gradient_accumulation_fusion: bool = False,
-    policy: BlockPolicy = chunked_blocks,
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, *, policy: BlockPolicy = chunked_blocks,
+    **keywords: Unpack[LayerCallKeywords],
 ) -> torch.Tensor:
     """Column-parallel linear with its collectives chunked and overlapped.
 
@@ -221,23 +222,15 @@ def column_forward(
     Backward all-reduces (no SP) or reduce-scatters (SP) ``dx``.  ``policy``
     cuts each pipelined matmul into row blocks.
     """
-    call = LayerCall(group, config, sequence_parallel, gradient_accumulation_fusion, policy)
+    call = LayerCall(policy=policy, **keywords)
     rows = _ColumnParallelMatmul.apply(_as_rows(x), weight, call)
-    lead = (x.shape[0] * call.tp, *x.shape[1:-1]) if sequence_parallel else x.shape[:-1]
-    output = rows.view(*lead, rows.shape[-1])
-    return output + bias if bias is not None else output
+    lead = (x.shape[0] * call.tp, *x.shape[1:-1]) if call.sequence_parallel else x.shape[:-1]
+    return _layer_output(rows, lead, bias)
 
 
 def row_forward(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    *,
-    group: dist.ProcessGroup,
-    sequence_parallel: bool,
-    config: CoCConfig,
-    gradient_accumulation_fusion: bool = False,
-    policy: BlockPolicy = chunked_blocks,
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, *, policy: BlockPolicy = chunked_blocks,
+    **keywords: Unpack[LayerCallKeywords],
 ) -> torch.Tensor:
     """Row-parallel linear with its collectives chunked and overlapped.
 
@@ -246,13 +239,12 @@ def row_forward(
     added once after the reduction.  Returns ``[s/tp if SP else s, b, out]``.
     ``policy`` cuts each pipelined matmul into row blocks.
     """
-    call = LayerCall(group, config, sequence_parallel, gradient_accumulation_fusion, policy)
-    if sequence_parallel and x.shape[0] % call.tp != 0:
+    call = LayerCall(policy=policy, **keywords)
+    if call.sequence_parallel and x.shape[0] % call.tp != 0:
         raise CoCShapeError(
             f"CoC: RowParallelLinear forward (reduce-scatter): sequence length {x.shape[0]} "
             f"(m={x.shape[:-1].numel()}) is not a multiple of tp={call.tp}"
         )
     rows = _RowParallelMatmul.apply(_as_rows(x), weight, call)
-    lead = (x.shape[0] // call.tp, *x.shape[1:-1]) if sequence_parallel else x.shape[:-1]
-    output = rows.view(*lead, rows.shape[-1])
-    return output + bias if bias is not None else output
+    lead = (x.shape[0] // call.tp, *x.shape[1:-1]) if call.sequence_parallel else x.shape[:-1]
+    return _layer_output(rows, lead, bias)
