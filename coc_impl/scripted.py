@@ -30,6 +30,7 @@ bit for bit.  Chunking alone (row blocks) does not change any row's sum.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -38,6 +39,7 @@ import torch.nn.functional as F
 
 from coc_impl.block_policy import BlockPolicy, LayerCall, LayerCallKeywords, MatmulSite, chunked_blocks
 from coc_impl.block_product import Matmul, Product
+from coc_impl.comm_lane import InFlight
 from coc_impl.errors import CoCShapeError
 from coc_impl.overlap import all_gather, all_gather_matmul, matmul_all_reduce, matmul_reduce_scatter
 
@@ -94,6 +96,14 @@ def _weight_grad(
     return make(main_grad.shape, dtype=total_input.dtype, device=total_input.device)
 
 
+def _summing(call: LayerCall, m: int) -> tuple[str, Callable[..., InFlight[torch.Tensor]], int]:
+    """The collective that sums a matmul's ``m`` output rows over the group (reduce-scatter under SP, else
+    all-reduce): its name, its pipeline, and the rows its blocks split (each rank's shard under SP)."""
+    if call.sequence_parallel:
+        return "reduce-scatter", matmul_reduce_scatter, m // call.tp
+    return "all-reduce", matmul_all_reduce, m
+
+
 class _ColumnParallelMatmul(torch.autograd.Function):
     """``x @ w.T`` of a column-parallel layer on 2-D rows (w: this rank's ``[out/tp, in]``)."""
 
@@ -127,13 +137,9 @@ class _ColumnParallelMatmul(torch.autograd.Function):
         needs_dx, needs_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         grad_output = grad_output.contiguous()
         m = grad_output.shape[0]
-        if call.sequence_parallel:
-            layer = "ColumnParallelLinear backward (dx reduce-scatter)"
-            pipeline, split_rows = matmul_reduce_scatter, m // call.tp
-        else:
-            layer = "ColumnParallelLinear backward (dx all-reduce)"
-            pipeline, split_rows = matmul_all_reduce, m
-        site = MatmulSite(layer, m=m, k=weight.shape[0], n=weight.shape[1], split_rows=split_rows,
+        collective, pipeline, split_rows = _summing(call, m)
+        site = MatmulSite(f"ColumnParallelLinear backward (dx {collective})", m=m, k=weight.shape[0],
+                          n=weight.shape[1], split_rows=split_rows,
                           itemsize=grad_output.element_size(), device=grad_output.device, column_backward=True)
         # Blocks (and their shape check) before any collective of the backward.
         blocks = call.blocks(site) if needs_dx else None
@@ -161,14 +167,10 @@ class _RowParallelMatmul(torch.autograd.Function):
         ctx.call = call
         ctx.save_for_backward(x, weight)
         matmul = rows_times(weight.t(), soc_friendly=call.soc_friendly)
-        if call.sequence_parallel:
-            layer = "RowParallelLinear forward (reduce-scatter)"
-            pipeline, split_rows = matmul_reduce_scatter, x.shape[0] // call.tp
-        else:
-            layer = "RowParallelLinear forward (all-reduce)"
-            pipeline, split_rows = matmul_all_reduce, x.shape[0]
-        blocks = call.blocks(MatmulSite(layer, m=x.shape[0], k=weight.shape[1], n=weight.shape[0],
-                                        split_rows=split_rows, itemsize=x.element_size(), device=x.device))
+        collective, pipeline, split_rows = _summing(call, x.shape[0])
+        blocks = call.blocks(MatmulSite(f"RowParallelLinear forward ({collective})", m=x.shape[0], k=weight.shape[1],
+                                        n=weight.shape[0], split_rows=split_rows, itemsize=x.element_size(),
+                                        device=x.device))
         return pipeline(x, matmul, blocks, call.group).wait()
 
     @staticmethod
