@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol, TypedDict
 
 import torch
 import torch.distributed as dist
@@ -23,7 +23,10 @@ from coc_impl.chunking import FallbackNotice, resolve_chunks
 from coc_impl.config import CoCConfig
 from coc_impl.overlap import equal_blocks
 
-__all__ = ["BlockPolicy", "LayerCall", "MatmulSite", "chunked_blocks"]
+if TYPE_CHECKING:  # typing has NotRequired from 3.11; annotations are never evaluated, so 3.10 runs too
+    from typing import NotRequired
+
+__all__ = ["BlockPolicy", "LayerCall", "LayerCallKeywords", "MatmulSite", "chunked_blocks"]
 
 
 @dataclass(frozen=True)
@@ -81,6 +84,16 @@ def chunked_blocks(call: LayerCall, site: MatmulSite) -> list[int]:
     return equal_blocks(site.split_rows, chunks, what=site.layer)
 
 
+class LayerCallKeywords(TypedDict):
+    """The keywords of a backend's layer forward (``column_forward``, ``row_forward``): a :class:`LayerCall` but its
+    policy, which the backend chooses."""
+
+    group: dist.ProcessGroup
+    sequence_parallel: bool
+    config: CoCConfig
+    gradient_accumulation_fusion: NotRequired[bool]
+
+
 @dataclass(frozen=True)
 class LayerCall:
     """The non-tensor arguments of one layer call (shared by its forward and backward)."""
@@ -88,7 +101,7 @@ class LayerCall:
     group: dist.ProcessGroup
     config: CoCConfig
     sequence_parallel: bool
-    gradient_accumulation_fusion: bool
+    gradient_accumulation_fusion: bool = False
     policy: BlockPolicy = chunked_blocks
     fallback_notice: FallbackNotice = field(default_factory=FallbackNotice)
 

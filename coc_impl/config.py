@@ -19,7 +19,7 @@ import os
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from coc_impl.config_sources import SOURCE_FLAGS, ParallelNum, SourceLayer, cli_layer, env_layer, parse_parallel_num
 from coc_impl.errors import (
@@ -32,8 +32,27 @@ from coc_impl.errors import (
 )
 from coc_impl.user_cfgs import UserCfgs, read_user_cfgs
 
+if TYPE_CHECKING:  # typing has NotRequired and Unpack from 3.11; annotations are never evaluated, so 3.10 runs too
+    from typing import NotRequired, Unpack
+
 #: TP size the fused (ATB) kernels are restricted to.
 FUSED_TP_SIZE = 8
+
+
+class ModelSettings(TypedDict):
+    """The model's settings CoC must be compatible with (``configure``'s keywords), as Megatron's flags give them;
+    default in brackets."""
+
+    tp_size: int
+    """``--tensor-model-parallel-size``."""
+    num_experts: NotRequired[int | None]
+    """``--num-experts`` [None: no MoE]."""
+    use_ascend_mc2: NotRequired[bool]
+    """``--use-ascend-mc2`` [False]."""
+    tp_2d: NotRequired[bool]
+    """``--tp-2d`` [False]."""
+    transformer_impl: NotRequired[str]
+    """``--transformer-impl`` ["local"]."""
 
 
 class CoCConfigWarning(UserWarning):
@@ -75,15 +94,11 @@ def resolve_config(
     argv: Sequence[str] | argparse.Namespace | None = None,
     env: Mapping[str, str] | None = None,
     *,
-    tp_size: int,
     enabled: bool | None = None,
     parallel_num: ParallelNum | str | None = None,
     fused_kernel: bool | None = None,
     coc_cfgs: Mapping[str, Any] | str | os.PathLike | None = None,
-    num_experts: int | None = None,
-    use_ascend_mc2: bool = False,
-    tp_2d: bool = False,
-    transformer_impl: str = "local",
+    **model: Unpack[ModelSettings],
 ) -> CoCConfig:
     """Merge API arguments, ``argv`` and ``env`` into the effective config.
 
@@ -127,10 +142,7 @@ def resolve_config(
         fused_kernel=bool(chosen["fused_kernel"]),
         user_cfgs=user_cfgs,
     )
-    _check_compatibility(
-        config, tp_size=tp_size, num_experts=num_experts, use_ascend_mc2=use_ascend_mc2,
-        tp_2d=tp_2d, transformer_impl=transformer_impl,
-    )
+    _check_compatibility(config, **model)
     notes.extend(_ineffective_settings(config, coc_cfgs))
     if notes:
         warnings.warn("CoC configuration: " + "; ".join(notes), CoCConfigWarning, stacklevel=2)
@@ -138,8 +150,8 @@ def resolve_config(
 
 
 def _check_compatibility(
-    config: CoCConfig, *, tp_size: int, num_experts: int | None, use_ascend_mc2: bool,
-    tp_2d: bool, transformer_impl: str,
+    config: CoCConfig, *, tp_size: int, num_experts: int | None = None, use_ascend_mc2: bool = False,
+    tp_2d: bool = False, transformer_impl: str = "local",
 ) -> None:
     if isinstance(tp_size, bool) or not isinstance(tp_size, int) or tp_size < 1:
         raise CoCSettingValueError(

@@ -45,17 +45,20 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 
 from coc_impl import scripted
 from coc_impl.backends import ascend, portable
-from coc_impl.block_policy import LayerCall, MatmulSite
-from coc_impl.config import FUSED_TP_SIZE, CoCConfig
+from coc_impl.block_policy import LayerCall, LayerCallKeywords, MatmulSite
+from coc_impl.config import FUSED_TP_SIZE
 from coc_impl.errors import CoCArgumentError, CoCBackendUnavailable, CoCFusedTPError
 from coc_impl.validated_call import OPS, OpName, ValidatedCall
+
+if TYPE_CHECKING:  # typing has Unpack from 3.11; annotations are never evaluated, so 3.10 runs too
+    from typing import Unpack
 
 __all__ = [
     "BACKENDS", "OPS", "all_gather_matmul", "all_gather_matmul_v2", "check_fused_tp", "column_forward",
@@ -170,24 +173,14 @@ def planned_blocks(call: LayerCall, site: MatmulSite) -> tuple[int, ...]:
     )
 
 
-def column_forward(x: Tensor, weight: Tensor, bias: Tensor | None, *, group: dist.ProcessGroup, sequence_parallel: bool,
-        config: CoCConfig, gradient_accumulation_fusion: bool = False,
-) -> Tensor:
+def column_forward(x: Tensor, weight: Tensor, bias: Tensor | None, **keywords: Unpack[LayerCallKeywords]) -> Tensor:
     """:func:`coc_impl.scripted.column_forward` tiled by :func:`planned_blocks`.
 
     Any TP size runs here; the TP = 8 rule of the flag is the configuration's.
     """
-    return scripted.column_forward(
-        x, weight, bias, group=group, sequence_parallel=sequence_parallel, config=config,
-        gradient_accumulation_fusion=gradient_accumulation_fusion, policy=planned_blocks,
-    )
+    return scripted.column_forward(x, weight, bias, policy=planned_blocks, **keywords)
 
 
-def row_forward(x: Tensor, weight: Tensor, bias: Tensor | None, *, group: dist.ProcessGroup, sequence_parallel: bool,
-        config: CoCConfig, gradient_accumulation_fusion: bool = False,
-) -> Tensor:
+def row_forward(x: Tensor, weight: Tensor, bias: Tensor | None, **keywords: Unpack[LayerCallKeywords]) -> Tensor:
     """:func:`coc_impl.scripted.row_forward` tiled by :func:`planned_blocks`."""
-    return scripted.row_forward(
-        x, weight, bias, group=group, sequence_parallel=sequence_parallel, config=config,
-        gradient_accumulation_fusion=gradient_accumulation_fusion, policy=planned_blocks,
-    )
+    return scripted.row_forward(x, weight, bias, policy=planned_blocks, **keywords)

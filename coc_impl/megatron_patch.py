@@ -24,12 +24,12 @@ import importlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import ModuleType
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
-import torch.distributed as dist
 
 from coc_impl import scripted
+from coc_impl.block_policy import LayerCallKeywords
 from coc_impl.config import CoCConfig
 from coc_impl.errors import CoCBackendUnavailable
 from coc_shared.megatron import (
@@ -42,6 +42,9 @@ from coc_shared.megatron import (
     scatter_to_tensor_model_parallel_region,
     weight_sharded_beyond_tp,
 )
+
+if TYPE_CHECKING:  # typing has Unpack from 3.11; annotations are never evaluated, so 3.10 runs too
+    from typing import Unpack
 
 FUSED_MODULE = "coc_impl.fused"
 
@@ -57,15 +60,11 @@ class LinearBackend(Protocol):
     """
 
     def column_forward(
-        self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, *,
-        group: dist.ProcessGroup, sequence_parallel: bool, config: CoCConfig,
-        gradient_accumulation_fusion: bool = False,
+        self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, **keywords: Unpack[LayerCallKeywords]
     ) -> torch.Tensor: ...
 
     def row_forward(
-        self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, *,
-        group: dist.ProcessGroup, sequence_parallel: bool, config: CoCConfig,
-        gradient_accumulation_fusion: bool = False,
+        self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, **keywords: Unpack[LayerCallKeywords]
     ) -> torch.Tensor: ...
 
 

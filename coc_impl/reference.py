@@ -11,10 +11,13 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from coc_impl import errors
-from coc_impl.config import CoCConfig, resolve_config
+from coc_impl.config import CoCConfig, ModelSettings, resolve_config
+
+if TYPE_CHECKING:  # typing has Unpack from 3.11; annotations are never evaluated, so 3.10 runs too
+    from typing import Unpack
 
 #: Every phase of every layer: its collective cut into the configured chunks, pipelined.
 _CHUNKED = {f"{layer}/{sp}/{phase}": "chunked" for layer, sp, phase in (
@@ -63,18 +66,10 @@ class ReferenceCoC:
         argv: Sequence[str] | None,
         env: Mapping[str, str] | None,
         *,
-        tp_size: int,
-        num_experts: int | None = None,
-        use_ascend_mc2: bool = False,
-        tp_2d: bool = False,
-        transformer_impl: str = "local",
         coc_cfgs: Mapping[str, Any] | str | os.PathLike[str] | None = None,
+        **model: Unpack[ModelSettings],
     ) -> CoCConfig:
-        return resolve_config(
-            argv, env, tp_size=tp_size, coc_cfgs=coc_cfgs,
-            num_experts=num_experts, use_ascend_mc2=use_ascend_mc2, tp_2d=tp_2d,
-            transformer_impl=transformer_impl,
-        )
+        return resolve_config(argv, env, coc_cfgs=coc_cfgs, **model)
 
     def matmul_all_reduce(self, x: Any, w: Any, bias: Any = None, **kwargs: Any) -> Any:
         from coc_impl import fused

@@ -30,17 +30,21 @@ bit for bit.  Chunking alone (row blocks) does not change any row's sum.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
+from typing import TYPE_CHECKING
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
-from coc_impl.block_policy import BlockPolicy, LayerCall, MatmulSite, chunked_blocks
+from coc_impl.block_policy import BlockPolicy, LayerCall, LayerCallKeywords, MatmulSite, chunked_blocks
 from coc_impl.block_product import Matmul, Product
-from coc_impl.config import CoCConfig
+from coc_impl.comm_lane import InFlight
 from coc_impl.errors import CoCShapeError
 from coc_impl.overlap import all_gather, all_gather_matmul, matmul_all_reduce, matmul_reduce_scatter
+
+if TYPE_CHECKING:  # typing has Unpack from 3.11; annotations are never evaluated, so 3.10 runs too
+    from typing import Unpack
 
 # Same autocast behaviour as megatron's own linear autograd function.
 _custom_fwd = partial(torch.amp.custom_fwd, device_type="cuda")
@@ -92,6 +96,14 @@ def _weight_grad(
     return make(main_grad.shape, dtype=total_input.dtype, device=total_input.device)
 
 
+def _summing(call: LayerCall, m: int) -> tuple[str, Callable[..., InFlight[torch.Tensor]], int]:
+    """The collective that sums a matmul's ``m`` output rows over the group (reduce-scatter under SP, else
+    all-reduce): its name, its pipeline, and the rows its blocks split (each rank's shard under SP)."""
+    if call.sequence_parallel:
+        return "reduce-scatter", matmul_reduce_scatter, m // call.tp
+    return "all-reduce", matmul_all_reduce, m
+
+
 class _ColumnParallelMatmul(torch.autograd.Function):
     """``x @ w.T`` of a column-parallel layer on 2-D rows (w: this rank's ``[out/tp, in]``)."""
 
@@ -125,13 +137,9 @@ class _ColumnParallelMatmul(torch.autograd.Function):
         needs_dx, needs_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         grad_output = grad_output.contiguous()
         m = grad_output.shape[0]
-        if call.sequence_parallel:
-            layer = "ColumnParallelLinear backward (dx reduce-scatter)"
-            pipeline, split_rows = matmul_reduce_scatter, m // call.tp
-        else:
-            layer = "ColumnParallelLinear backward (dx all-reduce)"
-            pipeline, split_rows = matmul_all_reduce, m
-        site = MatmulSite(layer, m=m, k=weight.shape[0], n=weight.shape[1], split_rows=split_rows,
+        collective, pipeline, split_rows = _summing(call, m)
+        site = MatmulSite(f"ColumnParallelLinear backward (dx {collective})", m=m, k=weight.shape[0],
+                          n=weight.shape[1], split_rows=split_rows,
                           itemsize=grad_output.element_size(), device=grad_output.device, column_backward=True)
         # Blocks (and their shape check) before any collective of the backward.
         blocks = call.blocks(site) if needs_dx else None
@@ -159,14 +167,10 @@ class _RowParallelMatmul(torch.autograd.Function):
         ctx.call = call
         ctx.save_for_backward(x, weight)
         matmul = rows_times(weight.t(), soc_friendly=call.soc_friendly)
-        if call.sequence_parallel:
-            layer = "RowParallelLinear forward (reduce-scatter)"
-            pipeline, split_rows = matmul_reduce_scatter, x.shape[0] // call.tp
-        else:
-            layer = "RowParallelLinear forward (all-reduce)"
-            pipeline, split_rows = matmul_all_reduce, x.shape[0]
-        blocks = call.blocks(MatmulSite(layer, m=x.shape[0], k=weight.shape[1], n=weight.shape[0],
-                                        split_rows=split_rows, itemsize=x.element_size(), device=x.device))
+        collective, pipeline, split_rows = _summing(call, x.shape[0])
+        blocks = call.blocks(MatmulSite(f"RowParallelLinear forward ({collective})", m=x.shape[0], k=weight.shape[1],
+                                        n=weight.shape[0], split_rows=split_rows, itemsize=x.element_size(),
+                                        device=x.device))
         return pipeline(x, matmul, blocks, call.group).wait()
 
     @staticmethod
@@ -202,16 +206,15 @@ def _as_rows(x: torch.Tensor) -> torch.Tensor:
     return x.reshape(-1, x.shape[-1])
 
 
+def _layer_output(rows: torch.Tensor, lead: tuple[int, ...], bias: torch.Tensor | None) -> torch.Tensor:
+    """The layer's output rows in the input's leading shape ``lead``, the bias (if any) added once."""
+    output = rows.view(*lead, rows.shape[-1])
+    return output + bias if bias is not None else output
+
+
 def column_forward(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    *,
-    group: dist.ProcessGroup,
-    sequence_parallel: bool,
-    config: CoCConfig,
-    gradient_accumulation_fusion: bool = False,
-    policy: BlockPolicy = chunked_blocks,
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, *, policy: BlockPolicy = chunked_blocks,
+    **keywords: Unpack[LayerCallKeywords],
 ) -> torch.Tensor:
     """Column-parallel linear with its collectives chunked and overlapped.
 
@@ -221,23 +224,15 @@ def column_forward(
     Backward all-reduces (no SP) or reduce-scatters (SP) ``dx``.  ``policy``
     cuts each pipelined matmul into row blocks.
     """
-    call = LayerCall(group, config, sequence_parallel, gradient_accumulation_fusion, policy)
+    call = LayerCall(policy=policy, **keywords)
     rows = _ColumnParallelMatmul.apply(_as_rows(x), weight, call)
-    lead = (x.shape[0] * call.tp, *x.shape[1:-1]) if sequence_parallel else x.shape[:-1]
-    output = rows.view(*lead, rows.shape[-1])
-    return output + bias if bias is not None else output
+    lead = (x.shape[0] * call.tp, *x.shape[1:-1]) if call.sequence_parallel else x.shape[:-1]
+    return _layer_output(rows, lead, bias)
 
 
 def row_forward(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    *,
-    group: dist.ProcessGroup,
-    sequence_parallel: bool,
-    config: CoCConfig,
-    gradient_accumulation_fusion: bool = False,
-    policy: BlockPolicy = chunked_blocks,
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, *, policy: BlockPolicy = chunked_blocks,
+    **keywords: Unpack[LayerCallKeywords],
 ) -> torch.Tensor:
     """Row-parallel linear with its collectives chunked and overlapped.
 
@@ -246,13 +241,12 @@ def row_forward(
     added once after the reduction.  Returns ``[s/tp if SP else s, b, out]``.
     ``policy`` cuts each pipelined matmul into row blocks.
     """
-    call = LayerCall(group, config, sequence_parallel, gradient_accumulation_fusion, policy)
-    if sequence_parallel and x.shape[0] % call.tp != 0:
+    call = LayerCall(policy=policy, **keywords)
+    if call.sequence_parallel and x.shape[0] % call.tp != 0:
         raise CoCShapeError(
             f"CoC: RowParallelLinear forward (reduce-scatter): sequence length {x.shape[0]} "
             f"(m={x.shape[:-1].numel()}) is not a multiple of tp={call.tp}"
         )
     rows = _RowParallelMatmul.apply(_as_rows(x), weight, call)
-    lead = (x.shape[0] // call.tp, *x.shape[1:-1]) if sequence_parallel else x.shape[:-1]
-    output = rows.view(*lead, rows.shape[-1])
-    return output + bias if bias is not None else output
+    lead = (x.shape[0] // call.tp, *x.shape[1:-1]) if call.sequence_parallel else x.shape[:-1]
+    return _layer_output(rows, lead, bias)

@@ -32,17 +32,16 @@ has no CoC flags, chunk count or refusals of its own.
 
 from __future__ import annotations
 
-import argparse
 import functools
 import importlib.machinery
 import importlib.util
 import os
 import sys
 import types
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from conformance.adapters.switch_only import SwitchOnlyAdapter
 
 #: Environment variable naming an unpacked ColossalAI source tree (its root, holding ``colossalai/``).
 SOURCE_ENV = "COLOSSALAI_SRC"
@@ -157,16 +156,6 @@ def load_operation() -> types.ModuleType:
 # --------------------------------------------------------------------------- the protocol
 
 
-@dataclass
-class ColossalAIConfig:
-    """What ``configure`` settled on: ring mode on or off (ColossalAI has no other CoC setting)."""
-
-    enabled: bool
-    parallel_num: int
-    fused_kernel: bool = False
-    user_cfgs: None = None  #: no coc_cfgs counterpart: the suite's user_cfgs checks skip
-
-
 def _as_sequence(x: Any) -> Any:
     """``[m, k]`` tokens as ColossalAI's ``[batch=1, seq=m, hidden=k]``."""
     return x.unsqueeze(0)
@@ -177,30 +166,17 @@ def _linear_weight(w: Any, transpose_weight: bool) -> Any:
     return w if transpose_weight else w.t()
 
 
-class ColossalAIRing:
+class ColossalAIRing(SwitchOnlyAdapter):
     """ColossalAI's ring all-gather-matmul and matmul-reduce-scatter (``seq_parallel_mode="ring"``) as written."""
 
     name = "colossalai-ring"
-    protocol_version = 2
-    #: Only the ops exist here; there are no fused-kernel layers.
-    fused_layers = False
 
     def __init__(self) -> None:
         self._ops = load_operation()
 
-    def configure(self, argv: Sequence[str] | None, env: Mapping[str, str] | None, *, tp_size: int,
-                  num_experts: int | None = None, use_ascend_mc2: bool = False, tp_2d: bool = False,
-                  transformer_impl: str = "local", coc_cfgs: Mapping[str, Any] | None = None) -> ColossalAIConfig:
-        """``--use-ascend-coc`` turns ring mode on; nothing else has a ColossalAI counterpart.
-
-        The ring takes one step per rank (``parallel_num`` is ``tp_size``);
-        ``--coc-parallel-num``, the environment and the model settings are read
-        by nothing in ColossalAI, so none of them is refused or warned about.
-        """
-        parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-        parser.add_argument("--use-ascend-coc", action="store_true")
-        known, _ = parser.parse_known_args(list(argv or ()))
-        return ColossalAIConfig(bool(known.use_ascend_coc), tp_size)
+    def parallel_num(self, tp_size: int) -> int:
+        """The ring takes one step per rank."""
+        return tp_size
 
     def all_gather_matmul(self, x: Any, w: Any, bias: Any = None, *, group: Any,
                           transpose_weight: bool = False) -> Any:

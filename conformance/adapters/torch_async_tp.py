@@ -22,20 +22,9 @@ functional collective, waited, then the matmul (or the reverse).
 
 from __future__ import annotations
 
-import argparse
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
-
-@dataclass
-class AsyncTPConfig:
-    """What ``configure`` settled on: async-TP has no CoC setting but the switch."""
-
-    enabled: bool
-    parallel_num: int = 1
-    fused_kernel: bool = False
-    user_cfgs: None = None  #: no coc_cfgs counterpart: the suite's user_cfgs checks skip
+from conformance.adapters.switch_only import SwitchOnlyAdapter
 
 
 def _symm_mem() -> Any:
@@ -61,24 +50,13 @@ def _with_bias(out: Any, bias: Any) -> Any:
     return out + bias if bias is not None else out
 
 
-class TorchAsyncTP:
+class TorchAsyncTP(SwitchOnlyAdapter):
     """torch's async-TP fallback ops (``torch.distributed._symmetric_memory``) as installed."""
 
     name = "torch-async-tp"
-    protocol_version = 2
-    fused_layers = False
 
     def __init__(self) -> None:
         self._symm = _symm_mem()
-
-    def configure(self, argv: Sequence[str] | None, env: Mapping[str, str] | None, *, tp_size: int,
-                  num_experts: int | None = None, use_ascend_mc2: bool = False, tp_2d: bool = False,
-                  transformer_impl: str = "local", coc_cfgs: Mapping[str, Any] | None = None) -> AsyncTPConfig:
-        """``--use-ascend-coc`` is the switch; async-TP reads no chunk count, variable or model setting."""
-        parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-        parser.add_argument("--use-ascend-coc", action="store_true")
-        known, _ = parser.parse_known_args(list(argv or ()))
-        return AsyncTPConfig(bool(known.use_ascend_coc))
 
     def _all_gather(self, x: Any, w: Any, *, group: Any, transpose_weight: bool) -> tuple[Any, Any]:
         gathered, (out,) = self._symm._fused_all_gather_matmul_fallback(

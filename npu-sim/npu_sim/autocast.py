@@ -9,6 +9,8 @@ modelled: the cache of cast weights (each call casts again) and the policy's "pr
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 #: Ops that run in the autocast dtype (float16 / bfloat16).
@@ -44,13 +46,10 @@ def _kernel(op, float32: bool):
     return kernel
 
 
-_LIBRARIES: list[torch.library.Library] = []
-
-
-def install() -> None:
-    """Register the fallthrough and the policy's kernels for ``AutocastPrivateUse1`` (once per process)."""
-    if _LIBRARIES:
-        return
+@functools.cache
+def install() -> tuple[torch.library.Library, ...]:
+    """Register the fallthrough and the policy's kernels for ``AutocastPrivateUse1`` (once per process: the cache
+    keeps the libraries, whose registrations live as long as they do)."""
     fallthrough = torch.library.Library("_", "IMPL")
     fallthrough.fallback(torch.library.fallthrough_kernel, _KEY)
     kernels = torch.library.Library("aten", "IMPL")
@@ -59,4 +58,4 @@ def install() -> None:
             packet, _, overload = name.partition(".")
             op = getattr(getattr(torch.ops.aten, packet), overload or "default")
             kernels.impl(name, _kernel(op, float32), _KEY)
-    _LIBRARIES.extend([fallthrough, kernels])
+    return fallthrough, kernels

@@ -36,6 +36,7 @@ are not modelled (:class:`NotImplementedError`).
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 from collections import Counter
@@ -273,15 +274,12 @@ def handle(func, args: tuple, kwargs: dict) -> Any:
     return result
 
 
-_LIBRARIES: list[torch.library.Library] = []
-
-
-def install() -> None:
-    """Define the kernels under ``torch.ops.npu`` with the contract's schemas (once per process)."""
-    if _LIBRARIES:
-        return
+@functools.cache
+def install() -> torch.library.Library:
+    """Define the kernels under ``torch.ops.npu`` with the contract's schemas (once per process: the cache keeps the
+    library, whose definitions live as long as it does)."""
     library = torch.library.Library("npu", "DEF")
     for line in contract.SCHEMAS.values():
         library.define(line)
-    _LIBRARIES.append(library)
     hccl.DESTROY_LISTENERS.append(_forget_domain)
+    return library
