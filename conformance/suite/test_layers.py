@@ -33,6 +33,7 @@ from conformance.harness.impl_loader import accepts_keyword
 from conformance.judge import checks, structure
 from conformance.judge import layers as judge
 from conformance.judge.determinism import arrival_ordered
+from conformance.judge.layer_truth import golden_problem
 from conformance.judge.layer_verdicts import (
     judge_layer_refusal,
     judge_layer_results,
@@ -42,13 +43,7 @@ from conformance.judge.layer_verdicts import (
     sort_layer_attempts,
 )
 from conformance.plugin import rank_backend
-from conformance.protocol import (
-    PHASE_COLLECTIVES,
-    Chunked,
-    Declarations,
-    NotOverlapped,
-    OverlapsMatmul,
-)
+from conformance.protocol import PHASE_COLLECTIVES, Chunked, Declarations, NotOverlapped, OverlapsMatmul
 from conformance.record.evidence import CaseEvidence
 from conformance.record.failures import WrongError
 from conformance.record.levels import Level
@@ -96,7 +91,7 @@ def _run(coc_ranks: Any, job: LayerJob, verdicts: Any = None) -> list[LayerOutco
 @pytest.mark.parametrize("case_id, tp, chunks", _layer_params())
 def test_layer_matches_golden(coc_ranks: Any, verdicts: Any, coc_declarations: Declarations, case_id: str, tp: int,
                               chunks: int) -> None:
-    problem = judge.golden_problem(case_id)
+    problem = golden_problem(case_id)
     job = LayerJob(problem, tp, tuple(coc_argv(chunks)))
     outcomes = _run(coc_ranks, job, verdicts)
     judge_layer_results(verdicts, job, outcomes, chunks=chunks)
@@ -116,7 +111,7 @@ def test_saved_all_gather_matches_golden(coc_ranks: Any, coc_impl: Any, verdicts
                                          tp: int) -> None:
     """``recompute_all_gather=False`` saves the gathered input: same numbers, no backward re-gather."""
     _needs_coc_cfgs(coc_impl)
-    problem = judge.golden_problem(case_id)
+    problem = golden_problem(case_id)
     job = LayerJob(problem, tp, tuple(coc_argv(2)), coc_cfgs={"recompute_all_gather": False})
     outcomes = _run(coc_ranks, job, verdicts)
     judge_numerics(verdicts, job, outcomes, chunks=2)
@@ -134,7 +129,7 @@ def test_layer_is_deterministic(coc_ranks: Any, pytestconfig: pytest.Config, cas
     backend_order = arrival_ordered(rank_backend(pytestconfig), os.environ)
     if backend_order:  # a layer's default mode promises no determinism of its own: nothing to judge there
         raise NotJudged(backend_order)
-    problem = judge.golden_problem(case_id)
+    problem = golden_problem(case_id)
     outcomes = _run(coc_ranks, LayerJob(problem, tp, tuple(coc_argv(4)), runs=3, serial=False))
     for rank, outcome in enumerate(outcomes):
         runs = [[(s.outputs, s.grads) for s in steps] for steps in outcome.coc]
@@ -154,7 +149,7 @@ def test_customized_coc_is_honoured(coc_ranks: Any, coc_impl: Any, verdicts: Any
     ``[m, out, in]``, with this rank's shard of the sharded dimension.
     """
     _needs_coc_cfgs(coc_impl)
-    problem = judge.golden_problem(case_id)
+    problem = golden_problem(case_id)
     m = problem.tokens[0] * problem.b
     k, n = (problem.h_in, problem.h_out // tp) if problem.layer == "column" else (problem.h_in // tp, problem.h_out)
     customized = {f"[{m}, {k}, {n}]": custom, f"[{m}, {n}, {k}]": custom}
@@ -256,7 +251,7 @@ def test_fused_kernel_layers_match_golden(coc_impl: Any, coc_declarations: Decla
                                           case_evidence: CaseEvidence, case_id: str, tp: int) -> None:
     """``--coc-fused-kernel`` (TP 8 only) patches the layers within the golden bound."""
     argv = _fused_or_skip(coc_impl, coc_declarations, tp)
-    problem = judge.golden_problem(case_id)
+    problem = golden_problem(case_id)
     outcomes = _run(coc_ranks, LayerJob(problem, tp, argv))
     judge.check_training(problem, outcomes, tp=tp, chunks=8, evidence=case_evidence)
 
@@ -294,6 +289,6 @@ def test_auto_chunk_count_matches_golden(coc_ranks: Any, coc_impl: Any, case_evi
     if refused is not None:
         raise NotOffered(f"{coc_impl.name} refuses --coc-parallel-num auto ({refused.describe()}); supporting it "
                          "is a SHOULD, judged by test_config's cli-auto")
-    problem = judge.golden_problem(case_id)
+    problem = golden_problem(case_id)
     outcomes = _run(coc_ranks, LayerJob(problem, tp, tuple(coc_argv("auto"))))
     judge.check_training(problem, outcomes, tp=tp, chunks=8, evidence=case_evidence)
