@@ -1,9 +1,10 @@
-"""The judging sequence of a layer training job, and of a layer case an implementation may refuse.
+"""The judging sequence of a layer job (one call of the patched layers, or a training), and of a layer case an
+implementation may refuse.
 
-The fixed suite (``conformance/suite/test_training.py``, ``test_layers.py``)
+The fixed suite (``conformance/suite/test_layers.py``, ``test_training.py``)
 and the explorer (``conformance/explore/layer_training.py``) both judge with
-these functions, so a rule exists once and a case the explorer finds fails
-the same named check as a suite test would.
+these functions, under one set of check names, so a rule exists once and a
+case the explorer finds fails the same named check as a suite test would.
 """
 
 from __future__ import annotations
