@@ -42,7 +42,7 @@ from conformance.contract.perf_items import SERIAL_REUSED
 from conformance.harness.case import RankTask
 from conformance.harness.launchers.devices import cpu
 from conformance.harness.launchers.process_launcher import ProcessLauncher
-from conformance.judge import hardware, perf
+from conformance.judge import hardware, perf, perf_samples
 
 VARIANTS = ("scripted-2", "scripted-4", "scripted-8", "auto", "fused", SERIAL_REUSED)
 #: Target 1: the best scripted chunk count on the balanced all-reduce shape at TP 2.
@@ -219,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
                     if not _undecided(name, tp, measurement):
                         break
                     again = _measure(launcher, RankTask(pipeline_perf_case, tp, params, timeout=1800.0), impls[0])
-                    result = {**result, "samples": perf.pooled(result["samples"], again["samples"])}
+                    result = {**result, "samples": perf_samples.pooled(result["samples"], again["samples"])}
                     measurement, rounds = _summary(result, case), rounds + args.repeats
                 identity = result["identity"]
                 print(f"\n== {name}: {case.op} [{case.m}, {case.k}] @ [{case.k}, {case.n}] {case.dtype}, "

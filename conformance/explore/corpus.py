@@ -1,9 +1,10 @@
 """The corpus: minimal cases kept as spec files, replayed by every tier and explored from first.
 
 A finding the explorer wrote (``--coc-explore-dir``) is a spec file; a corpus
-is a directory of such files.  The suite ships one (``conformance/corpus/``:
-the minimal case of every fault only the explorer finds, and the boundary
-values of every configuration setting), and a repository keeps its own
+is a directory of such files, in the same form (``conformance/explore/finding.py``).
+The suite ships one (``conformance/corpus/``: the minimal case of every fault
+only the explorer finds, and the boundary values of every configuration
+setting), and a repository keeps its own
 (``coc-corpus add``, :mod:`conformance.explore.corpus_cli`).  Every spec of
 both is replayed as a case ``test_corpus[<kind>-<hash>]`` and judged by
 :func:`replay`, the function ``--coc-replay`` judges with too, through its
@@ -14,22 +15,19 @@ fails every later run of the tier it is replayed in.
 from __future__ import annotations
 
 import json
-import shlex
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from conformance.explore.finding import kept, load_finding, write
 from conformance.explore.kind import Ranks, Scope
-from conformance.explore.registry import kind_of, load_finding
-from conformance.explore.spec import SPEC_SCHEMA, Spec, SpecError, spec_key
+from conformance.explore.registry import kind_of
+from conformance.explore.spec import Spec, SpecError, spec_key
 from conformance.record.verdicts import NotOffered, Verdicts
 
 #: The corpus the package ships (package data).
 SHIPPED = Path(__file__).resolve().parent.parent / "corpus"
-#: Where a corpus entry came from (``provenance`` of its file).
-PROVENANCE = ("seed", "date", "implementation")
 
 
 @dataclass(frozen=True)
@@ -97,26 +95,6 @@ def replay(ranks: Ranks, spec: Spec, scope: Scope, verdicts: Verdicts) -> str:
     return judged.skipped
 
 
-def provenance(finding: Mapping[str, Any], path: Path) -> dict[str, Any]:
-    """Where a finding came from: its seed, when it was written, the implementation explored."""
-    implementation = finding.get("implementation", "")
-    if not implementation:
-        words = shlex.split(str(finding.get("command", "")))
-        implementation = next((words[i + 1] for i, w in enumerate(words[:-1]) if w == "--coc-impl"), "")
-    date = finding.get("date") or datetime.fromtimestamp(path.stat().st_mtime, timezone.utc).isoformat(
-        timespec="seconds")
-    return {"seed": finding.get("seed"), "date": date, "implementation": implementation, "from": path.name}
-
-
-def corpus_document(entry: Entry) -> dict[str, Any]:
-    """A corpus file's content for ``entry`` (a finding): what failed, the spec, and where it came from."""
-    doc = entry.doc
-    return {"schema": SPEC_SCHEMA, "check": doc.get("check", ""), "level": doc.get("level", ""),
-            "category": doc.get("category", ""), "case": entry.spec.describe(), "spec": entry.spec.as_dict(),
-            "minimal": doc.get("minimal", True), "message": doc.get("message", ""),
-            "provenance": dict(doc.get("provenance") or provenance(doc, entry.path))}
-
-
 def corpus_file_name(entry: Entry) -> str:
     """The file name of ``entry`` in a corpus: its case id and what it fails."""
     check = "".join(c if c.isalnum() else "-" for c in str(entry.doc.get("check", "")).lower()).strip("-")
@@ -132,7 +110,8 @@ class Added:
 
 
 def add_findings(findings: Iterable[Path], corpus: Path) -> Added:
-    """Copy each finding new to ``corpus`` by (kind, check, minimal spec) into it, with its provenance."""
+    """Copy each finding new to ``corpus`` by (kind, check, minimal spec) into it, with its provenance
+    (:func:`~conformance.explore.finding.kept`)."""
     corpus.mkdir(parents=True, exist_ok=True)
     held = {read_entry(path).key for path in sorted(corpus.glob("*.json"))}
     written, known = [], []
@@ -142,7 +121,5 @@ def add_findings(findings: Iterable[Path], corpus: Path) -> Added:
             known.append(Path(path))
             continue
         held.add(entry.key)
-        target = corpus / corpus_file_name(entry)
-        target.write_text(json.dumps(corpus_document(entry), indent=1) + "\n", encoding="utf-8")
-        written.append(target)
+        written.append(write(corpus / corpus_file_name(entry), kept(entry.doc, entry.path.name)))
     return Added(tuple(written), tuple(known))

@@ -27,21 +27,18 @@ Everything is seeded: the same seed draws the same cases in the same order.
 
 from __future__ import annotations
 
-import json
 import random
 import time
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, fields, replace
-from pathlib import Path
-from typing import Any
+from dataclasses import fields, replace
 
+from conformance.explore.exploration import Exploration
+from conformance.explore.finding import Finding
 from conformance.explore.kind import FailureKey, Judged, Kind, Ranks, Scope
 from conformance.explore.registry import KINDS, kind_of
 from conformance.explore.shrink import shrink
-from conformance.explore.spec import SPEC_SCHEMA, Spec, spec_key
-from conformance.harness.runner import CaseTimings
-from conformance.record.levels import Level
+from conformance.explore.spec import Spec
 from conformance.record.verdicts import Verdicts
 
 #: Share of the budget that shrinking may use, over all failures.
@@ -53,116 +50,6 @@ WARM_UP_DRAWS = 20
 STORMED_DRAWS = 50
 #: Share of the cases, once the corpus has been replayed, that mutate a corpus case instead of drawing afresh.
 MUTATION_SHARE = 0.25
-
-@dataclass
-class Finding:
-    """A minimal failing case and how it was found."""
-
-    key: FailureKey
-    spec: Spec
-    message: str
-    minimal: bool
-    found_after_s: float
-    cases_before: int
-    first_spec: Spec
-    shrink_steps: int = 0
-    shrink_tried: int = 0
-    shrink_s: float = 0.0
-    path: str = ""
-    command: str = ""
-    unproved: tuple[str, ...] = ()  #: why some neighbour of the case proves nothing (minimal within reach)
-    cut_short: bool = False  #: shrinking's share of the budget ran out
-
-    @property
-    def proof(self) -> str:
-        """What is proved of the case: minimal, minimal within reach (and why), or shrinking cut short."""
-        if self.cut_short:
-            return "shrinking cut short by the time budget, not proved minimal"
-        if self.unproved:
-            reasons = sorted(set(self.unproved))
-            return (f"minimal within reach: {len(self.unproved)} simpler neighbour(s) proved nothing ("
-                    + "; ".join(reasons[:3]) + (f"; and {len(reasons) - 3} more" if len(reasons) > 3 else "") + ")")
-        return "minimal"
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"check": self.key.check, "name": self.key.name, "subject": self.key.subject,
-                "level": self.key.level.value, "category": self.key.category, "proof": self.proof,
-                "unproved": list(self.unproved),
-                "message": self.message, "minimal": self.minimal, "spec": self.spec.as_dict(),
-                "case": self.spec.describe(), "first_failing_case": self.first_spec.describe(),
-                "found_after_s": round(self.found_after_s, 2), "cases_before": self.cases_before,
-                "shrink_steps": self.shrink_steps, "shrink_cases": self.shrink_tried,
-                "shrink_s": round(self.shrink_s, 2), "path": self.path, "command": self.command}
-
-
-@dataclass
-class Exploration:
-    """What an exploration did: cases, per dimension, where the time went, findings."""
-
-    seed: int
-    budget_s: float
-    cases: int = 0
-    judged_cases: int = 0  #: cases that recorded a passed or failed check (not every case skipped)
-    #: Every check judged (passed or failed), as (kind, "subject: check", level), and how many cases judged it.
-    judged_checks: Counter[tuple[str, str, Level]] = field(default_factory=Counter)
-    shrink_cases: int = 0
-    skipped: Counter[str] = field(default_factory=Counter)
-    per_dimension: Counter[str] = field(default_factory=Counter)
-    failing_cases: Counter[str] = field(default_factory=Counter)
-    stormed: list[str] = field(default_factory=list)  #: capabilities the storm breaker stopped drawing
-    outside: Counter[str] = field(default_factory=Counter)  #: draws set aside as out of reach, by why
-    #: kinds the implementation offers no case of, and modes it raised ``NotImplementedError`` for: why
-    not_offered: dict[str, str] = field(default_factory=dict)
-    from_corpus: int = 0  #: cases replayed from the corpus (first)
-    mutations: int = 0  #: cases mutated from a corpus case (or from an earlier mutation)
-    per_kind: Counter[str] = field(default_factory=Counter)
-    kind_s: defaultdict[str, float] = field(default_factory=lambda: defaultdict(float))
-    findings: list[Finding] = field(default_factory=list)
-    wall_s: float = 0.0
-    warm_up_s: float = 0.0  #: the first cases, up to one on ranks, which starts their processes (off the clock)
-    #: The warm-up cases by kind (counted as cases; their time is no rate's)
-    warm_up: Counter[str] = field(default_factory=Counter)
-    explore_s: float = 0.0  #: judging drawn cases after the warm-up
-    shrink_s: float = 0.0
-    judging_s: float = 0.0
-    timings: CaseTimings = field(default_factory=CaseTimings)
-
-    @property
-    def cases_per_s(self) -> float:
-        """Cases drawn per second of exploring (shrinking and the warm-up case not counted)."""
-        return (self.cases - 1) / self.explore_s if self.explore_s > 0 else 0.0
-
-    def kind_rate(self, name: str) -> float:
-        """Cases of kind ``name`` per second of exploring (the warm-up case not counted)."""
-        count = self.per_kind[name] - self.warm_up[name]
-        return count / self.kind_s[name] if self.kind_s[name] > 0 else 0.0
-
-    def as_dict(self) -> dict[str, Any]:
-        t = self.timings
-        ranks = t.lease_wait + t.ranks
-        return {
-            "seed": self.seed, "budget_s": self.budget_s, "cases": self.cases, "judged_cases": self.judged_cases,
-            "judged_checks": {f"{kind}: {name} [{level.value}]": count
-                              for (kind, name, level), count in sorted(self.judged_checks.items())},
-            "shrink_cases": self.shrink_cases,
-            "cases_per_s": round(self.cases_per_s, 2), "skipped": dict(self.skipped),
-            "warm_up_cases": dict(self.warm_up),
-            "per_kind": {name: {"cases": count, "seconds": round(self.kind_s[name], 2),
-                                "cases_per_s": round(self.kind_rate(name), 2)}
-                         for name, count in sorted(self.per_kind.items())},
-            "not_offered": self.not_offered, "from_corpus": self.from_corpus, "mutations": self.mutations,
-            "per_dimension": dict(sorted(self.per_dimension.items())), "failing_cases": dict(self.failing_cases),
-            "stormed": self.stormed, "outside": dict(self.outside),
-            "time_s": {"wall": round(self.wall_s, 2), "warm_up": round(self.warm_up_s, 2),
-                       "exploring": round(self.explore_s, 2),
-                       "shrinking": round(self.shrink_s, 2), "ranks": round(ranks, 2),
-                       "implementation": round(t.impl, 2), "references": round(t.reference, 2),
-                       "pool_start": round(t.pool_start, 2), "lease_wait": round(t.lease_wait, 2),
-                       "judging": round(self.judging_s, 2),
-                       "overhead": round(max(0.0, self.wall_s - ranks - self.judging_s), 2)},
-            "findings": [f.as_dict() for f in self.findings],
-        }
-
 
 def mutations(start: Spec, rng: random.Random, scope: Scope) -> list[Spec]:
     """The cases one mutation of ``start`` picks from: half the time its one-step-simpler neighbours (the shrinker's
@@ -352,13 +239,3 @@ class Explorer:
         for capability, count in self.hangs_in_a_row.items():
             if self.storm and count >= self.storm and capability not in self.report.stormed:
                 self.report.stormed.append(capability)
-
-
-def write_finding(finding: Finding, directory: Path, command: Callable[[Path], str], report: Exploration) -> Path:
-    """Save ``finding`` as a replayable spec file (with the command that replays it); its path."""
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"{finding.key.slug()}-{spec_key(finding.spec)}.json"
-    finding.path, finding.command = str(path), command(path)
-    doc = {"schema": SPEC_SCHEMA, **finding.as_dict(), "seed": report.seed, "budget_s": report.budget_s}
-    path.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
-    return path

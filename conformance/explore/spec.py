@@ -1,8 +1,8 @@
-"""A case of the explorer as plain data: what every kind of spec offers, and its JSON file's schema.
+"""A case of the explorer as plain data: what every kind of spec offers.
 
 A spec is small and frozen, so the same seed draws equal specs, a shrinker
 compares them, and a minimal failing case is kept as a JSON file that
-``--coc-replay`` turns back into the same case.  Each kind of case (an op's
+``--coc-replay`` turns back into the same case (``conformance/explore/finding.py``).  Each kind of case (an op's
 calls, a layer's training, a configuration) is its own spec class in its own
 module; this is what they share.
 """
@@ -13,9 +13,6 @@ import hashlib
 import json
 from collections.abc import Hashable
 from typing import Any, Protocol
-
-#: Version of the JSON form (a replay refuses another).
-SPEC_SCHEMA = 2
 
 
 class SpecError(ValueError):

@@ -1,9 +1,10 @@
-"""The judging sequence of a layer training job, and of a layer case an implementation may refuse.
+"""The judging sequence of a layer job (one call of the patched layers, or a training), and of a layer case an
+implementation may refuse.
 
-The fixed suite (``conformance/suite/test_training.py``, ``test_layers.py``)
+The fixed suite (``conformance/suite/test_layers.py``, ``test_training.py``)
 and the explorer (``conformance/explore/layer_training.py``) both judge with
-these functions, so a rule exists once and a case the explorer finds fails
-the same named check as a suite test would.
+these functions, under one set of check names, so a rule exists once and a
+case the explorer finds fails the same named check as a suite test would.
 """
 
 from __future__ import annotations
@@ -60,17 +61,29 @@ def layers_ran(outcomes: Sequence[LayerOutcome], what: str) -> None:
     judge.check_ran(outcomes, what, list(attempts.raised))
 
 
-def judge_training(verdicts: Verdicts, job: LayerJob, outcomes: Sequence[LayerOutcome], *, chunks: int) -> None:
-    """Every check of a training job, each at its level (failures recorded, none raised), of what came back on every
-    rank (:func:`sort_layer_attempts` judged what raised)."""
-    with verdicts.check("numerics of every step, micro-batch and replica", Level.MUST):
+def judge_numerics(verdicts: Verdicts, job: LayerJob, outcomes: Sequence[LayerOutcome], *, chunks: int) -> None:
+    """MUST: every output and gradient of every step, micro-batch and replica that came back lies within the error
+    bound of the float64 truth (``chunks``: the count the bound allows for)."""
+    with verdicts.check("numerics", Level.MUST):
         judge.check_training(job.problem, outcomes, tp=job.tp, chunks=chunks, evidence=verdicts.evidence,
                              fusion=job.main_grad, autocast=job.autocast)
+
+
+def judge_layer_results(verdicts: Verdicts, job: LayerJob, outcomes: Sequence[LayerOutcome], *, chunks: int) -> None:
+    """The checks of every layer job's results, each at its level (failures recorded, none raised), of what came
+    back on every rank (:func:`sort_layer_attempts` judged what raised): numerics, values, replicated copies."""
+    judge_numerics(verdicts, job, outcomes, chunks=chunks)
     with verdicts.check("results are values", Level.MUST):
         judge.check_values(outcomes)
     if judge.replicated(job.problem, job.tp):  # else (SP, TP 1) nothing is replicated: the check cannot apply
         with verdicts.check("replicated results bitwise identical", Level.SHOULD):
             judge.check_identical_copies(job.problem, outcomes, chunks=chunks, fusion=job.main_grad)
+
+
+def judge_training(verdicts: Verdicts, job: LayerJob, outcomes: Sequence[LayerOutcome], *, chunks: int) -> None:
+    """Every check of a training job: :func:`judge_layer_results`, and where gradients accumulate into
+    ``main_grad``, that they land there once (MUST) and that the fusion is honoured (SHOULD)."""
+    judge_layer_results(verdicts, job, outcomes, chunks=chunks)
     if job.main_grad:
         with verdicts.check("gradient lands in main_grad once", Level.MUST):
             judge.check_main_grad(outcomes)

@@ -122,6 +122,13 @@ def layer_parts(layer: str) -> list[str]:
     return ["column", "row"] if layer == "mlp" else [layer]
 
 
+def may_chunk(overlap: Mapping[str, OverlapStrategy], part: str, sp: bool) -> bool:
+    """Whether a phase of layer part ``part`` is declared chunked (or undeclared) in ``overlap``: only those have a
+    chunk count to change or to fall back from."""
+    keys = [key for key in PHASE_COLLECTIVES if key.startswith(f"{part}/{'sp' if sp else 'nosp'}/")]
+    return any(not isinstance(overlap.get(key, Chunked()), (OverlapsMatmul, NotOverlapped)) for key in keys)
+
+
 def part_matmuls(problem: LayerProblem, kind: str, tp: int) -> PartMatmuls:
     """The matmuls of layer part ``kind`` on a rank: its weight's name in the timeline and shard shape."""
     if problem.layer == "mlp":

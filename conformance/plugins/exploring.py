@@ -25,7 +25,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if config.getoption(options.EXPLORE) is not None and config.getoption(options.REPLAY) is not None:
         raise pytest.UsageError(f"{options.EXPLORE} and {options.REPLAY} exclude each other: explore, or replay")
     if config.getoption(options.REPLAY) is not None:
-        from conformance.explore.registry import load_finding
+        from conformance.explore.finding import load_finding
         from conformance.explore.spec import SpecError
 
         try:

@@ -1,6 +1,6 @@
 """The intervals a record states: their confidence, and how one is read off bootstrap estimates.
 
-A perf case states the interval of its median paired gain (:func:`conformance.judge.perf.median_ci`); the
+A perf case states the interval of its median paired gain (:func:`conformance.judge.perf_samples.median_ci`); the
 gate states the interval of the change of that median between two runs
 (:func:`conformance.record.perf_changes.difference_ci`).  Both are at one level, cut the same way.
 """

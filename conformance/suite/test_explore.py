@@ -18,9 +18,10 @@ import pytest
 
 from conformance import options
 from conformance.explore.corpus import read_corpus, replay
-from conformance.explore.explorer import Exploration, Explorer, write_finding
+from conformance.explore.exploration import Exploration
+from conformance.explore.explorer import Explorer
+from conformance.explore.finding import load_finding, write_finding
 from conformance.explore.kind import record
-from conformance.explore.registry import load_finding
 from conformance.protocol import Declarations
 from conformance.record import report_properties
 from conformance.record.levels import Level
@@ -30,8 +31,7 @@ from conformance.suite.explorer_run import corpus_directories, run_scope
 pytestmark = pytest.mark.coc_kind("explore")
 
 
-def _replay_command(config: pytest.Config, path: Path) -> str:
-    impl = options.impl_spec(config)
+def _replay_command(impl: str, path: Path) -> str:
     return shlex.join(["pytest", "--pyargs", "conformance.suite", options.IMPL, impl, options.REPLAY, str(path)])
 
 
@@ -48,9 +48,10 @@ def test_explore(coc_ranks: Any, verdicts: Any, coc_impl: Any, coc_declarations:
     if not explorer.kinds:
         raise NotOffered(f"the implementation offers no kind of case: {explorer.report.not_offered}")
     report = explorer.explore()
-    directory = Path(config.getoption(options.EXPLORE_DIR))
+    directory, impl = Path(config.getoption(options.EXPLORE_DIR)), options.impl_spec(config)
     for finding in report.findings:
-        path = write_finding(finding, directory, lambda p: _replay_command(config, p), report)
+        path = write_finding(finding, directory, implementation=impl, command=lambda p: _replay_command(impl, p),
+                             seed=report.seed, budget_s=report.budget_s)
         record(verdicts, finding.key, f"{finding.spec.describe()} ({finding.proof}; found after "
                                       f"{finding.found_after_s:.1f} s, {finding.cases_before} case(s)): "
                                       f"{finding.message}\nreplay: {finding.command}  (spec {path})")

@@ -33,20 +33,17 @@ from conformance.harness.impl_loader import accepts_keyword
 from conformance.judge import checks, structure
 from conformance.judge import layers as judge
 from conformance.judge.determinism import arrival_ordered
+from conformance.judge.layer_truth import golden_problem
 from conformance.judge.layer_verdicts import (
     judge_layer_refusal,
+    judge_layer_results,
+    judge_numerics,
     layer_refusal_names,
     layers_ran,
     sort_layer_attempts,
 )
 from conformance.launching import rank_backend
-from conformance.protocol import (
-    PHASE_COLLECTIVES,
-    Chunked,
-    Declarations,
-    NotOverlapped,
-    OverlapsMatmul,
-)
+from conformance.protocol import PHASE_COLLECTIVES, Chunked, Declarations, NotOverlapped, OverlapsMatmul
 from conformance.record.evidence import CaseEvidence
 from conformance.record.failures import WrongError
 from conformance.record.levels import Level
@@ -94,15 +91,10 @@ def _run(coc_ranks: Any, job: LayerJob, verdicts: Any = None) -> list[LayerOutco
 @pytest.mark.parametrize("case_id, tp, chunks", _layer_params())
 def test_layer_matches_golden(coc_ranks: Any, verdicts: Any, coc_declarations: Declarations, case_id: str, tp: int,
                               chunks: int) -> None:
-    problem = judge.golden_problem(case_id)
-    outcomes = _run(coc_ranks, LayerJob(problem, tp, tuple(coc_argv(chunks))), verdicts)
-    with verdicts.check("numerics", Level.MUST):
-        judge.check_training(problem, outcomes, tp=tp, chunks=chunks, evidence=verdicts.evidence)
-    with verdicts.check("results are values", Level.MUST):
-        judge.check_values(outcomes)
-    if judge.replicated(problem, tp):  # with SP nothing is: the check cannot apply
-        with verdicts.check("replicated results bitwise identical", Level.SHOULD):
-            judge.check_identical_copies(problem, outcomes, chunks=chunks)
+    problem = golden_problem(case_id)
+    job = LayerJob(problem, tp, tuple(coc_argv(chunks)))
+    outcomes = _run(coc_ranks, job, verdicts)
+    judge_layer_results(verdicts, job, outcomes, chunks=chunks)
     if chunks > 1:
         with verdicts.check("overlap structure", Level.STRUCTURE):
             structure.check_layer_structure(problem, outcomes, coc_declarations.overlap, chunks=chunks, tp=tp)
@@ -119,11 +111,10 @@ def test_saved_all_gather_matches_golden(coc_ranks: Any, coc_impl: Any, verdicts
                                          tp: int) -> None:
     """``recompute_all_gather=False`` saves the gathered input: same numbers, no backward re-gather."""
     _needs_coc_cfgs(coc_impl)
-    problem = judge.golden_problem(case_id)
-    outcomes = _run(coc_ranks, LayerJob(problem, tp, tuple(coc_argv(2)), coc_cfgs={"recompute_all_gather": False}),
-                    verdicts)
-    with verdicts.check("numerics", Level.MUST):
-        judge.check_training(problem, outcomes, tp=tp, chunks=2, evidence=verdicts.evidence)
+    problem = golden_problem(case_id)
+    job = LayerJob(problem, tp, tuple(coc_argv(2)), coc_cfgs={"recompute_all_gather": False})
+    outcomes = _run(coc_ranks, job, verdicts)
+    judge_numerics(verdicts, job, outcomes, chunks=2)
     with verdicts.check("recompute_all_gather=False honoured", Level.SHOULD):
         judge.check_saved_gather(outcomes)
 
@@ -138,7 +129,7 @@ def test_layer_is_deterministic(coc_ranks: Any, pytestconfig: pytest.Config, cas
     backend_order = arrival_ordered(rank_backend(pytestconfig), os.environ)
     if backend_order:  # a layer's default mode promises no determinism of its own: nothing to judge there
         raise NotJudged(backend_order)
-    problem = judge.golden_problem(case_id)
+    problem = golden_problem(case_id)
     outcomes = _run(coc_ranks, LayerJob(problem, tp, tuple(coc_argv(4)), runs=3, serial=False))
     for rank, outcome in enumerate(outcomes):
         runs = [[(s.outputs, s.grads) for s in steps] for steps in outcome.coc]
@@ -158,20 +149,19 @@ def test_customized_coc_is_honoured(coc_ranks: Any, coc_impl: Any, verdicts: Any
     ``[m, out, in]``, with this rank's shard of the sharded dimension.
     """
     _needs_coc_cfgs(coc_impl)
-    problem = judge.golden_problem(case_id)
+    problem = golden_problem(case_id)
     m = problem.tokens[0] * problem.b
     k, n = (problem.h_in, problem.h_out // tp) if problem.layer == "column" else (problem.h_in // tp, problem.h_out)
     customized = {f"[{m}, {k}, {n}]": custom, f"[{m}, {n}, {k}]": custom}
-    outcomes = _run(coc_ranks, LayerJob(problem, tp, tuple(coc_argv(base)), coc_cfgs={"customized_coc": customized}),
-                    verdicts)
-    with verdicts.check("numerics", Level.MUST):
-        judge.check_training(problem, outcomes, tp=tp, chunks=max(custom, base), evidence=verdicts.evidence)
+    job = LayerJob(problem, tp, tuple(coc_argv(base)), coc_cfgs={"customized_coc": customized})
+    outcomes = _run(coc_ranks, job, verdicts)
+    judge_numerics(verdicts, job, outcomes, chunks=max(custom, base))
     # Only chunked (or undeclared) phases have a chunk count to change; the others are not judged.
     phases = {key: NotOverlapped() if isinstance(s, OverlapsMatmul) else s
               for key, s in coc_declarations.overlap.items()}
     phases.update({key: Chunked() for key in PHASE_COLLECTIVES if key not in coc_declarations.overlap})
     with verdicts.check("customized_coc honoured in every phase", Level.SHOULD):
-        if not _may_chunk(coc_declarations, problem.layer, problem.sequence_parallel):
+        if not structure.may_chunk(coc_declarations.overlap, problem.layer, problem.sequence_parallel):
             raise NotJudged(f"{problem.layer}: no phase is declared chunked, so customized_coc has no chunk count "
                             "to change")
         structure.check_layer_structure(problem, outcomes, phases, chunks=custom, tp=tp)
@@ -181,13 +171,6 @@ def test_customized_coc_is_honoured(coc_ranks: Any, coc_impl: Any, verdicts: Any
 #: tokens than chunks, rows no chunk count divides.
 UNEVEN_TOKENS = {False: ((7, 1, 2), (1, 1, 4), (3, 2, 4), (13, 1, 8)),
                  True: ((6, 1, 4), (2, 1, 8), (10, 1, 4), (18, 1, 8))}
-
-
-def _may_chunk(declared: Declarations, part: str, sp: bool) -> bool:
-    """Whether a phase of layer ``part`` is declared chunked (or undeclared): only those can fall back."""
-    keys = [key for key in PHASE_COLLECTIVES if key.startswith(f"{part}/{'sp' if sp else 'nosp'}/")]
-    return any(not isinstance(declared.overlap.get(key, Chunked()), (OverlapsMatmul, NotOverlapped))
-               for key in keys)
 
 
 def _uneven_params() -> list[Any]:
@@ -236,7 +219,7 @@ def _judge_uneven(verdicts: Any, declared: Declarations, outcomes: list[LayerOut
         judge.check_training(problem, outcomes, tp=tp, chunks=chunks, evidence=verdicts.evidence)
     if rows < chunks:
         with verdicts.check(f"{label}: one fallback warning per layer", Level.SHOULD):
-            expected = sum(1 for part in structure.layer_parts(layer) if _may_chunk(declared, part, sp))
+            expected = sum(structure.may_chunk(declared.overlap, part, sp) for part in structure.layer_parts(layer))
             if not expected:
                 raise NotJudged(f"no phase of the {layer} layer is declared chunked: nothing falls back")
             for rank, outcome in enumerate(outcomes):
@@ -268,7 +251,7 @@ def test_fused_kernel_layers_match_golden(coc_impl: Any, coc_declarations: Decla
                                           case_evidence: CaseEvidence, case_id: str, tp: int) -> None:
     """``--coc-fused-kernel`` (TP 8 only) patches the layers within the golden bound."""
     argv = _fused_or_skip(coc_impl, coc_declarations, tp)
-    problem = judge.golden_problem(case_id)
+    problem = golden_problem(case_id)
     outcomes = _run(coc_ranks, LayerJob(problem, tp, argv))
     judge.check_training(problem, outcomes, tp=tp, chunks=8, evidence=case_evidence)
 
@@ -284,9 +267,9 @@ def test_fused_kernel_layers_overlap(coc_impl: Any, coc_declarations: Declaratio
     """
     argv = _fused_or_skip(coc_impl, coc_declarations, tp)
     problem = LayerProblem(layer, sp, 32, 32, "float32", tokens=(2048,), seed=2)
-    outcomes = _run(coc_ranks, LayerJob(problem, tp, argv), verdicts)
-    with verdicts.check("numerics", Level.MUST):
-        judge.check_training(problem, outcomes, tp=tp, chunks=8, evidence=verdicts.evidence)
+    job = LayerJob(problem, tp, argv)
+    outcomes = _run(coc_ranks, job, verdicts)
+    judge_numerics(verdicts, job, outcomes, chunks=8)
     with verdicts.check("the fused path overlaps", Level.STRUCTURE):
         structure.check_layer_structure(problem, outcomes, coc_declarations.fused_overlap, chunks=1, tp=tp, fused=True)
 
@@ -306,6 +289,6 @@ def test_auto_chunk_count_matches_golden(coc_ranks: Any, coc_impl: Any, case_evi
     if refused is not None:
         raise NotOffered(f"{coc_impl.name} refuses --coc-parallel-num auto ({refused.describe()}); supporting it "
                          "is a SHOULD, judged by test_config's cli-auto")
-    problem = judge.golden_problem(case_id)
+    problem = golden_problem(case_id)
     outcomes = _run(coc_ranks, LayerJob(problem, tp, tuple(coc_argv("auto"))))
     judge.check_training(problem, outcomes, tp=tp, chunks=8, evidence=case_evidence)

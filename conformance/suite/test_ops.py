@@ -41,10 +41,9 @@ from typing import Any
 import pytest
 
 import golden
-from conformance.cases.groups import GROUP_LAYOUTS, SUBGROUP_SIZES
 from conformance.cases.op_cases import op_sequence_task, op_task
 from conformance.cases.quant_cases import BAD_QUANT, quant_inputs, quant_task
-from conformance.contract.jobs import OPERAND_STRIDES, OpRun, QuantRun
+from conformance.contract.jobs import OpRun, QuantRun
 from conformance.contract.problems import Problem, QuantProblem, exact_limit_ok
 from conformance.judge import checks
 from conformance.judge import ops as judge
@@ -59,33 +58,14 @@ from conformance.judge.op_verdicts import (
     sort_refusals,
 )
 from conformance.judge.quant_verdicts import check_w8a16, judge_bad_argument, quant_truth
-from conformance.protocol import DETERMINISTIC_OPS, FUSED_OPS, Declarations
+from conformance.protocol import Declarations
 from conformance.record import report_properties
 from conformance.record.evidence import CaseEvidence
 from conformance.record.failures import suite_requires
 from conformance.record.levels import Level
-from golden.catalogue import DTYPES, TP_SIZES
+from conformance.suite import op_params
 
 pytestmark = pytest.mark.coc_kind("op")
-
-OP_CASES: tuple[Any, ...] = golden.catalogue("op")
-QUANT_CASES = golden.catalogue("w8a16")
-
-
-def _requires(op: str) -> Any:
-    return pytest.mark.coc_requires(op)
-
-
-def _divisible(case: Any, op: str, tp: int) -> bool:
-    p = case.params
-    if op in ("matmul_all_reduce", "matmul_reduce_scatter"):  # k sharded; reduce-scatter also splits m
-        return p["k"] % tp == 0 and (op != "matmul_reduce_scatter" or p["m"] % tp == 0)
-    return p["m"] % tp == 0
-
-
-def _golden_problem(case: Any) -> Problem:
-    p = case.params
-    return Problem(p["m"], p["k"], p["n"], p["dtype"], p["with_bias"], case_id=case.id)
 
 
 def _run_checks(coc_ranks: Any, verdicts: Any, declared: Declarations, run: OpRun, *, world: int | None = None,
@@ -121,40 +101,15 @@ def _numbers_or_clear_refusal(coc_ranks: Any, verdicts: Any, declared: Declarati
             judge.check_numerics(judged, outcomes, evidence=verdicts.evidence)
 
 
-def _op_params() -> list[Any]:
-    params = []
-    for case in OP_CASES:
-        for op in case.ops:
-            for tp in TP_SIZES:
-                if not _divisible(case, op, tp):
-                    continue
-                for transpose in (False, True):
-                    params.append(pytest.param(case.id, op, tp, transpose, marks=_requires(op),
-                                               id=f"{op}-{case.id}-tp{tp}" + ("-wT" if transpose else "")))
-    return params
-
-
-@pytest.mark.parametrize("case_id, op, tp, transpose", _op_params())
+@pytest.mark.parametrize("case_id, op, tp, transpose", op_params.golden_params())
 def test_op_matches_golden(coc_ranks: Any, verdicts: Any, coc_declarations: Declarations, case_id: str, op: str,
                            tp: int, transpose: bool) -> None:
-    case = next(c for c in OP_CASES if c.id == case_id)
-    run = OpRun(op, (_golden_problem(case),), tp, transpose_weight=transpose)
+    case = next(c for c in op_params.OP_CASES if c.id == case_id)
+    run = OpRun(op, (op_params.golden_problem(case),), tp, transpose_weight=transpose)
     _run_checks(coc_ranks, verdicts, coc_declarations, run)
 
 
-#: Token counts that no tiling divides evenly: 1, smaller than any chunk count, odd, prime.
-UNEVEN_ROWS = (1, 3, 7, 13, 61)
-
-
-def _uneven_params() -> list[Any]:
-    params = []
-    for op in FUSED_OPS:
-        for tp in (2, 8):
-            params.append(pytest.param(op, tp, marks=_requires(op), id=f"{op}-tp{tp}"))
-    return params
-
-
-@pytest.mark.parametrize("op, tp", _uneven_params())
+@pytest.mark.parametrize("op, tp", op_params.uneven_params())
 def test_uneven_token_counts(coc_ranks: Any, verdicts: Any, coc_declarations: Declarations, op: str, tp: int) -> None:
     """Odd, prime and tiny token counts: correct numbers or a clear refusal on every rank, never wrong rows.
 
@@ -162,8 +117,8 @@ def test_uneven_token_counts(coc_ranks: Any, verdicts: Any, coc_declarations: De
     ``m`` rows from every rank; the reduce-scatter keeps ``m`` rows per rank
     (and ``m*tp + 1`` rows, which no scatter can split, must be refused).
     """
-    rows = {"matmul_all_reduce": UNEVEN_ROWS, "matmul_reduce_scatter": tuple(r * tp for r in UNEVEN_ROWS),
-            "all_gather_matmul": tuple(r * tp for r in UNEVEN_ROWS)}.get(op, tuple(r * tp for r in UNEVEN_ROWS))
+    uneven = op_params.UNEVEN_ROWS
+    rows = uneven if op == "matmul_all_reduce" else tuple(r * tp for r in uneven)
     for problem in (Problem(m, 64, 48, "float32", seed=m) for m in rows):
         label = f"m={problem.m}"
         with verdicts.sub_case(label):
@@ -176,12 +131,7 @@ def test_uneven_token_counts(coc_ranks: Any, verdicts: Any, coc_declarations: De
                                        names=refusal_names(bad.m, tp))
 
 
-def _exact_params() -> list[Any]:
-    return [pytest.param(op, dtype, tp, marks=_requires(op), id=f"{op}-{dtype}-tp{tp}")
-            for op in FUSED_OPS for dtype in DTYPES for tp in (2, 8)]
-
-
-@pytest.mark.parametrize("op, dtype, tp", _exact_params())
+@pytest.mark.parametrize("op, dtype, tp", op_params.exact_params())
 def test_exact_layout(coc_ranks: Any, verdicts: Any, coc_declarations: Declarations, impl_accepts_blocks: Any,
                       op: str, dtype: str, tp: int) -> None:
     """Exact data: rows land where one serial collective puts them, bit for bit, under any tiling."""
@@ -194,11 +144,7 @@ def test_exact_layout(coc_ranks: Any, verdicts: Any, coc_declarations: Declarati
     _run_checks(coc_ranks, verdicts, coc_declarations, OpRun(op, (problem,), tp, tilings=tilings), exact=True)
 
 
-def _values_params() -> list[Any]:
-    return [pytest.param(op, tp, marks=_requires(op), id=f"{op}-tp{tp}") for op in FUSED_OPS for tp in (2, 8)]
-
-
-@pytest.mark.parametrize("op, tp", _values_params())
+@pytest.mark.parametrize("op, tp", op_params.values_params())
 def test_results_are_values(coc_ranks: Any, verdicts: Any, coc_declarations: Declarations, op: str, tp: int) -> None:
     """Four calls back to back -- different inputs, different token counts, no synchronisation -- checked last."""
     sizes = (tp * 16, tp * 4, tp * 16, tp * 8)
@@ -206,15 +152,7 @@ def test_results_are_values(coc_ranks: Any, verdicts: Any, coc_declarations: Dec
     _run_checks(coc_ranks, verdicts, coc_declarations, OpRun(op, problems, tp))
 
 
-#: (world, tp): TP 2 x DP 2, TP 2 x DP 4, TP 4 x DP 2.
-
-
-def _subgroup_params() -> list[Any]:
-    return [pytest.param(op, world, tp, layout, marks=_requires(op), id=f"{op}-world{world}-tp{tp}-{layout}")
-            for op in FUSED_OPS for world, tp in SUBGROUP_SIZES for layout in GROUP_LAYOUTS]
-
-
-@pytest.mark.parametrize("op, world, tp, layout", _subgroup_params())
+@pytest.mark.parametrize("op, world, tp, layout", op_params.subgroup_params())
 def test_tp_subgroup_of_the_world(coc_ranks: Any, verdicts: Any, coc_declarations: Declarations, op: str,
                                   world: int, tp: int, layout: str) -> None:
     """The TP group is a proper subgroup, and each replica has its own data: collectives must stay in it."""
@@ -222,12 +160,7 @@ def test_tp_subgroup_of_the_world(coc_ranks: Any, verdicts: Any, coc_declaration
     _run_checks(coc_ranks, verdicts, coc_declarations, OpRun(op, (problem,), tp, layout=layout), world=world)
 
 
-def _straggler_params() -> list[Any]:
-    return [pytest.param(op, who, 4, marks=_requires(op), id=f"{op}-{who}-tp4")
-            for op in FUSED_OPS for who in ("rank1", "random")]
-
-
-@pytest.mark.parametrize("op, who, tp", _straggler_params())
+@pytest.mark.parametrize("op, who, tp", op_params.straggler_params())
 def test_stragglers(coc_ranks: Any, verdicts: Any, coc_declarations: Declarations, op: str, who: str,
                     tp: int) -> None:
     """A late rank, before the call and before every collective inside it: the numbers still hold."""
@@ -237,22 +170,7 @@ def test_stragglers(coc_ranks: Any, verdicts: Any, coc_declarations: Declaration
     _run_checks(coc_ranks, verdicts, coc_declarations, run)
 
 
-def _det_params() -> list[Any]:
-    return [pytest.param(op, dtype, tp, marks=_requires(op), id=f"{op}-{dtype}-tp{tp}")
-            for op in DETERMINISTIC_OPS for dtype in DTYPES for tp in (3, 4)]
-
-
-def _tilings(rows: int) -> tuple[tuple[int, ...] | None, ...]:
-    """Default tiling, one block, equal halves, and ragged blocks (1 row, 128-aligned, rest)."""
-    tilings: list[tuple[int, ...] | None] = [None, (rows,)]
-    if rows % 2 == 0:
-        tilings.append((rows // 2,) * 2)
-    if rows > 3:
-        tilings.append((1, rows - 3, 2))
-    return tuple(tilings)
-
-
-@pytest.mark.parametrize("op, dtype, tp", _det_params())
+@pytest.mark.parametrize("op, dtype, tp", op_params.det_params())
 def test_deterministic_is_bitwise_reproducible(coc_ranks: Any, verdicts: Any, coc_declarations: Declarations,
                                                 impl_accepts_blocks: Any, record_property: Any, op: str, dtype: str,
                                                 tp: int) -> None:
@@ -269,7 +187,7 @@ def test_deterministic_is_bitwise_reproducible(coc_ranks: Any, verdicts: Any, co
     m = 64 * tp if op == "matmul_reduce_scatter" else 64
     problem = Problem(m, 96, 64, dtype, bias=dtype != "bfloat16", seed=17, spread=True)
     rows = m // tp if op == "matmul_reduce_scatter" else m
-    tilings = _tilings(rows) if impl_accepts_blocks(op) else (None,)
+    tilings = op_params.tilings(rows) if impl_accepts_blocks(op) else (None,)
     run = OpRun(op, (problem,), tp, deterministic=True, tilings=tilings, runs=3, straggler_s=0.004)
     why = cannot_fail(run)
     suite_requires(not why, f"a deterministic case that cannot fail: {why}")
@@ -284,24 +202,9 @@ def test_deterministic_is_bitwise_reproducible(coc_ranks: Any, verdicts: Any, co
                           "this launcher starts no fresh ranks (threads of the session's process, or torchrun's job)")
 
 
-#: The storm breaker's capability of the w8A16 cases: its own path, apart from the plain op.
-W8A16 = "op:matmul_all_reduce/w8a16"
-
-
-def _quant_params() -> list[Any]:
-    params = []
-    for case in QUANT_CASES:
-        for tp in TP_SIZES:
-            k_local, g = case.params["k"] // tp, case.params["group_size"]
-            if case.params["granularity"] == "per_group" and (k_local % g or g >= k_local):
-                continue  # 32 <= g < k for the rank's own k
-            params.append(pytest.param(case.id, tp, id=f"{case.id}-tp{tp}"))
-    return params
-
-
 @pytest.mark.coc_requires("matmul_all_reduce")
-@pytest.mark.coc_capability(W8A16)
-@pytest.mark.parametrize("case_id, tp", _quant_params())
+@pytest.mark.coc_capability(op_params.W8A16)
+@pytest.mark.parametrize("case_id, tp", op_params.quant_params())
 def test_w8a16_matches_dequantised_golden(coc_ranks: Any, case_evidence: CaseEvidence, case_id: str, tp: int) -> None:
     g = golden.load(case_id)
     run = QuantRun(case_id, tp)
@@ -309,12 +212,12 @@ def test_w8a16_matches_dequantised_golden(coc_ranks: Any, case_evidence: CaseEvi
 
 
 @pytest.mark.coc_requires("matmul_all_reduce")
-@pytest.mark.coc_capability(W8A16)
+@pytest.mark.coc_capability(op_params.W8A16)
 @pytest.mark.parametrize("tp", [2])
 @pytest.mark.parametrize("change", BAD_QUANT)
 def test_w8a16_bad_arguments_refused_on_every_rank(coc_ranks: Any, verdicts: Any, coc_declarations: Declarations,
                                                    change: str, tp: int) -> None:
-    case_id = next(c.id for c in QUANT_CASES if c.params["dtype"] == "float16" and c.params["k"] == 512)
+    case_id = next(c.id for c in op_params.QUANT_CASES if c.params["dtype"] == "float16" and c.params["k"] == 512)
     outcomes = coc_ranks.run(quant_task, tp, run=QuantRun(case_id, tp, change))
     checks.require_offered([o.error for o in outcomes])
     judge_bad_argument(verdicts, outcomes, change, coc_declarations)
@@ -328,11 +231,7 @@ ODD_N = 43
 LARGE_ROWS = 4096
 
 
-def _op_corner(tp: int) -> list[Any]:
-    return [pytest.param(op, tp, marks=_requires(op), id=f"{op}-tp{tp}") for op in FUSED_OPS]
-
-
-@pytest.mark.parametrize("op, tp", _op_corner(2))
+@pytest.mark.parametrize("op, tp", op_params.op_corner(2))
 def test_corner_n_not_multiple_of_8(coc_ranks: Any, verdicts: Any, coc_declarations: Declarations, op: str,
                                     tp: int) -> None:
     """``n`` = 43: an epilogue in tiles of 8 or 16 columns must still write the tail."""
@@ -340,7 +239,7 @@ def test_corner_n_not_multiple_of_8(coc_ranks: Any, verdicts: Any, coc_declarati
                                                              tp))
 
 
-@pytest.mark.parametrize("op, tp", _op_corner(4))
+@pytest.mark.parametrize("op, tp", op_params.op_corner(4))
 def test_corner_large_gather(coc_ranks: Any, verdicts: Any, coc_declarations: Declarations, op: str,
                              tp: int) -> None:
     """4096 rows gathered, scattered or reduced: the sizes where a kernel switches algorithm."""
@@ -348,18 +247,13 @@ def test_corner_large_gather(coc_ranks: Any, verdicts: Any, coc_declarations: De
                                                              tp))
 
 
-@pytest.mark.parametrize("op, tp", _op_corner(1))
+@pytest.mark.parametrize("op, tp", op_params.op_corner(1))
 def test_corner_tp1(coc_ranks: Any, verdicts: Any, coc_declarations: Declarations, op: str, tp: int) -> None:
     """TP 1: a group of one rank (a CoC op is called at any TP): the op is the plain matmul."""
     _run_checks(coc_ranks, verdicts, coc_declarations, OpRun(op, (Problem(24, 64, 48, "float32", seed=25),), tp))
 
 
-def _strided_params() -> list[Any]:
-    return [pytest.param(op, strides, 2, marks=_requires(op), id=f"{op}-{strides}-tp2")
-            for op in FUSED_OPS for strides in OPERAND_STRIDES[1:]]
-
-
-@pytest.mark.parametrize("op, strides, tp", _strided_params())
+@pytest.mark.parametrize("op, strides, tp", op_params.strided_params())
 def test_corner_strided_operands(coc_ranks: Any, verdicts: Any, coc_declarations: Declarations, op: str,
                                  strides: str, tp: int) -> None:
     """A ``.t()`` weight view, column slices of wider buffers, storage offsets (NaN around every view).
@@ -371,7 +265,7 @@ def test_corner_strided_operands(coc_ranks: Any, verdicts: Any, coc_declarations
     _numbers_or_clear_refusal(coc_ranks, verdicts, coc_declarations, run)
 
 
-@pytest.mark.parametrize("op, tp", _op_corner(2))
+@pytest.mark.parametrize("op, tp", op_params.op_corner(2))
 def test_corner_same_shape_calls(coc_ranks: Any, verdicts: Any, coc_declarations: Declarations, op: str,
                                  tp: int) -> None:
     """Three calls of one shape in a row, every result kept: a double-buffered workspace runs out on the third."""
@@ -379,18 +273,9 @@ def test_corner_same_shape_calls(coc_ranks: Any, verdicts: Any, coc_declarations
     _run_checks(coc_ranks, verdicts, coc_declarations, OpRun(op, problems, tp))
 
 
-#: Two different ops one after the other: Megatron's SP MLP order (gather in, scatter out), and the reverse kinds.
-OP_SEQUENCES = (("all_gather_matmul", "matmul_reduce_scatter"), ("matmul_all_reduce", "all_gather_matmul_v2"))
-
-
-#: The storm breaker's capability of op sequences: several ops' paths at once.
-OP_SEQUENCE = "op:sequence"
-
-
-@pytest.mark.coc_capability(OP_SEQUENCE)
+@pytest.mark.coc_capability(op_params.OP_SEQUENCE)
 @pytest.mark.parametrize("tp", [2], ids=lambda tp: f"tp{tp}")
-@pytest.mark.parametrize("ops", [pytest.param(ops, marks=[_requires(op) for op in ops], id="-then-".join(ops))
-                                 for ops in OP_SEQUENCES])
+@pytest.mark.parametrize("ops", op_params.sequence_params())
 def test_corner_op_sequence(coc_ranks: Any, verdicts: Any, coc_declarations: Declarations, ops: tuple[str, ...],
                             tp: int) -> None:
     """Two different ops back to back, both results kept and judged last: no workspace shared between ops."""
@@ -400,7 +285,7 @@ def test_corner_op_sequence(coc_ranks: Any, verdicts: Any, coc_declarations: Dec
 
 
 @pytest.mark.coc_requires("matmul_all_reduce")
-@pytest.mark.coc_capability(W8A16)
+@pytest.mark.coc_capability(op_params.W8A16)
 @pytest.mark.parametrize("tp", [2], ids=lambda tp: f"tp{tp}")
 @pytest.mark.parametrize("group_size", [128], ids=lambda g: f"g{g}")
 def test_corner_w8a16_group_size(coc_ranks: Any, case_evidence: CaseEvidence, group_size: int, tp: int) -> None:

@@ -43,7 +43,7 @@ from conformance import options
 from conformance.cases.perf_cases import pipeline_perf_case
 from conformance.contract import perf_items
 from conformance.harness.launchers.devices import detect_device_kind, node_identity
-from conformance.judge import hardware, perf
+from conformance.judge import hardware, perf, perf_samples
 from conformance.record import report_properties
 from conformance.record.evidence import CaseEvidence
 from conformance.record.failures import PerfRegression
@@ -156,7 +156,7 @@ def test_coc_gain_meets_profile(coc_ranks: Any, case: hardware.PerfCase, record_
     if not any(v.failed for v in verdicts.values()):
         return
     retry = _measure(coc_ranks, case, profile)
-    both = {**retry, "samples": perf.pooled(result["samples"], retry["samples"]), "blocks": result["blocks"]}
+    both = {**retry, "samples": perf_samples.pooled(result["samples"], retry["samples"]), "blocks": result["blocks"]}
     measurement, verdicts = _verdicts(both, case, profile)
     again = _report(case, both, measurement, verdicts, record_property, case_evidence,
                     "perf figures (both measurements)")

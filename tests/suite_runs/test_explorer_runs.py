@@ -7,8 +7,8 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from conformance.explore.op_calls import Call, OpSpec
-from conformance.explore.spec import SPEC_SCHEMA
+from conformance.explore.finding import SCHEMA
+from conformance.explore.op_spec import Call, OpSpec
 from tests.support.suite_run import SuiteRun
 
 FAULT = "tests.support.faulty_impls:UnalignedKBias"
@@ -111,7 +111,7 @@ def test_refusing_every_call_fails_at_must_and_lacking_a_mode_passes_with_it_not
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     deterministic = OpSpec((Call(48, 96, 64),), tp=3, deterministic=True, runs=2)
-    (corpus / "deterministic.json").write_text(json.dumps({"schema": SPEC_SCHEMA, "spec": deterministic.as_dict()}))
+    (corpus / "deterministic.json").write_text(json.dumps({"schema": SCHEMA, "spec": deterministic.as_dict()}))
     lacking = run_suite("test_explore", "tests.support.faulty_impls:NoDeterministicMode", "--coc-explore", "8",
                         "--coc-seed", "3", "--coc-explore-dir", str(tmp_path / "found2"), "--coc-corpus", str(corpus),
                         "--coc-no-shipped-corpus",

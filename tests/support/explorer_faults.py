@@ -39,7 +39,7 @@ EXPLORER_FAULTS: tuple[ExplorerFault, ...] = (
     ExplorerFault("SlicedOddKReadsContiguous", "numerics"),
     ExplorerFault("ScatterOutputReusedByAllReduce", "results are values"),
     ExplorerFault("ClampsChunkCountBelowOne", "refused, naming the setting"),
-    ExplorerFault("RowOutputSizedByFirstCall", "numerics of every step, micro-batch and replica"),
+    ExplorerFault("RowOutputSizedByFirstCall", "numerics"),
     ExplorerFault("ScaleCacheOfFourGroups", "w8A16 result matches the dequantised truth"),
 )
 

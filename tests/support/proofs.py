@@ -33,7 +33,6 @@ MUST, SHOULD, STRUCTURE = "MUST", "SHOULD", "STRUCTURE"
 NUMERIC, CONTRACT, ERROR, OVERLAP = "numeric mismatch", "result contract", "missing or wrong error", "overlap structure"
 EVERY_RANK = "test_config_error_on_every_rank_before_any_collective"
 NUMERICS = "numerics"
-TRAINING = "numerics of every step, micro-batch and replica"
 VALUES = "results are values"
 #: Extra options of every run of a suite module against a fault (hangs in configure are meant to be declared quickly).
 MODULE_OPTIONS = {"test_config": ("--coc-tp", "2", "--coc-budget-floor", "8")}
@@ -240,25 +239,25 @@ FAULT_TABLE = [
     Proof("test_layers", "CallbackFromBeforeTheRecording", "layer_matches_golden and row-nosp and float32 and tp2-p2",
           "overlap structure", STRUCTURE, outcome="not judged", must_hold=True),
     # training steps
-    Proof("test_training", "WrongGroupLayers", "layers_on_tp_subgroup and row-nosp and world4", TRAINING, MUST,
+    Proof("test_training", "WrongGroupLayers", "layers_on_tp_subgroup and row-nosp and world4", NUMERICS, MUST,
           NUMERIC),
-    Proof("test_training", "StaleWeightCache", "training_steps and row-nosp and tp2", TRAINING, MUST, NUMERIC),
+    Proof("test_training", "StaleWeightCache", "training_steps and row-nosp and tp2", NUMERICS, MUST, NUMERIC),
     Proof("test_training", "ReusedOutputWorkspace", "training_steps and row-nosp and tp2", VALUES, MUST, CONTRACT),
-    Proof("test_training", "LostGradAccumulation", "gradient_accumulation_fusion and column-nosp and tp2", TRAINING,
+    Proof("test_training", "LostGradAccumulation", "gradient_accumulation_fusion and column-nosp and tp2", NUMERICS,
           MUST, NUMERIC),
     Proof("test_training", "GradInBothPlaces", "gradient_accumulation_fusion and row-nosp and tp2",
           "gradient lands in main_grad once", MUST, NUMERIC),
-    Proof("test_training", "TP1RowDropsBias", "corner_tp1_layers and row-nosp", TRAINING, MUST, NUMERIC),
-    Proof("test_training", "WrongLongMicroBatchRefusesShortOne", "training_steps and row-nosp and tp2", TRAINING, MUST,
+    Proof("test_training", "TP1RowDropsBias", "corner_tp1_layers and row-nosp", NUMERICS, MUST, NUMERIC),
+    Proof("test_training", "WrongLongMicroBatchRefusesShortOne", "training_steps and row-nosp and tp2", NUMERICS, MUST,
           NUMERIC),
     Proof("test_training", "RowLayerTypeError", "training_steps and row-nosp and tp2",
           "the patched layers ran on every rank", MUST, ERROR),
-    Proof("test_training", "AutocastOutputInInputDtype", "corner_autocast and row-sp", TRAINING, MUST, NUMERIC),
+    Proof("test_training", "AutocastOutputInInputDtype", "corner_autocast and row-sp", NUMERICS, MUST, NUMERIC),
     Proof("test_training", "UnfusedWeightGrad", "gradient_accumulation_fusion and row-nosp and tp2",
           "fusion honoured: gradient accumulated into main_grad", SHOULD, ERROR, must_hold=True),
     # a per-thread workspace of the backward, stale on a device's one long-lived backward thread (issue 50: a fresh
     # thread per backward passed it); keyed by the weight's version it is correct (test_suite_bites.CORRECT_VARIANTS)
-    Proof("test_training", "StaleBackwardThreadWorkspace", "training_steps and column-nosp and tp2", TRAINING, MUST,
+    Proof("test_training", "StaleBackwardThreadWorkspace", "training_steps and column-nosp and tp2", NUMERICS, MUST,
           NUMERIC),
     # misuses of torch_npu's MC2 kernels, on the emulated NPU node (golden cases inside the kernels' domain)
     Proof("test_ops", "BiasIntoAllReduceKernel", "op_matches_golden and m64k512n64 and tp2 and not wT", NUMERICS,

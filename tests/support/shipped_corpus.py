@@ -23,18 +23,19 @@ the reference passes them all.
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
 from conformance.contract.config_rules import INCOMPATIBLE
+from conformance.explore import finding
 from conformance.explore.config_settings import ConfigSpec
 from conformance.explore.corpus import SHIPPED, corpus_file_name, read_entry
+from conformance.explore.finding import Provenance, document
 from conformance.explore.layer_training import LayerSpec
-from conformance.explore.op_calls import Call, OpSpec
+from conformance.explore.op_spec import Call, OpSpec
 from conformance.explore.quant_calls import NUMBERS, QuantSpec
-from conformance.explore.spec import SPEC_SCHEMA, Spec
+from conformance.explore.spec import Spec
 
 #: Explorer-only fault -> its minimal case.
 FAULT_CASES: dict[str, Spec] = {
@@ -72,9 +73,7 @@ SUITE_FLAWS: tuple[tuple[Spec, str], ...] = (
 
 
 def _document(spec: Spec, check: str, origin: str, implementation: str) -> dict[str, Any]:
-    return {"schema": SPEC_SCHEMA, "check": check, "case": spec.describe(), "spec": spec.as_dict(),
-            "minimal": True, "provenance": {"seed": None, "date": "2026-11-26", "implementation": implementation,
-                                            "from": origin}}
+    return document(spec, Provenance(None, "2026-11-26", implementation, origin), check=check)
 
 
 def documents() -> list[dict[str, Any]]:
@@ -98,8 +97,7 @@ def write(directory: Path = SHIPPED) -> list[Path]:
         old.unlink()
     written = []
     for doc in documents():
-        path = directory / "new.json"
-        path.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+        path = finding.write(directory / "new.json", doc)
         target = directory / corpus_file_name(read_entry(path))
         path.rename(target)
         written.append(target)

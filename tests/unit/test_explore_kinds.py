@@ -17,7 +17,7 @@ from conformance.explore import config_settings, layer_training, op_calls, quant
 from conformance.explore import explorer as explorer_module
 from conformance.explore.explorer import STORMED_DRAWS, Explorer
 from conformance.explore.kind import FINISHED, FailureKey, Judged, Kind, Scope
-from conformance.explore.op_calls import Call, OpSpec
+from conformance.explore.op_spec import TILINGS, Call, OpSpec
 from conformance.explore.registry import KINDS, kind_of, spec_from_dict
 from conformance.explore.shrink import shrink
 from conformance.explore.spec import SpecError
@@ -333,8 +333,8 @@ def test_every_bucket_of_every_dimension_is_drawn_in_at_least_two_percent_of_its
 def test_a_value_drawn_at_weight_zero_fails_the_coverage_floor(scope: Scope, monkeypatch: pytest.MonkeyPatch) -> None:
     """The floor holds every bucket a dimension names, not only those drawn: one tiling never drawn fails it."""
     tiling = next(d for d in op_calls.SPEC_DIMENSIONS if d.name == "tiling")
-    weights = [0 if t == "halves" else 1 for t in op_calls.TILINGS]
-    never = replace(tiling, draw=space.weighted(op_calls.TILINGS, weights))
+    weights = [0 if t == "halves" else 1 for t in TILINGS]
+    never = replace(tiling, draw=space.weighted(TILINGS, weights))
     monkeypatch.setattr(op_calls, "SPEC_DIMENSIONS",
                         space.Space(*(never if d is tiling else d for d in op_calls.SPEC_DIMENSIONS)))
     specs = _drawn(op_calls.KIND, scope, seed=0, count=3000)

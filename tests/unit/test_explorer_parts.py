@@ -14,8 +14,9 @@ from conformance.cases.groups import GROUP_LAYOUTS
 from conformance.contract.jobs import OPERAND_STRIDES
 from conformance.explore import op_calls as ops
 from conformance.explore import space as dimensions
-from conformance.explore.op_calls import Call, OpSpec
-from conformance.explore.registry import load_finding, spec_from_dict
+from conformance.explore.finding import load_finding
+from conformance.explore.op_spec import Call, OpSpec
+from conformance.explore.registry import spec_from_dict
 from conformance.explore.shrink import shrink
 from conformance.explore.spec import SpecError
 

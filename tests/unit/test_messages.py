@@ -125,7 +125,7 @@ def test_a_result_of_misread_operands_is_named_by_what_was_misread(op: str, tran
     nothing more."""
     from conformance.contract.jobs import OpRun
     from conformance.contract.problems import Problem, global_operands
-    from conformance.judge.ops import _misread
+    from conformance.judge import op_truth
 
     tp = 4
     problem = Problem(64, 96, 48, "float32", True)
@@ -136,8 +136,8 @@ def test_a_result_of_misread_operands_is_named_by_what_was_misread(op: str, tran
     read = [p.T.contiguous().reshape(p.shape) if transpose else p.reshape(p.shape[1], p.shape[0]).T for p in pieces]
     misread = t["x"] @ torch.cat(read) + t["bias"]
     layout = "[n, k] storage read as an ND [k, n] matrix" if transpose else "[k, n] storage read as the transposed"
-    assert f"the result matches the weight's {layout}" in _misread(run, problem, 0, misread)
+    assert f"the result matches the weight's {layout}" in op_truth.misread(run, problem, 0, misread)
     bias_tp_times = t["x"] @ t["w"] + tp * t["bias"]
-    said = _misread(run, problem, 0, bias_tp_times)
+    said = op_truth.misread(run, problem, 0, bias_tp_times)
     assert ("the bias added on each of the 4 ranks before the reduction" in said) == (op != "all_gather_matmul")
-    assert _misread(run, problem, 0, t["x"] @ t["w"] + 2 * t["bias"] + 1) == ""
+    assert op_truth.misread(run, problem, 0, t["x"] @ t["w"] + 2 * t["bias"] + 1) == ""

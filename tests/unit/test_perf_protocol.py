@@ -14,24 +14,24 @@ from coc_shared.cost_curves import MeasuredCurve
 from coc_shared.timeline import simulate
 from conformance.bench.coc import targets
 from conformance.contract import perf_items
-from conformance.judge import hardware, perf
+from conformance.judge import hardware, perf, perf_samples
 from tests.support.dist_helpers import run_threaded
 
 # ---------------------------------------------------------------- statistics
 
 
 def test_stats_median_quartiles_and_spread():
-    s = perf.Stats.of([4.0, 1.0, 3.0, 2.0, 5.0])
+    s = perf_samples.Stats.of([4.0, 1.0, 3.0, 2.0, 5.0])
     assert (s.median, s.q1, s.q3, s.n) == (3.0, 2.0, 4.0, 5)
     assert s.spread == pytest.approx(2 / 3)
     with pytest.raises(ValueError):
-        perf.Stats.of([])
+        perf_samples.Stats.of([])
 
 
 def test_paired_gains_need_pairs():
-    assert perf.paired_gains([10.0, 20.0], [5.0, 25.0]) == [0.5, -0.25]
+    assert perf_samples.paired_gains([10.0, 20.0], [5.0, 25.0]) == [0.5, -0.25]
     with pytest.raises(ValueError, match="unpaired"):
-        perf.paired_gains([1.0], [1.0, 2.0])
+        perf_samples.paired_gains([1.0], [1.0, 2.0])
 
 
 def test_overlap_efficiency_and_exposed_comm():
@@ -45,7 +45,7 @@ def test_overlap_efficiency_and_exposed_comm():
 
 
 def test_pooled_appends_rounds_of_common_items():
-    assert perf.pooled({"a": [1.0], "b": [2.0]}, {"a": [3.0]}) == {"a": [1.0, 3.0]}
+    assert perf_samples.pooled({"a": [1.0], "b": [2.0]}, {"a": [3.0]}) == {"a": [1.0, 3.0]}
 
 
 # ---------------------------------------------------------------- interleaving
@@ -355,11 +355,11 @@ def test_bench_measures_again_only_where_a_verdict_is_within_the_noise():
 
 
 def test_median_ci_brackets_the_median_and_narrows_with_samples():
-    few = perf.median_ci([0.1, -0.1, 0.05, 0.0, 0.02])
-    many = perf.median_ci([0.1, -0.1, 0.05, 0.0, 0.02] * 20)
+    few = perf_samples.median_ci([0.1, -0.1, 0.05, 0.0, 0.02])
+    many = perf_samples.median_ci([0.1, -0.1, 0.05, 0.0, 0.02] * 20)
     assert few[0] <= 0.02 <= few[1] and many[0] <= 0.02 <= many[1]
     assert many[1] - many[0] < few[1] - few[0]
-    assert perf.median_ci([1.0, 2.0, 3.0]) == perf.median_ci([1.0, 2.0, 3.0])  # reproducible
+    assert perf_samples.median_ci([1.0, 2.0, 3.0]) == perf_samples.median_ci([1.0, 2.0, 3.0])  # reproducible
 
 
 # ---------------------------------------------------------------- rank side

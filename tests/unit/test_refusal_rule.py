@@ -12,7 +12,7 @@ import pytest
 
 from conformance.explore import op_calls
 from conformance.explore.kind import Scope
-from conformance.explore.op_calls import Call, OpSpec
+from conformance.explore.op_spec import Call, OpSpec
 from conformance.harness.runner import CaseTimings
 from conformance.protocol import declarations
 from conformance.record.levels import Level
