@@ -36,9 +36,10 @@ def thread_stacks() -> dict[int, tuple[Frame, ...]]:
     a rank sampled 20 times a second died of it.  faulthandler reads the
     interpreter's frames in C, under the GIL, without making frame objects.
     """
-    dump = getattr(_dumps, "file", None)
-    if dump is None:  # one scratch file per sampling thread, kept for its life
-        dump = _dumps.file = tempfile.TemporaryFile(buffering=0)  # noqa: SIM115
+    scratch = getattr(_dumps, "scratch", None)
+    if scratch is None:  # one scratch file per sampling thread, kept for its life
+        scratch = _dumps.scratch = _Scratch()
+    dump = scratch.file
     dump.seek(0)
     dump.truncate()
     faulthandler.dump_traceback(dump, all_threads=True)
@@ -51,6 +52,16 @@ def thread_stacks() -> dict[int, tuple[Frame, ...]]:
         elif frame := _FRAME_LINE.match(line):
             frames.append((frame.group(1), frame.group(2), frame.group(3)))
     return {ident: tuple(frames) for ident, frames in stacks.items()}
+
+
+class _Scratch:
+    """A sampling thread's scratch file, closed when the thread's locals go (not left to warn, unclosed, at exit)."""
+
+    def __init__(self) -> None:
+        self.file = tempfile.TemporaryFile(buffering=0)  # noqa: SIM115
+
+    def __del__(self) -> None:
+        self.file.close()
 
 
 _dumps = threading.local()

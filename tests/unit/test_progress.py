@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -216,3 +217,25 @@ def test_a_rank_waiting_for_its_backward_is_sampled_on_the_thread_that_runs_it()
     stop.set()
     thread.join()
     assert evidence[-1].stack_changes >= 5 and evidence[-1].helper_cpu_s > 0, evidence[-1]
+
+
+def test_a_sampling_threads_scratch_file_is_closed_with_the_thread() -> None:
+    """Each sampling thread keeps one file to dump stacks into; it goes with the thread, closed (it once stayed open
+    until the garbage collector warned of it, unclosed, at the end of long runs)."""
+    import gc
+    import sys
+
+    unraisable: list[BaseException | None] = []
+    before = sys.unraisablehook
+    sys.unraisablehook = lambda hook: unraisable.append(hook.exc_value)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", ResourceWarning)
+            sampler = threading.Thread(target=thread_stacks)
+            sampler.start()
+            sampler.join()
+            del sampler
+            gc.collect()
+    finally:
+        sys.unraisablehook = before
+    assert not unraisable, unraisable
