@@ -434,3 +434,28 @@ def test_naming_the_fork_servers_modules_never_waits_for_its_imports(monkeypatch
     zygote.close()
     assert named_in < 1.0, f"naming the modules waited {named_in:.1f} s for the fork server's imports"
     assert len(raised) == 1 and isinstance(raised[0], RankCrashed)  # the server that never got ready is said so
+
+
+@pytest.mark.parametrize(("users", "ranks"), [(None, "1"), ("3", "3")], ids=["unset", "the-users"])
+def test_ranks_openmp_teams_take_the_ranks_threads_unless_the_user_said(monkeypatch: pytest.MonkeyPatch,
+                                                                        users: str | None, ranks: str) -> None:
+    """OpenMP sizes a thread's team by OMP_NUM_THREADS, read as the fork server imports torch: unset, a rank's device
+    thread (its backward) took a team of a thread per core, spinning beside every other rank's."""
+    import subprocess
+
+    from conformance.harness.launchers import zygote_client
+
+    started = subprocess.Popen
+    environments: list[dict[str, str]] = []
+
+    def recorded(args: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
+        environments.append(kwargs["env"])
+        return started([sys.executable, "-c", "pass"], **kwargs)
+
+    monkeypatch.setattr(zygote_client.subprocess, "Popen", recorded)
+    if users is None:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("OMP_NUM_THREADS", users)
+    zygote_client.Zygote(threads=1).close()
+    assert environments[0]["OMP_NUM_THREADS"] == ranks

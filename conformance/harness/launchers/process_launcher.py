@@ -66,7 +66,7 @@ class ProcessLauncher:
         self.retire_idle_s = retire_idle_s
         self.max_live_ranks = max_live_ranks
         self._num_threads = num_threads
-        self._forks = ForkServer(fork_server, preload, zygote)
+        self._forks = ForkServer(fork_server, preload, zygote, threads=num_threads)
         self._lock = threading.Lock()
         self._idle: list[tuple[PoolKey, RankPool]] = []  # least recently used first
         self._busy: Counter[PoolKey] = Counter()  # pools running a case, by key

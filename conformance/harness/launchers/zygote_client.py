@@ -38,9 +38,14 @@ class Zygote:
     next fork.
     """
 
-    def __init__(self, start_timeout_s: float = 180.0) -> None:
+    def __init__(self, start_timeout_s: float = 180.0, threads: int = 1) -> None:
         ours, theirs = socket.socketpair()
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        # A rank computes on ``threads`` threads (``torch.set_num_threads`` on its main thread), but OpenMP sizes every
+        # other thread's team (the device thread a backward runs on) by OMP_NUM_THREADS, read once as torch is
+        # imported, here: unset, each rank's teams took a thread per core and spun (the whole suite's ranks spent
+        # 1.9x the CPU on 2 cores).  Set by the user, it is theirs.
+        env.setdefault("OMP_NUM_THREADS", str(threads))
         # Its imports' warnings go to a log, not into the output of whichever test started it.
         self._log = tempfile.NamedTemporaryFile(prefix="coc-zygote-", suffix=".log", delete=False)  # noqa: SIM115
         self._proc = subprocess.Popen(
@@ -131,8 +136,10 @@ class ForkServer:
     one started already.
     """
 
-    def __init__(self, enabled: bool = True, preload: Sequence[str] = (), zygote: Zygote | None = None) -> None:
+    def __init__(self, enabled: bool = True, preload: Sequence[str] = (), zygote: Zygote | None = None,
+                 threads: int = 1) -> None:
         self.enabled = enabled and can_fork_ranks()
+        self._threads = threads
         self._preload = tuple(preload)
         self._zygote = zygote if self.enabled else None
         self._refused = False
@@ -151,7 +158,7 @@ class ForkServer:
         """Start the server now, so that it imports torch meanwhile."""
         with self._lock:
             if self.enabled and self._zygote is None:
-                self._zygote = Zygote()
+                self._zygote = Zygote(threads=self._threads)
 
     def for_start(self) -> Zygote | None:
         """The server to fork a pool's ranks from, ready (started anew if it died); None: start interpreters."""
@@ -163,7 +170,7 @@ class ForkServer:
             if self._zygote is None or not self._zygote.alive:
                 if self._zygote is not None:
                     self._zygote.close()
-                self._zygote = Zygote()
+                self._zygote = Zygote(threads=self._threads)
             zygote = self._zygote
             preload = self._preload
         zygote.ready(preload)
