@@ -15,9 +15,11 @@ if TYPE_CHECKING:
 
 #: The marker a suite module (or a test) names its kind with.
 KIND_MARKER = "coc_kind"
-#: The kinds of the suite's modules, and the one its w8A16 cases are told apart as (by their test's name).
+#: The kinds of the suite's modules, and of its w8A16 tests (marked each, in the op module).
 OP, LAYER, TRAINING, CONFIG, PERF, EXPLORE, CORPUS = "op", "layer", "training", "config", "perf", "explore", "corpus"
 W8A16 = "w8A16"
+
+
 def declared_kind(item: pytest.Item) -> str | None:
     """The kind the case's ``coc_kind`` marker names (the closest one), or None."""
     mark = item.get_closest_marker(KIND_MARKER)
@@ -25,9 +27,7 @@ def declared_kind(item: pytest.Item) -> str | None:
 
 
 def kind_of(item: pytest.Item) -> str:
-    """The case's kind as the report groups it: ``w8A16`` for a w8A16 case (told by its test's name), else its
-    marker's; a test that declares none (not one of the suite's) goes by its module's name."""
-    if "w8a16" in getattr(item, "originalname", item.name).lower():
-        return W8A16
+    """The case's kind as the report groups it: its marker's (a test's own before its module's); a test that
+    declares none (not one of the suite's) goes by its module's name."""
     module = getattr(getattr(item, "module", None), "__name__", item.path.stem).rsplit(".", 1)[-1]
     return declared_kind(item) or module.removeprefix("test_").replace("_", " ")

@@ -41,6 +41,7 @@ from typing import Any
 import pytest
 
 import golden
+from conformance import case_kinds
 from conformance.cases.op_cases import op_sequence_task, op_task
 from conformance.cases.quant_cases import BAD_QUANT, quant_inputs, quant_task
 from conformance.contract.jobs import OpRun, QuantRun
@@ -65,7 +66,7 @@ from conformance.record.failures import suite_requires
 from conformance.record.levels import Level
 from conformance.suite import op_params
 
-pytestmark = pytest.mark.coc_kind("op")
+pytestmark = pytest.mark.coc_kind(case_kinds.OP)
 
 
 def _run_checks(coc_ranks: Any, verdicts: Any, declared: Declarations, run: OpRun, *, world: int | None = None,
@@ -204,6 +205,7 @@ def test_deterministic_is_bitwise_reproducible(coc_ranks: Any, verdicts: Any, co
 
 @pytest.mark.coc_requires("matmul_all_reduce")
 @pytest.mark.coc_capability(op_params.W8A16)
+@pytest.mark.coc_kind(case_kinds.W8A16)
 @pytest.mark.parametrize("case_id, tp", op_params.quant_params())
 def test_w8a16_matches_dequantised_golden(coc_ranks: Any, case_evidence: CaseEvidence, case_id: str, tp: int) -> None:
     g = golden.load(case_id)
@@ -213,6 +215,7 @@ def test_w8a16_matches_dequantised_golden(coc_ranks: Any, case_evidence: CaseEvi
 
 @pytest.mark.coc_requires("matmul_all_reduce")
 @pytest.mark.coc_capability(op_params.W8A16)
+@pytest.mark.coc_kind(case_kinds.W8A16)
 @pytest.mark.parametrize("tp", [2])
 @pytest.mark.parametrize("change", BAD_QUANT)
 def test_w8a16_bad_arguments_refused_on_every_rank(coc_ranks: Any, verdicts: Any, coc_declarations: Declarations,
@@ -286,6 +289,7 @@ def test_corner_op_sequence(coc_ranks: Any, verdicts: Any, coc_declarations: Dec
 
 @pytest.mark.coc_requires("matmul_all_reduce")
 @pytest.mark.coc_capability(op_params.W8A16)
+@pytest.mark.coc_kind(case_kinds.W8A16)
 @pytest.mark.parametrize("tp", [2], ids=lambda tp: f"tp{tp}")
 @pytest.mark.parametrize("group_size", [128], ids=lambda g: f"g{g}")
 def test_corner_w8a16_group_size(coc_ranks: Any, case_evidence: CaseEvidence, group_size: int, tp: int) -> None:

@@ -20,7 +20,8 @@ def suite_module(kind: str, *tests: str) -> str:
 
 #: Op cases (the tests save the module under two names), and the explorer's two tests in a module its plugin has
 #: never heard the name of.
-OPS = suite_module("op", "test_numerics", "test_w8a16_numerics")
+OPS = suite_module("op", "test_numerics", "test_w8a16_by_name") + \
+    '\n\n@pytest.mark.coc_kind("w8A16")\ndef test_quantised():\n    pass\n'
 EXPLORER = suite_module("explore", "test_explore", "test_replay")
 
 
@@ -37,11 +38,11 @@ def test_the_reports_feature_is_the_marked_kind_whatever_the_file_is_called(pyte
     pytester.makepyfile(test_ops=OPS, test_renamed_ops=OPS, test_mine="def test_own():\n    pass\n")
     results = pytester.path / "allure-results"
     run = pytester.runpytest_subprocess("-p", "conformance.plugin", "-p", "no:cacheprovider", f"--alluredir={results}")
-    run.assert_outcomes(passed=5)
-    assert _features(results) == {
-        "test_ops#test_numerics": "op", "test_ops#test_w8a16_numerics": "w8A16",
-        "test_renamed_ops#test_numerics": "op", "test_renamed_ops#test_w8a16_numerics": "w8A16",
-        "test_mine#test_own": "mine"}
+    run.assert_outcomes(passed=7)
+    assert _features(results) == {  # a test's own marker over its module's; its name says nothing
+        "test_ops#test_numerics": "op", "test_ops#test_w8a16_by_name": "op", "test_ops#test_quantised": "w8A16",
+        "test_renamed_ops#test_numerics": "op", "test_renamed_ops#test_w8a16_by_name": "op",
+        "test_renamed_ops#test_quantised": "w8A16", "test_mine#test_own": "mine"}
 
 
 @pytest.mark.parametrize(("options", "kept"), [
