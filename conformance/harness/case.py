@@ -148,15 +148,15 @@ class RankTask:
     def name(self) -> str:
         return f"{self.fn.__module__}.{self.fn.__qualname__}"
 
-    def pickled(self) -> RankTask:
-        """The task with its call pickled already (:attr:`call`), as it is sent to a rank server."""
-        from conformance.harness import wire
-
-        return self if self.call is not None else replace(self, params={}, call=wire.dumps((self.fn, self.params)))
-
     def pickled_call(self) -> bytes:
         """``(fn, params)`` pickled, as every rank reads them."""
-        return self.pickled().call  # type: ignore[return-value]
+        from conformance.harness import wire
+
+        return self.call if self.call is not None else wire.dumps((self.fn, self.params))
+
+    def pickled(self) -> RankTask:
+        """The task with its call pickled already (:attr:`call`), as it is sent to a rank server."""
+        return self if self.call is not None else replace(self, params={}, call=self.pickled_call())
 
 
 @dataclass

@@ -104,9 +104,6 @@ def serve(control: socket.socket) -> None:
                 _refuse_if_runtimes_started(request["preload"])
             # Reaping waits until the child is recorded, however fast it dies.
             signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
-            # What the zygote imported stays out of the children's collections: a full collection in a rank would
-            # otherwise walk (and so copy, page by page) every object torch and megatron left here.
-            gc.freeze()
             try:
                 pid = os.fork()
                 if pid == 0:
@@ -164,7 +161,8 @@ def preload(extra: Sequence[str] = ()) -> None:
     """Import :data:`PRELOAD` and ``extra`` with CUDA's driver check kept off the driver."""
     os.environ.update(NO_DRIVER_CHECK)
     # Imports leave almost no cyclic garbage, and each full collection among torch's objects costs a tenth of a
-    # second of the start every pool waits for: no collection while importing; what was imported is frozen.
+    # second of the start every pool waits for: no collection while importing.  What was imported is frozen, so
+    # that no collection in a rank walks (and so copies, page by page) every object torch and megatron left here.
     gc.disable()
     try:
         for name in (*PRELOAD, *extra):
