@@ -19,7 +19,7 @@ import os
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, Any
 
 from coc_impl.config_sources import SOURCE_FLAGS, ParallelNum, SourceLayer, cli_layer, env_layer, parse_parallel_num
 from coc_impl.errors import (
@@ -31,28 +31,13 @@ from coc_impl.errors import (
     CoCWithMC2Error,
 )
 from coc_impl.user_cfgs import UserCfgs, read_user_cfgs
+from coc_shared.model_settings import ModelSettings
 
-if TYPE_CHECKING:  # typing has NotRequired and Unpack from 3.11; annotations are never evaluated, so 3.10 runs too
-    from typing import NotRequired, Unpack
+if TYPE_CHECKING:  # typing has Unpack from 3.11; annotations are never evaluated, so 3.10 runs too
+    from typing import Unpack
 
 #: TP size the fused (ATB) kernels are restricted to.
 FUSED_TP_SIZE = 8
-
-
-class ModelSettings(TypedDict):
-    """The model's settings CoC must be compatible with (``configure``'s keywords), as Megatron's flags give them;
-    default in brackets."""
-
-    tp_size: int
-    """``--tensor-model-parallel-size``."""
-    num_experts: NotRequired[int | None]
-    """``--num-experts`` [None: no MoE]."""
-    use_ascend_mc2: NotRequired[bool]
-    """``--use-ascend-mc2`` [False]."""
-    tp_2d: NotRequired[bool]
-    """``--tp-2d`` [False]."""
-    transformer_impl: NotRequired[str]
-    """``--transformer-impl`` ["local"]."""
 
 
 class CoCConfigWarning(UserWarning):

@@ -14,7 +14,8 @@ from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 from coc_impl import errors
-from coc_impl.config import CoCConfig, ModelSettings, resolve_config
+from coc_impl.config import CoCConfig, resolve_config
+from coc_shared.model_settings import ModelSettings
 
 if TYPE_CHECKING:  # typing has Unpack from 3.11; annotations are never evaluated, so 3.10 runs too
     from typing import Unpack

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -104,6 +104,16 @@ def _summing(call: LayerCall, m: int) -> tuple[str, Callable[..., InFlight[torch
     return "all-reduce", matmul_all_reduce, m
 
 
+def _backward_start(
+    ctx: Any, grad_output: torch.Tensor
+) -> tuple[LayerCall, torch.Tensor, torch.Tensor, bool, bool, torch.Tensor]:
+    """Where both layers' backwards start: the call, the saved input and weight, whether ``dx`` and ``dw`` are
+    wanted, and ``dy`` made contiguous."""
+    saved_input, weight = ctx.saved_tensors
+    needs_dx, needs_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    return ctx.call, saved_input, weight, needs_dx, needs_dw, grad_output.contiguous()
+
+
 class _ColumnParallelMatmul(torch.autograd.Function):
     """``x @ w.T`` of a column-parallel layer on 2-D rows (w: this rank's ``[out/tp, in]``)."""
 
@@ -132,10 +142,7 @@ class _ColumnParallelMatmul(torch.autograd.Function):
     @staticmethod
     @_custom_bwd
     def backward(ctx, grad_output: torch.Tensor):
-        saved_input, weight = ctx.saved_tensors
-        call: LayerCall = ctx.call
-        needs_dx, needs_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        grad_output = grad_output.contiguous()
+        call, saved_input, weight, needs_dx, needs_dw, grad_output = _backward_start(ctx, grad_output)
         m = grad_output.shape[0]
         collective, pipeline, split_rows = _summing(call, m)
         site = MatmulSite(f"ColumnParallelLinear backward (dx {collective})", m=m, k=weight.shape[0],
@@ -176,10 +183,7 @@ class _RowParallelMatmul(torch.autograd.Function):
     @staticmethod
     @_custom_bwd
     def backward(ctx, grad_output: torch.Tensor):
-        x, weight = ctx.saved_tensors
-        call: LayerCall = ctx.call
-        needs_dx, needs_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        grad_output = grad_output.contiguous()
+        call, x, weight, needs_dx, needs_dw, grad_output = _backward_start(ctx, grad_output)
         grad_input = None
         if call.sequence_parallel:
             blocks = call.blocks(MatmulSite(

@@ -33,8 +33,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
-from typing import Any, Literal, Protocol, Union, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, Union, runtime_checkable
 
+from coc_shared.model_settings import ModelSettings
 from conformance.declarations import (
     CAPABILITIES,
     DETERMINISTIC_OPS,
@@ -55,11 +56,14 @@ from conformance.declarations import (
     parse_strategy,
 )
 
+if TYPE_CHECKING:  # typing has Unpack from 3.11; annotations are never evaluated, so 3.10 runs too
+    from typing import Unpack
+
 __all__ = [
     "CAPABILITIES", "DETERMINISTIC_OPS", "DEVICE_KINDS", "ERROR_KINDS", "FUSED_OPS", "MATMULS", "PHASE_COLLECTIVES",
     "PROTOCOL_VERSION", "SUPPORTED_VERSIONS", "Chunked", "CoCImplementation", "DeclarationError", "Declarations",
-    "EffectiveConfig", "NotOverlapped", "OverlapStrategy", "OverlapsMatmul", "ParallelNum", "declarations",
-    "overlap_key", "parse_strategy",
+    "EffectiveConfig", "ModelSettings", "NotOverlapped", "OverlapStrategy", "OverlapsMatmul", "ParallelNum",
+    "declarations", "overlap_key", "parse_strategy",
 ]
 
 #: The version this suite speaks; it also accepts implementations of :data:`SUPPORTED_VERSIONS`.
@@ -106,16 +110,14 @@ class CoCImplementation(Protocol):
         argv: Sequence[str] | None,
         env: Mapping[str, str] | None,
         *,
-        tp_size: int,
-        num_experts: int | None = None,
-        use_ascend_mc2: bool = False,
-        tp_2d: bool = False,
-        transformer_impl: str = "local",
         coc_cfgs: Mapping[str, Any] | None = None,
+        **model: Unpack[ModelSettings],
     ) -> EffectiveConfig:
         """Settle the CoC configuration from the command line, the environment and the model's settings.
 
-        Called on every rank of the TP group with the same arguments.
+        Called on every rank of the TP group with the same arguments: the
+        model's settings are the keywords of :class:`ModelSettings` (``tp_size``
+        always; the others when the case sets them, defaults in its docs).
 
         Must: read ``--use-ascend-coc``, ``--coc-parallel-num {1,2,4,8,auto}``
         and ``--coc-fused-kernel`` from ``argv`` (unknown arguments are

@@ -23,6 +23,21 @@ SUBGROUP_SIZES: tuple[tuple[int, int], ...] = ((4, 2), (8, 2), (8, 4))
 _made: dict[tuple[tuple[int, ...], int, str], list[Any]] = {}
 
 
+@dataclass(frozen=True)
+class TPPlace:
+    """Where this rank sits: its TP group, its rank in it, its data-parallel replica."""
+
+    group: Any
+    tp_rank: int
+    replica: int
+    members: tuple[int, ...]  #: the group's ranks in the case's world
+
+    @property
+    def tp(self) -> int:
+        """The TP size: the group's ranks."""
+        return len(self.members)
+
+
 def tp_layout(world: int, tp: int, layout: str) -> list[list[int]]:
     """The TP groups (ranks of the case's world) of ``layout``."""
     if world % tp:
@@ -35,23 +50,12 @@ def tp_layout(world: int, tp: int, layout: str) -> list[list[int]]:
     raise ValueError(f"unknown TP layout {layout!r}; known: {GROUP_LAYOUTS}")
 
 
-@dataclass(frozen=True)
-class TPPlace:
-    """Where this rank sits: its TP group, its rank in it, its data-parallel replica."""
-
-    group: Any
-    tp_rank: int
-    tp: int
-    replica: int
-    members: tuple[int, ...]  #: the group's ranks in the case's world
-
-
 def tp_place(ctx: RankContext, tp: int, layout: str = "contiguous") -> TPPlace:
     """This rank's TP group in ``layout`` (the case's whole group when ``tp`` is the world size)."""
     import torch.distributed as dist
 
     if tp == ctx.world_size:
-        return TPPlace(ctx.group, ctx.rank, tp, 0, tuple(range(tp)))
+        return TPPlace(ctx.group, ctx.rank, 0, tuple(range(tp)))
     groups = tp_layout(ctx.world_size, tp, layout)
     world_ranks = tuple(dist.get_process_group_ranks(ctx.group))
     key = (world_ranks, tp, layout)
@@ -61,4 +65,4 @@ def tp_place(ctx: RankContext, tp: int, layout: str = "contiguous") -> TPPlace:
                       if not local or ctx.rank in ranks else None for ranks in groups]
     replica = next(d for d, ranks in enumerate(groups) if ctx.rank in ranks)
     members = tuple(groups[replica])
-    return TPPlace(_made[key][replica], members.index(ctx.rank), tp, replica, members)
+    return TPPlace(_made[key][replica], members.index(ctx.rank), replica, members)

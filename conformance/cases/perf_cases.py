@@ -112,7 +112,7 @@ def pipeline_perf_case(ctx: RankContext, *, op: str, m: int, k: int, n: int, dty
         weight = layer.weight  # megatron's [out, in] shard, i.e. [n, k]
         w_kn = weight.t()
         x_layer = x.unsqueeze(1)  # [s, b=1, h]
-        place = TPPlace(group, par.rank, tp, 0, tuple(range(tp)))
+        place = TPPlace(group, par.rank, 0, tuple(range(tp)))
         synchronize: Callable[[], None] = (
             torch.get_device_module(device).synchronize if device.type != "cpu" else _no_sync)
 

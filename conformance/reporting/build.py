@@ -49,19 +49,22 @@ DEFAULT_HISTORY_LIMIT = 30
 
 @dataclass(frozen=True)
 class BuiltReport:
-    report: str
+    """A report built: where it is, what the run comes to, and what building it found."""
+
+    report: str  #: the report's ``index.html``
+    #: What the run comes to (:class:`~conformance.record.level_tally.RunVerdict`'s outcome).
+    outcome: str
     size_bytes: int
     build_seconds: float
     tests: dict[str, int]
     history: str | None
     quality_gate: dict[str, object]
+    #: The verdict's lines as the report shows them (``{"verdict": ..., "gate": ..., ...}``).
     verdict: dict[str, str] = field(default_factory=dict)
     #: What went wrong in the build itself (each is a global error of the report).
     problems: list[str] = field(default_factory=list)
     #: The comparison with ``--baseline``: ``{"source", "red", "sections": {title: cases}}``.
     baseline: dict[str, object] | None = None
-    #: What the run comes to (:class:`~conformance.record.level_tally.RunVerdict`'s outcome).
-    outcome: str = NO_VERDICT
 
 
 def stage_results(results: Path, staged: Path, attachments: Mapping[str, str],
@@ -163,9 +166,9 @@ def build(results: Path, out: Path, history: Path | None = None, *, name: str = 
     changes = None if diff is None else {
         "source": diff.baseline.source, "red": diff.red,
         "sections": {section.title: [row.case for row in section.rows] for section in diff.sections}}
-    return BuiltReport(str(index), index.stat().st_size, round(seconds, 2), stats,
-                       str(history) if history else None, gate.as_dict(), shown, problems, changes,
-                       judged.verdict.outcome)
+    return BuiltReport(report=str(index), outcome=judged.verdict.outcome, size_bytes=index.stat().st_size,
+                       build_seconds=round(seconds, 2), tests=stats, history=str(history) if history else None,
+                       quality_gate=gate.as_dict(), verdict=shown, problems=problems, baseline=changes)
 
 
 def argument_parser() -> argparse.ArgumentParser:

@@ -1,6 +1,7 @@
 """A second, independent CoC implementation "in Megatron style", for judging the conformance suite.
 
-It shares no code with ``coc_impl`` (the reference): only torch and megatron.core.
+It shares no code with ``coc_impl`` (the reference): only torch and megatron.core (and, for its types, the
+protocol).
 It is written the way Megatron-LM writes its own tensor-parallel code, which is
 what the suite must judge fairly:
 
@@ -45,10 +46,15 @@ import re
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
+
+if TYPE_CHECKING:  # typing has Unpack from 3.11
+    from typing import Unpack
+
+    from conformance.protocol import ModelSettings
 
 # Same autocast behaviour as megatron's own linear autograd function.
 _custom_fwd = functools.partial(torch.amp.custom_fwd, device_type="cuda")
@@ -451,27 +457,19 @@ class MegatronStyleCoC:
         "column/sp/backward": "overlaps:weight_grad",
     }
 
-    def configure(
-        self,
-        argv: Sequence[str] | None,
-        env: Mapping[str, str] | None,
-        *,
-        tp_size: int,
-        num_experts: int | None = None,
-        use_ascend_mc2: bool = False,
-        tp_2d: bool = False,
-        transformer_impl: str = "local",
-        coc_cfgs: Mapping[str, Any] | None = None,
-    ) -> MegatronStyleConfig:
+    def configure(self, argv: Sequence[str] | None, env: Mapping[str, str] | None, *,
+                  coc_cfgs: Mapping[str, Any] | None = None, **model: Unpack[ModelSettings]) -> MegatronStyleConfig:
         del env  # the legacy COC_PARALLEL_NUM / USE_COC_FUSED_KERNEL variables are not read
         args = PARSER.parse_args(list(argv) if argv is not None else [])
         if not args.use_ascend_coc:
             return MegatronStyleConfig(enabled=False, parallel_num=args.coc_parallel_num)
+        tp_size, num_experts = model["tp_size"], model.get("num_experts")
         assert not isinstance(tp_size, bool) and isinstance(tp_size, int) and tp_size >= 1, \
             f"--use-ascend-coc: --tensor-model-parallel-size (tp_size) must be a positive int, got {tp_size!r}"
-        assert not use_ascend_mc2, "--use-ascend-coc cannot be combined with --use-ascend-mc2"
+        assert not model.get("use_ascend_mc2"), "--use-ascend-coc cannot be combined with --use-ascend-mc2"
         assert not num_experts, f"--use-ascend-coc does not support MoE (--num-experts {num_experts})"
-        assert not tp_2d, "--use-ascend-coc does not support 2-D tensor parallelism (--tp-2d)"
+        assert not model.get("tp_2d"), "--use-ascend-coc does not support 2-D tensor parallelism (--tp-2d)"
+        transformer_impl = model.get("transformer_impl", "local")
         assert transformer_impl == "local", \
             f"--use-ascend-coc needs --transformer-impl local, got {transformer_impl!r}"
         assert not args.coc_fused_kernel, "--coc-fused-kernel: this implementation has no fused kernels"

@@ -14,7 +14,7 @@ from conformance.contract.problems import Problem
 @pytest.mark.parametrize("strides", OPERAND_STRIDES)
 @pytest.mark.parametrize("op", ["matmul_all_reduce", "all_gather_matmul"])
 def test_operands_are_made_on_the_ranks_device_in_every_layout(op: str, strides: str) -> None:
-    place = TPPlace(group=None, tp_rank=1, tp=2, replica=0, members=(0, 1))
+    place = TPPlace(group=None, tp_rank=1, replica=0, members=(0, 1))
     problem = Problem(4, 6, 5, "float32", bias=True, seed=3)
     on_cpu = rank_operands(problem, op, place, False, strides)
     on_device = rank_operands(problem, op, place, False, strides, device="meta")

@@ -99,7 +99,7 @@ def drawn_tensors(kind: str, spec: Any, device: str) -> dict[str, tuple[str, tup
     tensors: dict[str, Any] = {}
     if kind == "op":
         for r, run in enumerate(spec.jobs()):
-            place = TPPlace(group=None, tp_rank=run.tp - 1, tp=run.tp, replica=0, members=tuple(range(run.tp)))
+            place = TPPlace(group=None, tp_rank=run.tp - 1, replica=0, members=tuple(range(run.tp)))
             for p, problem in enumerate(run.problems):
                 operands = rank_operands(problem, run.op, place, run.transpose_weight, run.strides, device)
                 tensors.update({f"run {r} problem {p} {n}": t for n, t in operands.items()})

@@ -49,16 +49,15 @@ class _RefusesMC2(ReferenceCoC):
 
 
 class _CollectiveBeforeConfigure(ReferenceCoC):
-    """Ranks :meth:`joins` picks issue an all-reduce (to agree on a setting) before ``configure`` validates."""
+    """The ranks in :attr:`joining` issue an all-reduce (to agree on a setting) before ``configure`` validates."""
 
-    def joins(self, rank: int) -> bool:
-        raise NotImplementedError
+    joining: tuple[int, ...] | None = None  #: None: every rank
 
     def configure(self, argv: Sequence[str] | None, env: Mapping[str, str] | None, **kw: Any) -> CoCConfig:
         import torch
         import torch.distributed as dist
 
-        if dist.is_initialized() and self.joins(dist.get_rank()):
+        if dist.is_initialized() and (self.joining is None or dist.get_rank() in self.joining):
             dist.all_reduce(torch.zeros(1))
         return super().configure(argv, env, **kw)
 
@@ -121,17 +120,12 @@ class AgreesBeforeValidating(_CollectiveBeforeConfigure):
 
     name = "fault-collective-first"
 
-    def joins(self, rank: int) -> bool:
-        return True
-
 
 class ConfigureHangsOnOneRank(_CollectiveBeforeConfigure):
     """configure waits in a collective on rank 1 only: every other rank returns."""
 
     name = "fault-configure-hangs"
-
-    def joins(self, rank: int) -> bool:
-        return rank == 1
+    joining = (1,)
 
 
 class ConfigureRaisesOnOneRank(_ConfigureWith):

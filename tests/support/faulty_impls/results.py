@@ -3,6 +3,7 @@ results that change after they are handed out (reused buffers, a mutated input),
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from coc_impl.reference import ReferenceCoC
@@ -47,8 +48,7 @@ class MutatesInput(ReferenceCoC):
 class _ResultFault(ReferenceCoC):
     """matmul_all_reduce returns ``self.bad(result)`` instead of its result."""
 
-    def bad(self, result: Any) -> Any:
-        raise NotImplementedError
+    bad: Callable[[Any], Any]
 
     def matmul_all_reduce(self, x: Any, w: Any, bias: Any = None, **kw: Any) -> Any:
         return self.bad(super().matmul_all_reduce(x, w, bias, **kw))
@@ -56,23 +56,17 @@ class _ResultFault(ReferenceCoC):
 
 class ReturnsNone(_ResultFault):
     name = "fault-returns-none"
-
-    def bad(self, result: Any) -> Any:
-        return None
+    bad = staticmethod(lambda result: None)
 
 
 class ReturnsList(_ResultFault):
     name = "fault-returns-list"
-
-    def bad(self, result: Any) -> Any:
-        return result.tolist()
+    bad = staticmethod(lambda result: result.tolist())
 
 
 class ReturnsWrongShape(_ResultFault):
     name = "fault-wrong-shape"
-
-    def bad(self, result: Any) -> Any:
-        return result[:-1]
+    bad = staticmethod(lambda result: result[:-1])
 
 
 class ReturnsWrongShapeTwice(ReturnsWrongShape):
@@ -86,16 +80,12 @@ class ReturnsWrongShapeTwice(ReturnsWrongShape):
 
 class ReturnsWrongDtype(_ResultFault):
     name = "fault-wrong-dtype"
-
-    def bad(self, result: Any) -> Any:
-        return result.double()
+    bad = staticmethod(lambda result: result.double())
 
 
 class ReturnsOnAnotherDevice(_ResultFault):
     name = "fault-wrong-device"
-
-    def bad(self, result: Any) -> Any:
-        return result.to("meta")
+    bad = staticmethod(lambda result: result.to("meta"))
 
 
 class LeaksProcessGroups(ReferenceCoC):
