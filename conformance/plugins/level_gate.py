@@ -55,6 +55,7 @@ from conformance.record.verdicts import (
     FAILED,
     NOT_JUDGED,
     NOT_OFFERED,
+    PASSED,
     CheckResult,
     NotJudged,
     NotOffered,
@@ -231,7 +232,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         return report
     if call.when == "setup" and report.skipped and not_offered_key in item.stash:
         name = getattr(item, "originalname", item.name)
-        check = CheckResult(name, default_level(item), False, item.stash[not_offered_key], outcome=NOT_OFFERED)
+        check = CheckResult(name, default_level(item), NOT_OFFERED, item.stash[not_offered_key])
         report.user_properties.append((report_properties.CHECKS, [check.as_dict()]))
         return report
     if call.when != "call" or not is_check(item):
@@ -241,10 +242,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     if not results and report.passed:
         name = getattr(item, "originalname", item.name)
         if not judges_through_verdicts(item):  # it judges by its own assertions: its body is its one check
-            results = [CheckResult(name, default_level(item), True)]
+            results = [CheckResult(name, default_level(item), PASSED)]
         else:  # it judges through ``verdicts`` and recorded nothing: nothing was judged, which is no pass
-            results = [CheckResult(name, default_level(item), False, "the test recorded no check",
-                                   outcome=NOT_JUDGED)]
+            results = [CheckResult(name, default_level(item), NOT_JUDGED, "the test recorded no check")]
     if results:
         report.user_properties.append((report_properties.CHECKS, [r.as_dict() for r in results]))
     gate = item.config.stash[gate_key]

@@ -48,22 +48,21 @@ class CheckResult:
 
     name: str
     level: Level
-    passed: bool
+    outcome: str  #: one of :data:`OUTCOMES`
     message: str = ""
     category: str = ""
-    outcome: str = ""
     seconds: float | None = None  #: the time judging took (the report's step time); None when not measured
 
-    def __post_init__(self) -> None:
-        if not self.outcome:
-            object.__setattr__(self, "outcome", PASSED if self.passed else FAILED)
+    @property
+    def passed(self) -> bool:
+        return self.outcome == PASSED
 
     @property
     def failed(self) -> bool:
         return self.outcome == FAILED
 
     def as_dict(self) -> dict[str, Any]:
-        record = {**asdict(self), "level": self.level.value}
+        record = {**asdict(self), "level": self.level.value, "passed": self.passed}
         if self.seconds is None:
             del record["seconds"]
         return record
@@ -123,7 +122,7 @@ class Verdicts:
                       category=failure.category if isinstance(failure, CheckFailure) else "failure",
                       seconds=round(time.perf_counter() - start, 6))
         else:
-            self.results.append(CheckResult(name, level, True, seconds=round(time.perf_counter() - start, 6)))
+            self.results.append(CheckResult(name, level, PASSED, seconds=round(time.perf_counter() - start, 6)))
 
     def fail(self, name: str, level: Level, message: str, *, category: str = "failure",
              error: BaseException | None = None, seconds: float | None = None) -> None:
@@ -134,7 +133,7 @@ class Verdicts:
         if error is None:
             error = CheckFailure(message, level=level)
             error.category = category
-        self.results.append(CheckResult(name, level, False, message, category, seconds=seconds))
+        self.results.append(CheckResult(name, level, FAILED, message, category, seconds=seconds))
         self.exceptions.append(error)
 
     @contextmanager
@@ -149,11 +148,11 @@ class Verdicts:
 
     def not_judged(self, name: str, level: Level, reason: str) -> None:
         """Record that check ``name`` had nothing to judge here, and why."""
-        self.results.append(CheckResult(name, level, False, reason, outcome=NOT_JUDGED))
+        self.results.append(CheckResult(name, level, NOT_JUDGED, reason))
 
     def not_offered(self, name: str, level: Level, reason: str) -> None:
         """Record that the implementation does not offer what ``name`` needs, and why."""
-        self.results.append(CheckResult(name, level, False, reason, outcome=NOT_OFFERED))
+        self.results.append(CheckResult(name, level, NOT_OFFERED, reason))
 
     @property
     def outcome(self) -> str:
